@@ -1,0 +1,5 @@
+import sys
+
+from rlpace.cli import main
+
+sys.exit(main())

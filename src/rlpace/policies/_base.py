@@ -1,0 +1,247 @@
+"""The policy algebra: four kinds of data policy as pure (init, update, apply) triples,
+and the combinators that make methods out of them.
+
+A `DataPolicy` is the optax `GradientTransformation` of data scheduling
+(`../shared/STYLE.md` §1): hyperparameters are closed over by a factory, state is a
+NamedTuple of arrays, and three functions are pure in the sense that matters here —
+everything they read is in their arguments:
+
+    state  = init(pool)                         # fresh state for this pool
+    state  = update(state, pool, batch)         # learn from one step's feedback
+    result = apply(state, pool, ...)            # act; never changes state
+
+`update` may reuse (write into) the arrays of the state it is given and return them:
+per-prompt arrays hold 10⁶–10⁷ entries, and copying them every step would cost more than
+the whole step. The Scheduler owns the only reference and validates all input before
+calling `update`, so a rejected batch leaves the state untouched.
+
+The four kinds and what `apply` computes:
+
+| kind          | where it acts                   | apply(...)                                   | returns          |
+|---------------|---------------------------------|----------------------------------------------|------------------|
+| `mixture`     | before rollout: which arms      | apply(state, pool)                           | float64[K] probs |
+| `selection`   | before rollout: which prompts   | apply(state, pool, n, probs, arms, rng)      | int64[n] ids     |
+| `admission`   | after rollout: which rollouts   | apply(state, pool, batch)                    | `Admission`      |
+| `reweighting` | in the loss: how much each      | apply(state, pool, batch)                    | float64[B, G]    |
+
+A `Method` holds one policy per place; `compose` builds one from any set of policies
+(filling the empty places with neutral defaults), `chain` stacks several admission or
+reweighting policies, and `with_floor` bounds a mixture away from zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from ..types import Batch, Pool
+
+__all__ = [
+    "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "KINDS",
+    "DataPolicy", "Method", "Admission", "compose", "chain", "with_floor",
+    "softmax", "EmptyState",
+]
+
+MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
+KINDS = (MIXTURE, SELECTION, ADMISSION, REWEIGHTING)
+
+
+class EmptyState(NamedTuple):
+    """State of a stateless policy."""
+
+
+class Admission(NamedTuple):
+    """Result of an admission policy for one batch."""
+
+    keep: np.ndarray  # bool[B, G] rollouts that enter the loss
+    refill: int       # replacement prompts the trainer should generate (DAPO-style)
+
+
+class DataPolicy(NamedTuple):
+    """One data policy: pure functions over an explicit state (see module docstring).
+
+    Attributes:
+        kind: one of `mixture`, `selection`, `admission`, `reweighting`.
+        init: (pool) -> state.
+        update: (state, pool, batch) -> state.
+        apply: kind-specific, see the table in the module docstring.
+        arms: for mixtures, what the distribution is over: "domain" or "cluster".
+        name: registry name or a description, for logs and errors.
+        metrics: optional (state, pool) -> dict[str, float] for logging.
+    """
+
+    kind: str
+    init: Callable[[Pool], Any]
+    update: Callable[[Any, Pool, Batch], Any]
+    apply: Callable[..., Any]
+    arms: str | None = None
+    name: str = ""
+    metrics: Callable[[Any, Pool], dict] | None = None
+
+
+class Method(NamedTuple):
+    """A full scheduling method: one policy at each of the four places."""
+
+    mixture: DataPolicy | None
+    selection: DataPolicy
+    admission: DataPolicy
+    reweighting: DataPolicy
+    name: str = ""
+
+    def policies(self) -> dict[str, DataPolicy]:
+        out = {SELECTION: self.selection, ADMISSION: self.admission, REWEIGHTING: self.reweighting}
+        if self.mixture is not None:
+            out[MIXTURE] = self.mixture
+        return out
+
+
+def _no_update(state, pool, batch):
+    return state
+
+
+def _empty_init(pool):
+    return EmptyState()
+
+
+def keep_all() -> DataPolicy:
+    """Admission that keeps every rollout and requests no refills (plain GRPO)."""
+    def apply(state, pool, batch):
+        return Admission(np.ones(batch.rewards.shape, dtype=bool), 0)
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="keep_all")
+
+
+def unit_weights() -> DataPolicy:
+    """Reweighting that gives every rollout weight 1 (plain GRPO)."""
+    def apply(state, pool, batch):
+        return np.ones(batch.rewards.shape, dtype=np.float64)
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="unit_weights")
+
+
+def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
+    """Build a `Method` from policies of any kinds (and/or other methods).
+
+    At most one mixture and one selection; several admission or reweighting policies are
+    stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
+    drawn arm by arm from it (`uniform_within_arm`); without, uniformly from the pool;
+    admission keeps everything; weights are 1.
+
+    >>> from rlpace.policies import make_policy
+    >>> m = compose(make_policy("dump"), make_policy("dapo_dynamic_sampling"))
+    >>> (m.mixture.name, m.selection.name, m.admission.name)
+    ('dump', 'uniform_within_arm', 'dapo_dynamic_sampling')
+    """
+    from ._uniform import uniform_pool, uniform_within_arm  # local: avoid an import cycle
+
+    slots: dict[str, list[DataPolicy]] = {k: [] for k in KINDS}
+    names = []
+    for p in policies:
+        if isinstance(p, Method):
+            for kind, q in p.policies().items():
+                if not _is_default(q):
+                    slots[kind].append(q)
+            names.append(p.name)
+        elif isinstance(p, DataPolicy):
+            if p.kind not in KINDS:
+                raise ValueError(f"policy {p.name!r} has unknown kind {p.kind!r}; kinds are {KINDS}.")
+            slots[p.kind].append(p)
+            names.append(p.name)
+        else:
+            raise TypeError(f"compose takes DataPolicy or Method objects; got {type(p).__name__}.")
+    for kind in (MIXTURE, SELECTION):
+        if len(slots[kind]) > 1:
+            raise ValueError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
+                             f"Keep one of them.")
+    mixture = slots[MIXTURE][0] if slots[MIXTURE] else None
+    if slots[SELECTION]:
+        selection = slots[SELECTION][0]
+    else:
+        selection = uniform_within_arm() if mixture is not None else uniform_pool()
+    admission = chain(*slots[ADMISSION]) if slots[ADMISSION] else keep_all()
+    reweighting = chain(*slots[REWEIGHTING]) if slots[REWEIGHTING] else unit_weights()
+    return Method(mixture, selection, admission, reweighting,
+                  name=name or "+".join(n for n in names if n))
+
+
+_DEFAULT_NAMES = {"keep_all", "unit_weights", "uniform_pool"}
+
+
+def _is_default(p: DataPolicy) -> bool:
+    return p.name in _DEFAULT_NAMES
+
+
+def chain(*policies: DataPolicy) -> DataPolicy:
+    """Stack admission policies (a rollout is kept if every policy keeps it; refills add
+    up) or reweighting policies (weights multiply). The chained state is the tuple of the
+    members' states.
+
+    >>> from rlpace.policies import make_policy
+    >>> p = chain(make_policy("dapo_dynamic_sampling"), make_policy("pods_max_variance"))
+    >>> p.kind, p.name
+    ('admission', 'dapo_dynamic_sampling>pods_max_variance')
+    """
+    if not policies:
+        raise ValueError("chain needs at least one policy.")
+    if len(policies) == 1:
+        return policies[0]
+    kinds = {p.kind for p in policies}
+    if len(kinds) != 1 or kinds.pop() not in (ADMISSION, REWEIGHTING):
+        raise ValueError("chain stacks policies of one kind, admission or reweighting; got "
+                         f"{[(p.name, p.kind) for p in policies]}. Use compose() for a whole method.")
+    kind = policies[0].kind
+
+    def init(pool):
+        return tuple(p.init(pool) for p in policies)
+
+    def update(state, pool, batch):
+        return tuple(p.update(s, pool, batch) for p, s in zip(policies, state))
+
+    def apply(state, pool, batch):
+        outs = [p.apply(s, pool, batch) for p, s in zip(policies, state)]
+        if kind == ADMISSION:
+            keep = np.logical_and.reduce([o.keep for o in outs])
+            return Admission(keep, int(sum(o.refill for o in outs)))
+        return np.prod(np.stack(outs), axis=0)
+
+    def metrics(state, pool):
+        out = {}
+        for p, s in zip(policies, state):
+            if p.metrics is not None:
+                out.update(p.metrics(s, pool))
+        return out
+
+    return DataPolicy(kind, init, update, apply, name=">".join(p.name for p in policies),
+                      metrics=metrics)
+
+
+def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:
+    """Bound every arm's probability below by `floor`: p' = (1 − K·floor)·p + floor.
+
+    This mixes with the uniform distribution, so p' sums to 1 and keeps the order of p.
+    Requires K·floor ≤ 1.
+
+    >>> from rlpace.policies import make_policy
+    >>> with_floor(make_policy("fixed_mixture", weights=[1.0, 0.0]), 0.1).name
+    'fixed_mixture|floor=0.1'
+    """
+    if mixture.kind != MIXTURE:
+        raise ValueError(f"with_floor wraps a mixture policy; {mixture.name!r} is {mixture.kind}.")
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"floor must be in [0, 1); got {floor}.")
+
+    def apply(state, pool):
+        p = mixture.apply(state, pool)
+        k = p.shape[0]
+        if k * floor > 1.0 + 1e-12:
+            raise ValueError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
+        return (1.0 - k * floor) * p + floor
+
+    return mixture._replace(apply=apply, name=f"{mixture.name}|floor={floor:g}")
+
+
+def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """Max-subtracted softmax(scores / temperature), float64."""
+    z = np.asarray(scores, dtype=np.float64) / temperature
+    z = z - z.max()
+    e = np.exp(z)
+    return e / e.sum()

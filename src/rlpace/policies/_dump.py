@@ -1,0 +1,106 @@
+"""DUMP: distribution-level UCB on the expected absolute advantage.
+
+Wang, Cui, Li, Wan, Zhao. "DUMP: Automated Distribution-Level Curriculum Learning for
+RL-based LLM Post-training", arXiv 2504.09710 — methods-core.md card 10 ("Code: exact
+logic", from `ZhentingWang/DUMP` `verl/utils/curriculum_learning.py`).
+
+For each distribution (arm) d, keep the |A| of its last `window` rollouts and the count
+n_d of rollouts ever seen (cumulative, never windowed). After every update:
+
+    N       = max(1, Σ_d n_d)
+    score_d = mean_window(|A|)_d + c · sqrt(2 ln(N + 1) / (n_d + 1))
+    p       = softmax(score / T)                        # T = 0.1, max-subtracted
+
+and each prompt slot draws its source from p (`uniform_within_arm`). Defaults follow the
+code: window 300 rollouts, c = 1, T = 0.1, no floor.
+
+Deviations and options (card 10, "Library notes"):
+  * Validation data never enters the window: DUMP's code pushes one validation entry per
+    source (with rewards standing in for advantages); we only see training `Feedback`.
+  * `window_unit` may be "rollouts" (the code), "prompts" (one entry per group: the
+    group's mean |A|) or "steps" (one entry per arm per update: the batch mean).
+  * `counting` may be "cumulative" (the code) or "windowed" (n_d = entries in the window,
+    a sliding-window UCB for non-stationary arms).
+  * `floor` mixes in the uniform distribution: p' = (1 − K·floor)·p + floor.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..stats._window import Window, window_init, window_mean, window_push
+from ._base import MIXTURE, DataPolicy, softmax
+
+
+class DumpState(NamedTuple):
+    window: Window     # |A| entries per arm, float64[K, W] ring buffer
+    count: np.ndarray  # int64[K] entries ever pushed per arm (cumulative)
+
+
+def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
+             window_unit: str = "rollouts", counting: str = "cumulative",
+             floor: float = 0.0, arms: str = "domain") -> DataPolicy:
+    """DUMP's UCB mixture (card 10). See the module docstring for the rule.
+
+    Args:
+        temperature: softmax temperature T (DUMP: 0.1).
+        c: exploration weight (DUMP: 1.0).
+        window: entries kept per arm (DUMP: 300).
+        window_unit: "rollouts" | "prompts" | "steps" — what one window entry is.
+        counting: "cumulative" | "windowed" — n_d in the bonus.
+        floor: minimum probability per arm (0 = none, as in DUMP).
+        arms: "domain" (DUMP's data_source) or "cluster".
+
+    Example (hand-computed): two arms, arm 0 saw 4 rollouts with |A| = 1, arm 1 none:
+    N = 4, score = [1 + sqrt(2 ln 5 / 5), 0 + sqrt(2 ln 5 / 1)] = [1.802, 1.794],
+    p = softmax(score / 0.1) = [0.520, 0.480].
+    """
+    if temperature <= 0:
+        raise ValueError(f"dump temperature must be > 0; got {temperature}.")
+    if window_unit not in ("rollouts", "prompts", "steps"):
+        raise ValueError(f"dump window_unit must be 'rollouts', 'prompts' or 'steps'; got {window_unit!r}.")
+    if counting not in ("cumulative", "windowed"):
+        raise ValueError(f"dump counting must be 'cumulative' or 'windowed'; got {counting!r}.")
+    if c < 0 or floor < 0:
+        raise ValueError("dump c and floor must be ≥ 0.")
+
+    def init(pool):
+        k = pool.n_arms(arms)
+        if floor * k > 1:
+            raise ValueError(f"dump floor={floor} is infeasible for {k} arms (needs ≤ 1/{k}).")
+        return DumpState(window_init(k, window), np.zeros(k, dtype=np.int64))
+
+    def update(state, pool, batch):
+        if batch.prompt_ids.size == 0:
+            return state
+        abs_adv = np.abs(batch.advantages)                        # [B, G]
+        arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
+        if window_unit == "rollouts":
+            a, v = np.repeat(arm, abs_adv.shape[1]), abs_adv.ravel()
+        elif window_unit == "prompts":
+            a, v = arm, abs_adv.mean(axis=1)
+        else:                                                     # one entry per arm per step
+            k = state.count.shape[0]
+            tot = np.bincount(arm, weights=abs_adv.mean(axis=1), minlength=k)
+            cnt = np.bincount(arm, minlength=k)
+            a = np.flatnonzero(cnt)
+            v = tot[a] / cnt[a]
+        window_push(state.window, a, v)
+        state.count[:] += np.bincount(a, minlength=state.count.shape[0])
+        return state
+
+    def apply(state, pool, *_):
+        mu = window_mean(state.window)
+        n = state.count if counting == "cumulative" else state.window.filled
+        total = max(1, int(n.sum()))
+        score = mu + c * np.sqrt(2.0 * np.log(total + 1) / (n + 1))
+        p = softmax(score, temperature)
+        k = p.shape[0]
+        return (1.0 - k * floor) * p + floor
+
+    def metrics(state, pool):
+        return {"dump/total_count": float(state.count.sum())}
+
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics)

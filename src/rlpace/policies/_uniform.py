@@ -1,0 +1,77 @@
+"""Non-adaptive baselines: uniform prompts, and a fixed mixture over domains.
+
+`uniform` is plain GRPO sampling (every prompt equally likely, i.e. domains in proportion
+to their size); `fixed_mixture` is DataFlex-RL's `static` control (card 3, config 10:
+a fixed share per domain, equal by default), against which adaptive mixtures must be
+compared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import MIXTURE, SELECTION, DataPolicy, EmptyState, _empty_init, _no_update
+
+
+def uniform_pool() -> DataPolicy:
+    """Selection: n prompts uniformly at random from the whole pool, with replacement
+    (an i.i.d. draw per slot, so the per-step cost is O(n) whatever the pool size).
+    Ignores any mixture.
+
+    >>> import numpy as np; from rlpace import Pool
+    >>> p = uniform_pool(); pool = Pool([0, 1, 1])
+    >>> p.apply(p.init(pool), pool, 4, None, None, np.random.default_rng(0)).shape
+    (4,)
+    """
+    def apply(state, pool, n, probs, arms, rng):
+        return rng.integers(0, len(pool), size=n, dtype=np.int64)
+    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_pool")
+
+
+def uniform_within_arm() -> DataPolicy:
+    """Selection: for each of the n slots draw an arm k ~ probs (DUMP's per-sample source
+    draw, card 10), then a prompt uniformly (with replacement) inside arm k. Arms with no
+    prompts get their mass spread over the others. O(n).
+    """
+    def apply(state, pool, n, probs, arms, rng):
+        order, offsets = pool.members(arms)
+        sizes = np.diff(offsets)
+        p = np.where(sizes > 0, probs, 0.0)
+        total = p.sum()
+        p = p / total if total > 0 else sizes / sizes.sum()
+        arm = rng.choice(p.shape[0], size=n, p=p)
+        within = (rng.random(n) * sizes[arm]).astype(np.int64)
+        return order[offsets[arm] + within]
+    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm")
+
+
+def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:
+    """Mixture: a fixed distribution over arms, equal by default (DataFlex-RL `static`).
+
+    Args:
+        weights: K non-negative weights, normalised to sum 1; None → equal shares 1/K.
+        arms: "domain" or "cluster".
+
+    >>> from rlpace import Pool
+    >>> pool = Pool(["a", "b", "b"])
+    >>> m = fixed_mixture([3, 1]); m.apply(m.init(pool), pool).tolist()
+    [0.75, 0.25]
+    """
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w is not None and (w.ndim != 1 or (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0):
+        raise ValueError(f"fixed_mixture weights must be a 1-D list of finite non-negative numbers "
+                         f"with a positive sum; got {weights!r}.")
+
+    def init(pool):
+        k = pool.n_arms(arms)
+        if w is not None and w.shape[0] != k:
+            raise ValueError(f"fixed_mixture got {w.shape[0]} weights but the pool has {k} {arms}s "
+                             f"({list(pool.domain_names if arms == 'domain' else pool.cluster_names)}); "
+                             f"give one weight per {arms}.")
+        return EmptyState()
+
+    def apply(state, pool, *_):
+        k = pool.n_arms(arms)
+        return np.full(k, 1.0 / k) if w is None else w / w.sum()
+
+    return DataPolicy(MIXTURE, init, _no_update, apply, arms=arms, name="fixed_mixture")
