@@ -11,8 +11,16 @@ True
 
 from ._base import (ADMISSION, KINDS, MIXTURE, REWEIGHTING, SELECTION, Admission, DataPolicy,
                     EmptyState, Method, chain, compose, keep_all, softmax, unit_weights, with_floor)
+from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
+                         pods_max_variance, success_band)
+from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
 from ._dump import dump_ucb
+from ._exp3 import exp3
+from ._learnability import learnability_buffer, prioritized_learnability
+from ._mopps import mopps
 from ._registry import make_method, make_policy, names, register
+from ._reweighting import difficulty_band, per_advantage, softmax_advantage
+from ._sec import sec
 from ._uniform import fixed_mixture, uniform_pool, uniform_within_arm
 
 __all__ = [
@@ -20,6 +28,10 @@ __all__ = [
     "ADMISSION", "REWEIGHTING", "compose", "chain", "with_floor", "softmax", "keep_all",
     "unit_weights", "names", "register", "make_policy", "make_method",
     "uniform_pool", "uniform_within_arm", "fixed_mixture", "dump_ucb",
+    "ads", "ads_cluster_ema", "ads_boundary_window", "move_window",
+    "learnability_buffer", "prioritized_learnability", "mopps", "sec", "exp3",
+    "dapo_dynamic_sampling", "success_band", "pods_max_variance", "max_variance_subset",
+    "drop_all_wrong", "per_advantage", "difficulty_band", "softmax_advantage",
 ]
 
 
@@ -32,3 +44,16 @@ def _uniform() -> Method:
 register("uniform", _uniform)
 register("fixed_mixture", fixed_mixture)
 register("dump", dump_ucb)
+register("ads", ads)
+register("learnability_buffer", learnability_buffer)
+register("prioritized_learnability", prioritized_learnability)
+register("mopps", mopps)
+register("sec", sec)
+register("exp3", exp3)
+register("dapo_dynamic_sampling", dapo_dynamic_sampling)
+register("success_band", success_band)
+register("pods_max_variance", pods_max_variance)
+register("drop_all_wrong", drop_all_wrong)
+register("per_advantage", per_advantage)
+register("difficulty_band", difficulty_band)
+register("softmax_advantage", softmax_advantage)

@@ -1,0 +1,209 @@
+"""Rollout admission: after rollout, which groups (or rollouts) enter the loss, and how
+many replacement prompts to request.
+
+All four policies are stateless and act on one batch in O(B·G log G) numpy, with no
+Python loop over groups:
+
+* `dapo_dynamic_sampling` — DAPO's `filter_groups` (methods-peers-and-engines.md card A5):
+  drop groups whose metric has zero spread, request one refill per dropped group.
+* `success_band` — online difficulty filtering (card A10; DataFlex-RL `difffilter`,
+  methods-core.md card 3 #6): keep groups whose pass rate lies in a band.
+* `pods_max_variance` — PODS (card A6; DataFlex-RL `maxvar`, card 3 #7): keep, per
+  group, the m rollouts whose rewards have the largest variance.
+* `drop_all_wrong` — ADS's trainer hook (methods-core.md card 1, "Trainer hook"): drop
+  groups whose rollouts all fail.
+
+Dropping happens after rollout, so none of these saves generation compute; the refill
+count tells a DAPO-style trainer how many extra prompts to generate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import ADMISSION, Admission, DataPolicy, _empty_init, _no_update
+
+__all__ = ["dapo_dynamic_sampling", "success_band", "pods_max_variance", "drop_all_wrong"]
+
+
+def _group_mask(keep_group: np.ndarray, shape: tuple) -> np.ndarray:
+    """bool[B] → bool[B, G]: a group is kept or dropped as a whole."""
+    return np.broadcast_to(keep_group[:, None], shape).copy()
+
+
+def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
+    """DAPO dynamic sampling: keep a group iff its metric varies (std > 0) or G = 1.
+
+    Yu et al., "DAPO", arXiv 2503.14476; methods-peers-and-engines.md card A5 ("Rule",
+    "V1 replay-buffer form"). A group whose values are all equal has zero GRPO advantage
+    and only dilutes the batch. `refill` = number of dropped groups (verl V1 async mode:
+    evict k, refill k; the sync mode's 2k credits are a dispatch detail of that engine).
+
+    Args:
+        metric: "reward" (raw rewards; verl ≥ 0.9 default `metric=reward`) or "success"
+            (reward ≥ the Scheduler's success threshold; verl's `acc`). Under shaped
+            rewards an all-failed group can still have reward std > 0 and leak a
+            "phantom gradient" (verl-recipe PR #125): use "success" there.
+
+    Spread is tested exactly as max ≠ min, so float round-off in a std cannot keep a
+    constant group.
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0, 0, 0]); p = dapo_dynamic_sampling()
+    >>> b = Batch.from_feedback(Feedback([0, 1, 2], [[1, 0], [1, 1], [0, 0]]), pool, 0.5)
+    >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
+    ([True, False, False], 2)
+    """
+    if metric not in ("reward", "success"):
+        raise ValueError(f"dapo_dynamic_sampling metric must be 'reward' or 'success'; got {metric!r}.")
+
+    def apply(state, pool, batch):
+        values = batch.rewards if metric == "reward" else batch.success.astype(np.float64)
+        shape = values.shape
+        if shape[0] == 0:
+            return Admission(np.zeros(shape, dtype=bool), 0)
+        varies = values.max(axis=1) != values.min(axis=1)
+        keep = varies | (shape[1] == 1)
+        return Admission(_group_mask(keep, shape), int((~keep).sum()))
+
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="dapo_dynamic_sampling")
+
+
+def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = True) -> DataPolicy:
+    """Keep groups whose pass rate lies in [low, high]; refill one prompt per dropped group.
+
+    Bae et al., "Online Difficulty Filtering for Reasoning Oriented RL", arXiv 2504.03380
+    (methods-peers-and-engines.md card A10: the paper's band is [unverified]); defaults
+    0.2 / 0.8 are DataFlex-RL's `difffilter` (methods-core.md card 3, config 6) and the
+    band verl users asked for (verl #2791).
+
+    Args:
+        low, high: band on the group pass rate, 0 ≤ low ≤ high ≤ 1.
+        inclusive: True keeps the closed band [low, high]. DataFlex-RL's
+            `threshold_band` keeps strictly inside (low, high): `inclusive=False`
+            reproduces it. (With G = 5, pass rates 0.2 and 0.8 are kept only when
+            inclusive.)
+
+    Deviation: success is reward ≥ the Scheduler's `success_threshold` (default 0.5);
+    DataFlex's `group_solve_rate` uses reward > 0.5. Identical for binary rewards.
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0, 0]); p = success_band()
+    >>> b = Batch.from_feedback(Feedback([0, 1], [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]), pool, 0.5)
+    >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
+    ([True, False], 1)
+    """
+    if not (0.0 <= low <= high <= 1.0):
+        raise ValueError(f"success_band needs 0 ≤ low ≤ high ≤ 1; got low={low}, high={high}.")
+    tol = 1e-12  # pass rates are k/G; guard the closed band against round-off
+
+    def apply(state, pool, batch):
+        shape = batch.rewards.shape
+        if shape[0] == 0:
+            return Admission(np.zeros(shape, dtype=bool), 0)
+        rate = batch.pass_rate
+        if inclusive:
+            keep = (rate >= low - tol) & (rate <= high + tol)
+        else:
+            keep = (rate > low + tol) & (rate < high - tol)
+        return Admission(_group_mask(keep, shape), int((~keep).sum()))
+
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="success_band")
+
+
+def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
+    """bool[B, G]: per row, the m entries whose values have the largest (population)
+    variance, found as the k lowest ∪ (m − k) highest for the best k (PODS, card A6).
+
+    For each row, sort ascending and, with prefix sums P of r and Q of r², the subset
+    S_k = lowest k ∪ highest m−k has sum = P[k] + P[G] − P[G−m+k] (likewise Q), so
+    Var(S_k) = Q_S/m − (P_S/m)² for all k = 0..m at once: O(G log G + m) per row,
+    vectorised over rows. Ties between k go to the smallest k; ties between equal
+    rewards keep the earlier rollouts among the lowest and the later among the highest.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    b, g = r.shape
+    if m >= g:
+        return np.ones((b, g), dtype=bool)
+    order = np.argsort(r, axis=1, kind="stable")                     # [B, G]
+    s = np.take_along_axis(r, order, axis=1)
+    # Centre each row first: variance is shift-invariant and the prefix-sum formula
+    # loses precision when |mean| ≫ spread.
+    s = s - s.mean(axis=1, keepdims=True)
+    p = np.zeros((b, g + 1)); np.cumsum(s, axis=1, out=p[:, 1:])     # [B, G+1]
+    q = np.zeros((b, g + 1)); np.cumsum(s * s, axis=1, out=q[:, 1:])
+    k = np.arange(m + 1)                                             # [m+1]
+    hi = g - m + k                                                   # first kept index on top
+    sum_s = p[:, k] + p[:, [g]] - p[:, hi]                           # [B, m+1]
+    sum_q = q[:, k] + q[:, [g]] - q[:, hi]
+    var = sum_q / m - (sum_s / m) ** 2
+    best = np.argmax(var, axis=1)                                    # [B] first max = smallest k
+    j = np.arange(g)
+    keep_sorted = (j < best[:, None]) | (j >= (g - m + best)[:, None])
+    keep = np.empty((b, g), dtype=bool)
+    np.put_along_axis(keep, order, keep_sorted, axis=1)
+    return keep
+
+
+def pods_max_variance(m: int | None = None) -> DataPolicy:
+    """PODS down-sampling: keep, per group, the m of G rollouts with maximum reward variance.
+
+    Xu, Savani, Fang, Kolter, "Not All Rollouts are Useful", arXiv 2504.13818
+    (methods-peers-and-engines.md card A6); DataFlex-RL `maxvar` (methods-core.md card 3,
+    config 7). Some max-variance m-subset is the k lowest plus the m − k highest rewards;
+    the best k comes from prefix sums (`max_variance_subset`). With binary rewards this
+    keeps as balanced a success/failure split as the group allows.
+
+    Args:
+        m: rollouts kept per group. None → round(0.5·G) (DataFlex's keep fraction 0.5;
+            Python rounds half to even, so G = 5 keeps 2), at least 1. m ≥ G keeps all.
+
+    The trainer should re-normalise GRPO advantages on the kept subset (the paper trains
+    GRPO on the subset); this policy only returns the mask. `refill` is 0.
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0]); p = pods_max_variance(m=2)
+    >>> b = Batch.from_feedback(Feedback([0], [[0.1, 0.9, 0.5, 0.2]]), pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).keep.tolist()
+    [[True, True, False, False]]
+    """
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
+        raise ValueError(f"pods_max_variance m must be a positive int (rollouts kept per group) "
+                         f"or None for round(0.5·G); got {m!r}.")
+
+    def apply(state, pool, batch):
+        shape = batch.rewards.shape
+        if shape[0] == 0:
+            return Admission(np.zeros(shape, dtype=bool), 0)
+        g = shape[1]
+        keep_m = max(1, round(0.5 * g)) if m is None else int(m)
+        return Admission(max_variance_subset(batch.rewards, keep_m), 0)
+
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="pods_max_variance")
+
+
+def drop_all_wrong() -> DataPolicy:
+    """ADS admission: drop every group whose rollouts all fail; keep all-correct groups.
+
+    Methods-core.md card 1 ("Trainer hook"): after `update_main` sees the full batch
+    (the all-wrong groups move ADS's window easier), the ADS trainer removes groups with
+    acc = 0 everywhere from the gradient batch and requests no replacements (`refill`
+    = 0). Success is reward ≥ the Scheduler's threshold.
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0, 0]); p = drop_all_wrong()
+    >>> b = Batch.from_feedback(Feedback([0, 1], [[0, 0], [1, 1]]), pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).keep[:, 0].tolist()
+    [False, True]
+    """
+    def apply(state, pool, batch):
+        shape = batch.rewards.shape
+        if shape[0] == 0:
+            return Admission(np.zeros(shape, dtype=bool), 0)
+        return Admission(_group_mask(batch.success.any(axis=1), shape), 0)
+
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="drop_all_wrong")

@@ -1,0 +1,326 @@
+"""ADS online part: a cluster-level EMA mixer and a per-cluster boundary window.
+
+Xu, Zhang, et al., "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM
+Reinforcement Learning", arXiv 2606.22305 — methods-core.md card 1 ("Online state",
+"Per-step algorithm"), from `Richard-zrx/ADS` `verl/verl/experimental/dataset/ads_sampler.py`.
+The offline part (embed → cluster, NLL → rank) fills `Pool(clusters=..., ranks=...)`;
+without clusters the Pool's clusters are its domains, and without ranks prompts are
+ranked by `difficulty`, else by position.
+
+Per step, with ρ the pass rate of one prompt's group:
+
+  * mixer (`ads_cluster_ema`): r_k := mean ρ over this batch's groups of cluster k (only
+    clusters present; others keep a stale r_k, initially r_init = 0.5); p̂ = r / Σr
+    (uniform if Σr = 0); p ← (1 − α)·p + α·p̂, renormalised. Note this tilts towards
+    clusters with *higher* success ("solidify progress"); the 50 % targeting lives in
+    the window.
+  * window (`ads_boundary_window`): each cluster k keeps a set M_k of B distinct
+    positions in its easy → hard order, initially the easiest B. A group whose prompt
+    sits at a position of M_k asks to move it −1 (ρ < 0.5 − ε, too hard), +1
+    (ρ > 0.5 + ε, too easy) or not at all; stayers keep their slot, then easier-movers
+    in ascending and harder-movers in descending order each take the nearest free slot
+    (preferring the requested direction, clamped to [0, size − 1]).
+  * admission (`drop_all_wrong`): groups whose rollouts all fail leave the loss.
+  * epoch reset: after `epoch_reset_steps` updates, p, r and every M_k start over
+    (default len(pool) // (active_clusters · B), at least 1; 0 disables the reset).
+
+Cost: the mixer is O(C) per step for C clusters; the window is O(batch · B) numpy plus a
+Python loop over the batch's in-window prompts only (≤ batch size), never over the pool.
+
+Deviations from the reference code, all forced by `propose(n)` returning exactly n ids
+or by our records:
+  * ρ uses success = reward ≥ the Scheduler's threshold (the code: `acc` clipped to
+    [0, 1], else reward > 0).
+  * Clusters are drawn without replacement ∝ p by Gumbel-top-k (the same law as the
+    code's `rng.choice(replace=False, p=p)`, Kool et al. 2019), and windows are emitted
+    cluster after cluster until n prompts are filled: ceil(n / B) clusters when every
+    cluster has ≥ B prompts, the last one truncated (its hardest positions dropped);
+    smaller clusters make room for further clusters; when every cluster with p > 0 has
+    been used, the same draw order repeats. The code always emits exactly
+    `active_clusters` whole windows, so card-faithful use is propose(active_clusters · B).
+  * A prompt listed twice in one batch: both groups count towards r_k; the window uses
+    the direction of the last group (the code's per-position dict, last write wins).
+  * An empty batch is a no-op (the code would still smooth p and count the step).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._admission import drop_all_wrong
+from ._base import MIXTURE, SELECTION, DataPolicy, Method, compose
+
+__all__ = ["ads", "ads_cluster_ema", "ads_boundary_window", "move_window"]
+
+
+def _check_reset(epoch_reset_steps) -> None:
+    if epoch_reset_steps is not None and (isinstance(epoch_reset_steps, bool) or
+                                          not isinstance(epoch_reset_steps, (int, np.integer))
+                                          or epoch_reset_steps < 0):
+        raise ValueError(f"ads epoch_reset_steps must be None (one pass over the pool), 0 (never "
+                         f"reset) or a positive int; got {epoch_reset_steps!r}.")
+
+
+def _reset_every(epoch_reset_steps, pool, prompts_per_step: int) -> int:
+    if epoch_reset_steps is None:
+        return max(1, len(pool) // max(1, prompts_per_step))
+    return int(epoch_reset_steps)
+
+
+# ---- the inter-cluster mixer --------------------------------------------------------------
+class ClusterEmaState(NamedTuple):
+    rate: np.ndarray   # float64[C] running success rate r_k (stale when not sampled)
+    prob: np.ndarray   # float64[C] sampling distribution p over clusters
+    steps: np.ndarray  # int64[] updates since the last epoch reset
+
+
+def ads_cluster_ema(alpha: float = 0.3, r_init: float = 0.5, epoch_reset_steps: int | None = None,
+                    epoch_prompts: int = 128) -> DataPolicy:
+    """ADS inter-cluster mixer: p ← (1 − α)·p + α·r/Σr over clusters (card 1, paper Eq. 4).
+
+    Args:
+        alpha: EMA step α (ADS: 0.3).
+        r_init: initial and reset success rate of every cluster (ADS: 0.5).
+        epoch_reset_steps: updates between full resets of p and r; None →
+            len(pool) // epoch_prompts (at least 1); 0 → never.
+        epoch_prompts: prompts per step assumed by the default epoch length (ADS:
+            4 clusters × 32 = 128; `ads()` passes active_clusters · mini_cluster_size).
+
+    Example (hand-computed): 2 clusters, α = 0.5, a batch where cluster 0 has ρ = 1 and
+    cluster 1 is absent: r = [1, 0.5], p̂ = [2/3, 1/3], p = 0.5·[0.5, 0.5] + 0.5·p̂ =
+    [0.5833, 0.4167].
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"ads alpha must be in [0, 1]; got {alpha}.")
+    if not (np.isfinite(r_init) and r_init >= 0):
+        raise ValueError(f"ads r_init must be a finite rate ≥ 0; got {r_init}.")
+    _check_reset(epoch_reset_steps)
+    if isinstance(epoch_prompts, bool) or not isinstance(epoch_prompts, (int, np.integer)) or epoch_prompts < 1:
+        raise ValueError(f"ads epoch_prompts must be a positive int; got {epoch_prompts!r}.")
+
+    def init(pool):
+        c = pool.n_clusters
+        return ClusterEmaState(np.full(c, float(r_init)), np.full(c, 1.0 / c), np.array(0, np.int64))
+
+    def update(state, pool, batch):
+        if batch.prompt_ids.size == 0:
+            return state
+        c = state.rate.shape[0]
+        count = np.bincount(batch.clusters, minlength=c)
+        total = np.bincount(batch.clusters, weights=batch.pass_rate, minlength=c)
+        seen = count > 0
+        state.rate[seen] = total[seen] / count[seen]
+        rate_sum = state.rate.sum()
+        target = state.rate / rate_sum if rate_sum > 0 else np.full(c, 1.0 / c)
+        state.prob[:] = (1.0 - alpha) * state.prob + alpha * target
+        state.prob[:] /= state.prob.sum()
+        state.steps[...] += 1
+        every = _reset_every(epoch_reset_steps, pool, epoch_prompts)
+        if every > 0 and state.steps >= every:
+            state.rate[:] = r_init
+            state.prob[:] = 1.0 / c
+            state.steps[...] = 0
+        return state
+
+    def apply(state, pool, *_):
+        return state.prob.copy()
+
+    def metrics(state, pool):
+        p = state.prob
+        return {"ads/prob_max": float(p.max()), "ads/prob_min": float(p.min()),
+                "ads/prob_entropy": float(-(p * np.log(np.maximum(p, 1e-300))).sum()),
+                "ads/success_rate_mean": float(state.rate.mean()),
+                "ads/steps_in_epoch": float(state.steps)}
+
+    return DataPolicy(MIXTURE, init, update, apply, arms="cluster", name="ads_cluster_ema",
+                      metrics=metrics)
+
+
+# ---- the per-cluster boundary window -------------------------------------------------------
+class BoundaryWindowState(NamedTuple):
+    positions: np.ndarray  # int64[C, Bmax] M_k sorted ascending in [:width_k], −1 after
+    width: np.ndarray      # int64[C] B_k = min(B, cluster size)
+    steps: np.ndarray      # int64[] updates since the last epoch reset
+    last_moves: np.ndarray  # int64[3] last batch's in-window groups: too hard, keep, too easy
+
+
+def _nearest_free(desired: int, direction: int, taken: set, size: int) -> int:
+    """Nearest slot to `desired` (clamped to [0, size)) that is not taken, searching
+    outwards and trying the requested direction first at each distance."""
+    d = min(max(desired, 0), size - 1)
+    if d not in taken:
+        return d
+    for radius in range(1, size):
+        for cand in (d + direction * radius, d - direction * radius):
+            if 0 <= cand < size and cand not in taken:
+                return cand
+    raise RuntimeError("no free slot: the window covers the whole cluster")  # guarded by caller
+
+
+def move_window(window, directions: dict, size: int) -> list[int]:
+    """One ADS window move (card 1, "Per-step algorithm"; paper Eq. 5–7).
+
+    Args:
+        window: the B current positions of M_k (any order).
+        directions: position → −1 (move easier), 0 (stay), +1 (move harder); positions
+            not listed stay.
+        size: cluster size; positions live in [0, size).
+
+    Returns the new sorted positions: stayers keep their slot, then easier-movers in
+    ascending order and harder-movers in descending order each take the nearest free
+    slot to pos ∓ 1, preferring the requested direction. A window that covers its whole
+    cluster cannot move. Always B distinct positions.
+
+    >>> move_window([3, 4, 5], {3: -1, 4: -1, 5: +1}, 10)
+    [2, 3, 6]
+    >>> move_window([0, 1, 2], {0: -1, 1: -1, 2: -1}, 10)   # clamped at the easy end
+    [0, 1, 2]
+    """
+    window = [int(p) for p in window]
+    if size <= len(window):
+        return sorted(window)
+    taken = {p for p in window if directions.get(p, 0) == 0}
+    easier = sorted(p for p in window if directions.get(p, 0) < 0)
+    harder = sorted((p for p in window if directions.get(p, 0) > 0), reverse=True)
+    for p in easier:
+        taken.add(_nearest_free(p - 1, -1, taken, size))
+    for p in harder:
+        taken.add(_nearest_free(p + 1, +1, taken, size))
+    return sorted(taken)
+
+
+def _cluster_weights(pool, probs, arms) -> np.ndarray:
+    """float64[C] unnormalised weight of each cluster from the mixture the Scheduler
+    passes: cluster probs as they are; domain probs spread over each domain's clusters
+    in proportion to their share of the domain; None → equal weights."""
+    c = pool.n_clusters
+    if probs is None:
+        return np.ones(c)
+    p = np.asarray(probs, dtype=np.float64)
+    if arms == "cluster":
+        return p
+    key = "ads/domain_to_cluster"                      # float64[K, C], rows sum to 1
+    if key not in pool._cache:
+        m = np.zeros((pool.n_domains, c))
+        np.add.at(m, (pool.domains, pool.clusters), 1.0)
+        pool._cache[key] = m / m.sum(axis=1, keepdims=True)
+    return p @ pool._cache[key]
+
+
+def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, eps: float = 0.17,
+                        epoch_reset_steps: int | None = None) -> DataPolicy:
+    """ADS intra-cluster selection: emit the boundary windows M_k of clusters drawn ∝ p.
+
+    Card 1 ("Online state", "Per-step algorithm"); see the module docstring for the
+    rule and for how n ≠ active_clusters · B is handled.
+
+    Args:
+        active_clusters: clusters per step in the card (4); sets the default epoch
+            length len(pool) // (active_clusters · mini_cluster_size).
+        mini_cluster_size: B, positions per window (32); B_k = min(B, cluster size).
+        eps: keep band ρ ∈ [0.5 − ε, 0.5 + ε] (0.17).
+        epoch_reset_steps: updates between resets of every window to its easiest B_k;
+            None → the default above (at least 1); 0 → never.
+
+    Example: window {3, 4, 5} of a 10-prompt cluster with ρ = (0, 0, 1) at those
+    positions moves to {2, 3, 6} (see `move_window`).
+    """
+    for name, val in (("active_clusters", active_clusters), ("mini_cluster_size", mini_cluster_size)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
+            raise ValueError(f"ads {name} must be a positive int; got {val!r}.")
+    if not 0.0 <= eps <= 0.5:
+        raise ValueError(f"ads eps must be in [0, 0.5] (keep band 0.5 ± eps); got {eps}.")
+    _check_reset(epoch_reset_steps)
+    per_step = int(active_clusters) * int(mini_cluster_size)
+
+    def _reset(state):
+        cols = np.arange(state.positions.shape[1])
+        state.positions[:] = np.where(cols < state.width[:, None], cols, -1)
+
+    def init(pool):
+        _, offsets = pool.by_rank()
+        width = np.minimum(np.diff(offsets), mini_cluster_size).astype(np.int64)
+        state = BoundaryWindowState(np.empty((width.shape[0], int(width.max())), np.int64), width,
+                                    np.array(0, np.int64), np.zeros(3, np.int64))
+        _reset(state)
+        return state
+
+    def update(state, pool, batch):
+        if batch.prompt_ids.size == 0:
+            return state
+        k = batch.clusters                                          # [B]
+        pos = pool.rank_position()[batch.prompt_ids]                # [B]
+        in_window = (state.positions[k] == pos[:, None]).any(axis=1)  # −1 padding never matches
+        rho = batch.pass_rate
+        direction = np.where(rho < 0.5 - eps, -1, np.where(rho > 0.5 + eps, 1, 0))
+        d_in = direction[in_window]
+        state.last_moves[:] = [(d_in < 0).sum(), (d_in == 0).sum(), (d_in > 0).sum()]
+        # Python over the batch's in-window groups only (≤ batch size), never the pool.
+        moves: dict[int, dict[int, int]] = {}
+        for kk, p, d in zip(k[in_window].tolist(), pos[in_window].tolist(), d_in.tolist()):
+            moves.setdefault(kk, {})[p] = d                         # last group wins
+        _, offsets = pool.by_rank()
+        for kk, dirs in moves.items():
+            w = int(state.width[kk])
+            state.positions[kk, :w] = move_window(state.positions[kk, :w], dirs,
+                                                  int(offsets[kk + 1] - offsets[kk]))
+        state.steps[...] += 1
+        every = _reset_every(epoch_reset_steps, pool, per_step)
+        if every > 0 and state.steps >= every:
+            _reset(state)
+            state.steps[...] = 0
+        return state
+
+    def apply(state, pool, n, probs, arms, rng):
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        order, offsets = pool.by_rank()
+        p = _cluster_weights(pool, probs, arms)
+        p = np.where(np.isfinite(p) & (p > 0), p, 0.0)
+        if not p.sum() > 0:
+            p = np.ones_like(p)                                     # the code's uniform fallback
+        cand = np.flatnonzero(p)
+        keys = np.log(p[cand]) + rng.gumbel(size=cand.size)         # Gumbel-top-k = draws ∝ p
+        seq = cand[np.argsort(-keys, kind="stable")]                # without replacement
+        per_pass = int(state.width[seq].sum())
+        seq = np.tile(seq, -(-n // per_pass))                       # cycle when clusters run out
+        used = int(np.searchsorted(np.cumsum(state.width[seq]), n)) + 1
+        seq = seq[:used]
+        rows = offsets[seq][:, None] + state.positions[seq]         # [used, Bmax]
+        valid = np.arange(rows.shape[1]) < state.width[seq][:, None]
+        return order[rows[valid][:n]]
+
+    def metrics(state, pool):
+        _, offsets = pool.by_rank()
+        size = np.diff(offsets)
+        valid = state.positions >= 0
+        mean_pos = np.where(valid, state.positions, 0).sum(axis=1) / state.width
+        frac = mean_pos / np.maximum(size - 1, 1)
+        too_hard, keep, too_easy = state.last_moves.tolist()
+        return {"ads/window_position_frac": float(frac.mean()), "ads/batch_too_hard": float(too_hard),
+                "ads/batch_keep": float(keep), "ads/batch_too_easy": float(too_easy)}
+
+    return DataPolicy(SELECTION, init, update, apply, name="ads_boundary_window", metrics=metrics)
+
+
+def ads(alpha: float = 0.3, r_init: float = 0.5, active_clusters: int = 4, mini_cluster_size: int = 32,
+        eps: float = 0.17, epoch_reset_steps: int | None = None) -> Method:
+    """ADS (card 1): cluster EMA mixer + boundary-window selection + all-wrong groups dropped.
+
+    Defaults are `train_ads.sh`'s: α = 0.3, r_init = 0.5, 4 active clusters, B = 32,
+    ε = 0.17, an epoch reset every len(pool) // 128 updates. Needs `Pool(clusters=...,
+    ranks=...)` (or `difficulty=`) from the offline pipeline to mean what ADS means.
+    Card-faithful batches: `propose(active_clusters * mini_cluster_size)` (= 128).
+
+    >>> import numpy as np; from rlpace import Pool, Scheduler
+    >>> pool = Pool(["a"] * 40 + ["b"] * 40)      # clusters = domains, ranks = position
+    >>> s = Scheduler(pool, "ads", active_clusters=2, mini_cluster_size=4)
+    >>> sorted(s.propose(8).tolist())             # the easiest 4 of both clusters
+    [0, 1, 2, 3, 40, 41, 42, 43]
+    """
+    window = ads_boundary_window(active_clusters, mini_cluster_size, eps, epoch_reset_steps)  # validates
+    mixer = ads_cluster_ema(alpha, r_init, epoch_reset_steps,
+                            epoch_prompts=int(active_clusters) * int(mini_cluster_size))
+    return compose(mixer, window, drop_all_wrong(), name="ads")

@@ -1,0 +1,85 @@
+"""ODM: EXP3 over domains with a decaying exploration rate.
+
+Albalak, Pan, Raffel, Wang, "Efficient Online Data Mixing For Language Model
+Pre-Training", arXiv 2312.02406 — methods-peers-and-engines.md card A13, from
+`alon-albalak/online-data-mixing` `megatron/data/data_sampling_utils.py`
+(`Exp3WeightUpdater.update`). At update t = 1, 2, ... (ε_0 = 1/K):
+
+    R̂_i += (r_i / scale) / π_i                 for arms i present in the batch
+    ε_t  = min(1/K, sqrt(ln K / (K·t)))
+    w_i  = exp(ε_{t−1}·R̂_i)·(1 − K·ε_t) / Σ_j exp(ε_{t−1}·R̂_j) + ε_t
+    π    = w / Σ w
+
+RLVR adaptation (card A13): ODM's reward is a domain's training loss; ours is the
+domain's learnability in this batch, r_i = mean over its groups of the group's mean |A|
+(the same signal as SEC and DUMP). π_i in the importance weight is the distribution the
+batch was proposed from (the current state's π, which only `update` changes).
+
+Notes: ε_t = 1/K — and so π uniform — for the first t ≤ K·ln K updates, as in the code.
+The exponent is max-subtracted (a softmax), which leaves w unchanged but cannot
+overflow. t counts our updates; ODM uses the trainer iteration (equal when it updates
+every step without warm-up).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._base import MIXTURE, DataPolicy, softmax
+from ._sec import arm_mean_abs_advantage
+
+__all__ = ["exp3"]
+
+
+class Exp3State(NamedTuple):
+    reward: np.ndarray  # float64[K] importance-weighted cumulative reward R̂
+    prob: np.ndarray    # float64[K] current distribution π
+    eps: np.ndarray     # float64[] current exploration rate ε_t (ε_0 = 1/K)
+    t: np.ndarray       # int64[] updates so far
+
+
+def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
+    """EXP3 domain mixture (ODM, card A13). See the module docstring for the rule.
+
+    Args:
+        scale: rewards are divided by this before importance weighting (the code's
+            `reward / 10`).
+        arms: "domain" or "cluster".
+
+    Example (hand-computed, K = 2, scale = 10): update 1 with r = [1, –] (arm 1 absent)
+    gives R̂ = [0.2, 0], ε_1 = min(1/2, sqrt(ln 2 / 2)) = 1/2, so π = [1/2, 1/2]; update 2
+    with r = [1, 0.5] gives R̂ = [0.4, 0.1], ε_2 = sqrt(ln 2 / 4) = 0.416277, and with
+    ε_1 = 1/2: w = softmax([0.2, 0.05])·(1 − 2·0.416277) + 0.416277 = [0.506267, 0.493733].
+    """
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"exp3 scale must be > 0; got {scale!r}.")
+    if arms not in ("domain", "cluster"):
+        raise ValueError(f"exp3 arms must be 'domain' or 'cluster'; got {arms!r}.")
+
+    def init(pool):
+        k = pool.n_arms(arms)
+        return Exp3State(np.zeros(k), np.full(k, 1.0 / k), np.array(1.0 / k), np.array(0, np.int64))
+
+    def update(state, pool, batch):
+        if batch.prompt_ids.size == 0:
+            return state
+        k = state.prob.shape[0]
+        r, present = arm_mean_abs_advantage(pool, batch, arms, k)
+        state.reward[present] += (r[present] / scale) / state.prob[present]
+        state.t[...] += 1
+        eps_prev = float(state.eps)
+        eps = min(1.0 / k, float(np.sqrt(np.log(k) / (k * int(state.t)))))
+        w = softmax(state.reward * eps_prev, 1.0) * (1.0 - k * eps) + eps
+        state.prob[:] = w / w.sum()
+        state.eps[...] = eps
+        return state
+
+    def apply(state, pool, *_):
+        return state.prob.copy()
+
+    def metrics(state, pool):
+        return {"exp3/eps": float(state.eps)}
+
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="exp3", metrics=metrics)

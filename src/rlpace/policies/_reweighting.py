@@ -1,0 +1,105 @@
+"""Loss reweighting: per-rollout weights that multiply each rollout's policy-gradient
+term, as in DataFlex-RL's reweighters (methods-core.md card 3, configs 3–5: `per`,
+`softmax`, `diffband`).
+
+All three are stateless functions of one batch, mean-normalised to 1 over its B·G
+rollouts so that the effective step size matches unweighted GRPO and only the relative
+emphasis changes (DataFlex `_normalize_mean_one`). DataFlex writes the weights into
+verl's per-token `rollout_is_weights`; a rollout's weight is the same for all its tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update, softmax
+
+__all__ = ["per_advantage", "difficulty_band", "softmax_advantage"]
+
+
+def _mean_one(w: np.ndarray) -> np.ndarray:
+    """w / mean(w); all ones when the mean is 0 (no rollout would get any weight)."""
+    mean = w.mean() if w.size else 0.0
+    return w / mean if mean > 0 else np.ones_like(w)
+
+
+def per_advantage(alpha: float = 0.5) -> DataPolicy:
+    """w = |A|^α, mean-normalised to 1 over the batch's rollouts (DataFlex-RL `per`).
+
+    Methods-core.md card 3, config 3: scorer `advantage_magnitude` (the rollout's |A|;
+    with GRPO the per-token advantage is constant over a sequence, so its mean is |A|),
+    actuator `per_advantage` with α = 0.5. A batch whose |A| are all 0 gets weights 1.
+    α = 0 gives weights 1 (0⁰ = 1).
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0]); p = per_advantage(alpha=1.0)
+    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[1.0, -3.0]]), pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).tolist()     # |A| = [1, 3], mean 2
+    [[0.5, 1.5]]
+    """
+    if not (np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"per_advantage alpha must be a finite number ≥ 0; got {alpha!r}.")
+
+    def apply(state, pool, batch):
+        return _mean_one(np.abs(batch.advantages) ** alpha)
+
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="per_advantage")
+
+
+def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2.0,
+                    outside: float = 1.0) -> DataPolicy:
+    """Weight `inside` for rollouts whose reward lies in the batch's [q_low, q_high]
+    quantile band, `outside` otherwise; mean-normalised (DataFlex-RL `diffband`).
+
+    Methods-core.md card 3, config 5: scorer `reward_difficulty` (per-sequence reward),
+    actuator `difficulty_band` with quantiles 0.25 / 0.75 (linear interpolation, as
+    `torch.quantile`) and focus weight 2 (others 1), over all B·G rollouts of the batch.
+    A batch of one rollout gets weight 1 (DataFlex). With binary rewards the band often
+    covers every rollout (all weights 1 after normalisation) or only the majority value.
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0]); p = difficulty_band()
+    >>> b = Batch.from_feedback(Feedback([0], [[0.0, 0.4, 0.6, 1.0]]), pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).round(4).tolist()   # band [0.3, 0.7]: w = [1,2,2,1]/1.5
+    [[0.6667, 1.3333, 1.3333, 0.6667]]
+    """
+    if not (0.0 <= low_q <= high_q <= 1.0):
+        raise ValueError(f"difficulty_band needs 0 ≤ low_q ≤ high_q ≤ 1; got {low_q}, {high_q}.")
+    if not (inside >= 0 and outside >= 0 and np.isfinite(inside) and np.isfinite(outside)):
+        raise ValueError(f"difficulty_band inside/outside weights must be finite and ≥ 0; "
+                         f"got inside={inside}, outside={outside}.")
+
+    def apply(state, pool, batch):
+        r = batch.rewards
+        if r.size <= 1:
+            return np.ones(r.shape)
+        lo, hi = np.quantile(r, [low_q, high_q])
+        w = np.where((r >= lo) & (r <= hi), float(inside), float(outside))
+        return _mean_one(w)
+
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="difficulty_band")
+
+
+def softmax_advantage(temperature: float = 1.0) -> DataPolicy:
+    """w = softmax(|A| / T) · M over the batch's M = B·G rollouts (mean exactly 1),
+    DataFlex-RL `softmax` (methods-core.md card 3, config 4; T = 1).
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0]); p = softmax_advantage()
+    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[0.0, np.log(3)]]), pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).round(6).tolist()   # 2·[1, 3]/4
+    [[0.5, 1.5]]
+    """
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"softmax_advantage temperature must be > 0; got {temperature!r}.")
+
+    def apply(state, pool, batch):
+        a = np.abs(batch.advantages)
+        if a.size == 0:
+            return np.ones(a.shape)
+        return (softmax(a.ravel(), temperature) * a.size).reshape(a.shape)
+
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="softmax_advantage")

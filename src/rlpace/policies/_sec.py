@@ -1,0 +1,84 @@
+"""SEC: a non-stationary bandit over problem categories, TD(0) values of the absolute
+advantage, Boltzmann sampling.
+
+Chen, Lu, Kim, Zhang, Tang, Piché, Gontier, Bengio, Kamalloo, "Self-Evolving Curriculum
+for LLM Reasoning", arXiv 2505.14970 — methods-peers-and-engines.md card A2. No official
+code; the card gives the standard TD(0) / Boltzmann form:
+
+    r_t(c)     = mean over the batch's groups of category c of (1/G)·Σ_j |Â_j|
+    Q_{t+1}(c) = α·r_t(c) + (1 − α)·Q_t(c)       for categories present in the batch
+    π_t(c)     = softmax(Q_t / τ)(c)
+
+Prompts are then drawn uniformly inside each category drawn from π (the composed
+`uniform_within_arm` selection). A category whose groups are all-0 or all-1 earns 0 and
+fades — the learnability signal DUMP uses with UCB (card 10).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._base import MIXTURE, DataPolicy, softmax
+
+__all__ = ["sec", "arm_mean_abs_advantage"]
+
+
+def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean float64[K], present bool[K]): per arm, the mean over the batch's groups of the
+    group's mean |A|; `present` marks arms with at least one group."""
+    arm = pool.arm_codes(arms)[batch.prompt_ids]
+    count = np.bincount(arm, minlength=k)
+    total = np.bincount(arm, weights=np.abs(batch.advantages).mean(axis=1), minlength=k)
+    present = count > 0
+    return np.where(present, total / np.maximum(count, 1), 0.0), present
+
+
+class SecState(NamedTuple):
+    q: np.ndarray  # float64[K] TD(0) value of each category, 0 before its first update
+
+
+def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> DataPolicy:
+    """SEC category mixture (card A2). See the module docstring for the rule.
+
+    Args:
+        alpha: TD(0) step α. [unverified] The card could not read the paper's value;
+            0.5 is our choice (one update halves the weight of the past).
+        temperature: Boltzmann τ. [unverified] Our choice: 0.2. With |A|-rewards in
+            [0, 1] (GRPO: mean |A| = 2·sqrt(p(1 − p)) ≤ 1), τ = 1 would bound the
+            probability ratio of two categories by e ≈ 2.7 — close to uniform — while
+            DUMP uses τ = 0.1 on the same signal; 0.2 sits between.
+        arms: "domain" (categories = the Pool's domains, e.g. difficulty levels) or
+            "cluster".
+
+    Q starts at 0 for every category, so π starts uniform. Cost O(K + B) per step.
+
+    Example (hand-computed): 2 categories, α = 0.5, τ = 1; a batch where category 0's
+    groups have mean |A| 1.0 and 0.6 and category 1 is absent: r_0 = 0.8, Q = [0.4, 0],
+    π = softmax([0.4, 0]) = [0.5987, 0.4013].
+    """
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"sec alpha (TD step) must be in (0, 1]; got {alpha}.")
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"sec temperature must be > 0; got {temperature}.")
+    if arms not in ("domain", "cluster"):
+        raise ValueError(f"sec arms must be 'domain' or 'cluster'; got {arms!r}.")
+
+    def init(pool):
+        return SecState(np.zeros(pool.n_arms(arms)))
+
+    def update(state, pool, batch):
+        if batch.prompt_ids.size == 0:
+            return state
+        r, present = arm_mean_abs_advantage(pool, batch, arms, state.q.shape[0])
+        state.q[present] = alpha * r[present] + (1.0 - alpha) * state.q[present]
+        return state
+
+    def apply(state, pool, *_):
+        return softmax(state.q, temperature)
+
+    def metrics(state, pool):
+        return {"sec/q_max": float(state.q.max()), "sec/q_min": float(state.q.min())}
+
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="sec", metrics=metrics)
