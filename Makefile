@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean test-verl07
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,26 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests
+	$(MAKE) test-verl07
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# ---- verl 0.7 environment: rlpace.adapters.verl RlpaceSampler, tests/verl07 ---------------------
+# verl 0.5-0.7 still has the curriculum-sampler hook (data.sampler.class_path) that 0.8 removed.
+# verl 0.7.1 resolves numpy<2, and pyarrow must then stay <21 (26.x needs numpy 2), so it lives in
+# a second venv; the main one keeps verl 0.9. The main test run skips tests/verl07 (no sampler hook).
+VENV07  ?= .venv-verl07
+STAMP07 := $(VENV07)/.rlpace-installed
+
+$(STAMP07): pyproject.toml Makefile
+	test -x $(VENV07)/bin/python || python3 -m venv $(VENV07)
+	$(VENV07)/bin/pip install -q --upgrade pip
+	$(VENV07)/bin/pip install -q torch==2.13.0
+	$(VENV07)/bin/pip install -q "verl==0.7.1" "numpy<2" "pyarrow>=19,<21"
+	$(VENV07)/bin/pip install -q -e ".[dev]"
+	touch $(STAMP07)
+
+test-verl07: $(STAMP07)
+	$(VENV07)/bin/python -m pytest tests/verl07 -p no:cacheprovider
+# ---- end of the verl 0.7 block ------------------------------------------------------------------

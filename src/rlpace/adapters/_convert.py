@@ -1,0 +1,138 @@
+"""Engine rows → `Feedback`, and per-rollout weights back onto rows. Pure numpy.
+
+Engines hand over one row per rollout, in an order of their own (verl's batch balancing
+reorders rows across data-parallel ranks; TRL gathers ranks process-major). Each row
+carries a *group key* (verl's `uid`: a fresh uuid per prompt per step) and a *stable
+prompt id* (verl's `extra_info["index"]`, a TRL dataset column). Grouping rows by the
+group key gives the `[B, G]` layout a `Feedback` needs; the stable id maps each group to
+its pool position. `rows[b, g]` remembers which engine row each rollout came from, so that
+per-rollout loss weights can be written back in the engine's order.
+
+Nothing here imports an engine: `dataproto_rows` reads a verl `DataProto` by attribute
+only, so this module is tested without verl.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from ..types import Feedback, Pool
+
+__all__ = ["Rows", "group_rows", "feedbacks_from_rows", "dataproto_rows", "scatter_to_rows"]
+
+
+class Rows(NamedTuple):
+    """One step's rollouts as flat engine rows (R rows)."""
+
+    group_keys: np.ndarray          # object[R] rollouts of one prompt share a key (verl uid)
+    prompt_ids: np.ndarray          # object[R] or int64[R] stable prompt id (extra_info.index)
+    rewards: np.ndarray             # float64[R] score (or `acc`) of each rollout
+    advantages: np.ndarray | None   # float64[R] per-sequence advantage, or None
+
+
+def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
+    """Rows of each group, groups in order of first appearance, rows in engine order.
+
+    Returns a list of int64 arrays, one per group. A group whose rows disagree on the
+    stable prompt id is an error (it would mean `uid` no longer identifies a prompt).
+
+    >>> [g.tolist() for g in group_rows(["b", "a", "b", "a"], [7, 3, 7, 3])]
+    [[0, 2], [1, 3]]
+    """
+    keys = np.asarray(group_keys, dtype=object).astype(str)
+    ids = np.asarray(prompt_ids, dtype=object)
+    if keys.shape != ids.shape or keys.ndim != 1:
+        raise ValueError(f"group keys {keys.shape} and prompt ids {ids.shape} must be 1-D and equal "
+                         f"in length: one of each per rollout row.")
+    if keys.size == 0:
+        return []
+    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")            # groups by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    by_group = np.argsort(rank[inverse], kind="stable")  # rows sorted by group, engine order kept
+    bounds = np.cumsum(np.bincount(rank[inverse], minlength=order.size))[:-1]
+    groups = np.split(by_group.astype(np.int64), bounds)
+    str_ids = ids.astype(str)
+    for g in groups:
+        if (str_ids[g] != str_ids[g[0]]).any():
+            raise ValueError(f"rows of group {keys[g[0]]!r} carry different prompt ids "
+                             f"{sorted(set(str_ids[g]))[:4]}; every rollout of one prompt must have "
+                             f"the same extra_info.index.")
+    return groups
+
+
+def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[Feedback, np.ndarray]]:
+    """Group engine rows into `Feedback` records, one per distinct group size G.
+
+    Returns `[(feedback, row_index int64[B, G]), ...]`; `row_index[b, g]` is the engine
+    row of rollout g of prompt b. Engines normally give every prompt the same G (one
+    record); groups of unequal size (failed or filtered rollouts) are kept, as one record
+    per size, rather than padded, so no invented reward reaches a policy.
+
+    >>> pool = Pool(["a", "b"], ids=[10, 20])
+    >>> rows = Rows(np.array(["u", "v", "u", "v"], object), np.array([20, 10, 20, 10]),
+    ...             np.array([1.0, 0.0, 0.0, 0.0]), None)
+    >>> [(f.prompt_ids.tolist(), f.rewards.tolist(), r.tolist()) for f, r in feedbacks_from_rows(pool, rows)]
+    [([1, 0], [[1.0, 0.0], [0.0, 0.0]], [[0, 2], [1, 3]])]
+    """
+    groups = group_rows(rows.group_keys, rows.prompt_ids)
+    if not groups:
+        return []
+    sizes = np.array([g.size for g in groups])
+    out = []
+    for size in np.unique(sizes):
+        idx = np.stack([g for g, s in zip(groups, sizes) if s == size])          # [B, G]
+        first = [rows.prompt_ids[i] for i in idx[:, 0]]
+        positions = pool.index_of(first)
+        adv = None if rows.advantages is None else rows.advantages[idx]
+        out.append((Feedback(positions, rows.rewards[idx], adv, step=step), idx))
+    return out
+
+
+def scatter_to_rows(values: np.ndarray, row_index: np.ndarray, n_rows: int, fill: float = 1.0) -> np.ndarray:
+    """float64[n_rows]: `values[b, g]` written at engine row `row_index[b, g]`; rows not
+    covered keep `fill`."""
+    out = np.full(n_rows, fill, dtype=np.float64)
+    out[np.asarray(row_index).ravel()] = np.asarray(values, dtype=np.float64).ravel()
+    return out
+
+
+def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
+    """Read a verl `DataProto` (after `compute_advantage`) into `Rows`.
+
+    * group key: `non_tensor_batch["uid"]`;
+    * stable id: `non_tensor_batch["extra_info"][i]["index"]`;
+    * reward: `non_tensor_batch[reward_key]` when the reward function returned that extra
+      (verl's `acc` is the verifier's correctness; DAPO recipes filter on it, not on the
+      shaped `score`), else the sequence score `token_level_scores.sum(-1)` (verl puts the
+      outcome reward on the last response token);
+    * advantage: the masked mean of `advantages` over `response_mask` (GRPO writes one
+      scalar per sequence broadcast over its tokens, so this recovers it exactly);
+      None when the batch has no advantages yet.
+    """
+    nt, td = batch.non_tensor_batch, batch.batch
+    for key in ("uid", "extra_info"):
+        if key not in nt:
+            raise ValueError(f"the verl batch has no non_tensor_batch[{key!r}]; rlpace reads uid and "
+                             f"extra_info.index from it (keep them on the batch).")
+    extra = nt["extra_info"]
+    try:
+        ids = np.array([e["index"] for e in extra], dtype=object)
+    except (KeyError, TypeError):
+        raise ValueError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt "
+                         "id) into the parquet.") from None
+    if reward_key and reward_key in nt:
+        rewards = np.asarray(nt[reward_key], dtype=np.float64)
+    elif "token_level_scores" in td.keys():
+        rewards = td["token_level_scores"].sum(-1).double().cpu().numpy()
+    else:
+        raise ValueError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
+                         f"batch['token_level_scores']; feed it after the reward is computed.")
+    adv = None
+    if "advantages" in td.keys() and "response_mask" in td.keys():
+        mask = td["response_mask"].double()
+        adv = ((td["advantages"].double() * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).cpu().numpy()
+    return Rows(np.asarray(nt["uid"], dtype=object), ids, rewards, adv)

@@ -1,0 +1,259 @@
+"""rlpace inside verl: prompts drawn by a `Scheduler`, feedback from verl's batches.
+
+Three entry points, one per verl generation (config lines: `docs/engines.md`):
+
+* verl 0.8–0.9 (`RlpaceDataset`, `data.custom_cls`): an `RLHFDataset` whose batches are
+  drawn by the Scheduler (index indirection: the dataloader's indices are ignored, each
+  batch fetch calls `propose(batch_size)`); verl calls `on_batch_end(batch)` after every
+  step of the legacy trainer; its state rides in the dataloader's `data.pt`.
+* verl 0.5–0.7 (`RlpaceSampler`, `data.sampler.class_path`): an `AbstractCurriculumSampler`
+  (`rlpace.adapters._verl_legacy`), fed by verl's `sampler.update(batch)`.
+* verl 0.9 V1 trainer (`RlpaceReplayBuffer`, `trainer.v1.sampler.custom_sampler`): admission
+  of finished groups (`rlpace.adapters._verl_v1`), sharing the dataset's Scheduler.
+
+`RlpaceTrainerMixin` (legacy `RayPPOTrainer`, any version) adds what no config reaches:
+feedback *before* the checkpoint is written (exact resume), loss weights, and
+`rlpace/*` metrics in verl's logger. The adapters translate; the scheduling is the core's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..scheduler import Scheduler
+from ..types import Pool
+from ._convert import dataproto_rows, feedbacks_from_rows, scatter_to_rows
+
+try:
+    import verl
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("rlpace.adapters.verl needs verl: pip install 'rlpace[verl]'") from e
+
+__all__ = ["RlpaceDataset", "RlpaceSampler", "RlpaceReplayBuffer", "RlpaceReplayBufferAsync",
+           "RlpaceTrainerMixin", "VerlFeedback", "pool_from_dataframe", "feedback_from_config",
+           "check_verl_version", "SUPPORTED"]
+
+# feature -> [lowest, highest) verl release checked against it.
+SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10")}
+_SEEN = "rlpace_observed"   # meta_info flag: this batch's feedback already reached the Scheduler
+_SHARED: dict[str, "VerlFeedback"] = {}   # the train dataset's bridge, for the V1 replay buffer
+
+
+def check_verl_version(feature: str) -> None:
+    """ValueError unless the installed verl is in `SUPPORTED[feature]`."""
+    from packaging.version import Version
+    lo, hi = SUPPORTED[feature]
+    v = Version(verl.__version__)
+    if not Version(lo) <= v < Version(hi):
+        alt = {"sampler": "RlpaceDataset (data.custom_cls) on verl ≥ 0.8",
+               "dataset": "RlpaceSampler (data.sampler.class_path) on verl 0.5–0.7"}.get(feature, "")
+        raise ValueError(f"rlpace's verl {feature} supports verl >={lo},<{hi}; verl {v} is installed. "
+                         f"Install a verl in that range" + (f", or use {alt}." if alt else "."))
+
+
+def pool_from_dataframe(df, *, domain_key: str = "data_source") -> Pool:
+    """A `Pool` over the rows of verl's (filtered) dataframe: domain = `data_source`, stable
+    id = `extra_info.index` (required and unique: verl silently defaults a missing index to
+    0), optional `cluster_id` / `rank_in_cluster` / `difficulty` columns."""
+    names = set(df.column_names)
+    for col in (domain_key, "extra_info"):
+        if col not in names:
+            raise ValueError(f"the training data has no {col!r} column; rlpace needs {domain_key} and "
+                             f"extra_info.index (verl's schema). Add it to the parquet.")
+    extra = df["extra_info"]
+    missing = [i for i, e in enumerate(extra) if not isinstance(e, dict) or e.get("index") is None]
+    if missing:
+        raise ValueError(f"extra_info.index is missing in {len(missing)} rows (first rows: {missing[:5]}); "
+                         f"verl would default it to 0. Write a unique extra_info.index per prompt.")
+    optional = [c for c in ("cluster_id", "rank_in_cluster", "difficulty") if c in names]
+    records = [{domain_key: d, "extra_info": e} for d, e in zip(df[domain_key], extra)]
+    for c in optional:
+        for r, v in zip(records, df[c]):
+            r[c] = v
+    return Pool.from_records(records, domain_key=domain_key)
+
+
+def _plain(x: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
+    except ImportError:  # pragma: no cover
+        return x
+
+
+def feedback_from_config(pool: Pool, data_config) -> "VerlFeedback":
+    """The Scheduler named by `data.rlpace` (`policy`, `kwargs`, `seed`, `success_threshold`,
+    `reward_key`), wrapped in a `VerlFeedback`."""
+    cfg = _plain(data_config.get("rlpace", None)) or {}
+    unknown = sorted(set(cfg) - {"policy", "kwargs", "seed", "success_threshold", "reward_key"})
+    if unknown:
+        raise ValueError(f"unknown data.rlpace keys {unknown}; valid: policy, kwargs, seed, "
+                         f"success_threshold, reward_key.")
+    seed = cfg.get("seed", data_config.get("seed", None))
+    sched = Scheduler(pool, cfg.get("policy", "uniform"), seed=0 if seed is None else int(seed),
+                      success_threshold=float(cfg.get("success_threshold", 0.5)),
+                      **dict(cfg.get("kwargs") or {}))
+    return VerlFeedback(sched, reward_key=cfg.get("reward_key", "acc"))
+
+
+def _check_loader_config(data_config) -> None:
+    """The dataloader settings index indirection needs, checked before any data is read."""
+    if data_config.get("shuffle", True):
+        raise ValueError("data.shuffle must be False with rlpace: the Scheduler chooses the prompts, "
+                         "a shuffling sampler would only hide that. Set data.shuffle=False.")
+    if data_config.get("dataloader_num_workers", 8) != 0:
+        raise ValueError("data.dataloader_num_workers must be 0 with rlpace: worker processes hold "
+                         "copies of the Scheduler that never see feedback, and prefetch ahead of it. "
+                         "Set data.dataloader_num_workers=0.")
+    sampler = data_config.get("sampler", None) or {}
+    if "rlpace" in str(sampler.get("class_path", None) or ""):
+        raise ValueError("data.sampler.class_path is ignored by verl ≥ 0.8; remove it and keep "
+                         "data.custom_cls=RlpaceDataset.")
+
+
+class VerlFeedback:
+    """The Scheduler plus the verl-batch translation that the sampler, the dataset, the
+    trainer mixin and the V1 replay buffer share.
+
+    `observe(batch)` groups rows by `uid`, maps `extra_info.index` to pool positions and
+    calls `Scheduler.observe` once (a batch already observed is skipped, so verl's own
+    hook and the trainer mixin can both fire). `scale_advantages` writes the Scheduler's
+    loss weights into `batch.batch["advantages"]`: for weights w ≥ 0 the PPO/GRPO clipped
+    surrogate is positively homogeneous in A, so −min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A))
+    exactly, and verl's `rollout_is_weights` (rollout correction) still multiplies on top.
+    """
+
+    def __init__(self, scheduler: Scheduler, reward_key: str | None = "acc"):
+        self.scheduler, self.reward_key = scheduler, reward_key
+
+    def observe(self, batch, step: int | None = None) -> list:
+        if batch.meta_info.get(_SEEN):
+            return []
+        s = int(self.scheduler.counters.observations) if step is None else int(step)
+        fbs = feedbacks_from_rows(self.scheduler.pool, dataproto_rows(batch, self.reward_key), step=s)
+        for fb, _ in fbs:
+            self.scheduler.observe(fb)
+        batch.meta_info[_SEEN] = True
+        return fbs
+
+    def scale_advantages(self, batch, fbs: list) -> None:
+        if not fbs or "advantages" not in batch.batch.keys():
+            return
+        n = len(batch)
+        w = np.ones(n)
+        for fb, rows in fbs:
+            w *= scatter_to_rows(self.scheduler.loss_weights(fb), rows, n)
+        if not np.all(w == 1.0):
+            adv = batch.batch["advantages"]
+            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"rlpace/{k}": v for k, v in self.scheduler.metrics().items()}
+
+
+def _train_files(data_files, data_config) -> bool:
+    as_list = lambda x: [str(p) for p in (_plain(x) if isinstance(_plain(x), list) else [x])]  # noqa: E731
+    train, val = as_list(data_config.get("train_files", [])), as_list(data_config.get("val_files", []))
+    files = as_list(data_files)
+    if files == train and train == val:
+        raise ValueError("data.train_files and data.val_files name the same files: the rlpace dataset "
+                         "cannot tell the validation set apart. Point data.val_files at a copy.")
+    return files == train or files != val
+
+
+class RlpaceDataset(RLHFDataset):
+    """verl ≥ 0.8 `data.custom_cls`: the train batches come from `Scheduler.propose`.
+
+    Each batch fetch (`__getitems__`, called once per batch with `num_workers=0`) ignores
+    the sampler's indices and returns the rows of `propose(len(indices))`. The validation
+    dataset (built from `data.val_files` with the same class) is left as verl's. State:
+    `state_dict()` holds the Scheduler's, so torchdata writes it into `data.pt`; since the
+    proposals depend on that state only, a restored loader replays the next batches.
+    """
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
+        check_verl_version("dataset")
+        _check_loader_config(config)
+        scheduled = _train_files(data_files, config)
+        super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
+        self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
+        if scheduled:
+            _SHARED["train"] = self.rlpace
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return None if self.rlpace is None else self.rlpace.scheduler
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        if self.rlpace is not None:
+            indices = self.rlpace.scheduler.propose(len(indices)).tolist()
+        return [self[int(i)] for i in indices]
+
+    def on_batch_end(self, batch) -> None:
+        """Called by verl's legacy trainer after each step but the last."""
+        if self.rlpace is not None:
+            self.rlpace.observe(batch)
+
+    def state_dict(self) -> dict:
+        return {} if self.rlpace is None else {"rlpace": self.rlpace.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.rlpace is not None and state and "rlpace" in state:
+            self.rlpace.scheduler.load_state_dict(state["rlpace"])
+
+
+class RlpaceTrainerMixin:
+    """Mix into verl's legacy `RayPPOTrainer` (0.5–0.9): `class T(RlpaceTrainerMixin, RayPPOTrainer)`.
+
+    `_update_actor(batch)` runs after `compute_advantage` and before `_save_checkpoint`;
+    there the mixin observes the batch (so `data.pt` holds this step's feedback and resume
+    is exact), scales advantages by the loss weights, and adds `rlpace/*` to the actor's
+    metrics, which verl reduces and hands to its logger with the step's metrics.
+    `_load_checkpoint` also restores the dataset state that verl 0.9 skips at an epoch
+    boundary. See `examples/verl_legacy_trainer.py` for the entry point.
+    """
+
+    def _rlpace(self) -> VerlFeedback:
+        for owner in (getattr(self.train_dataloader, "sampler", None), self.train_dataset):
+            if getattr(owner, "rlpace", None) is not None:
+                return owner.rlpace
+        raise ValueError("RlpaceTrainerMixin found no rlpace data source: set data.custom_cls to "
+                         "RlpaceDataset (verl ≥ 0.8) or data.sampler to RlpaceSampler (verl ≤ 0.7).")
+
+    def _update_actor(self, batch):
+        bridge = self._rlpace()
+        bridge.scale_advantages(batch, bridge.observe(batch, step=self.global_steps))
+        out = super()._update_actor(batch)
+        out.meta_info.setdefault("metrics", {}).update(bridge.metrics())
+        return out
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        ds, trainer = self.train_dataset, self.config.trainer
+        if getattr(ds, "rlpace", None) is not None and self.global_steps > 0:
+            folder = (trainer.resume_from_path if trainer.resume_mode == "resume_path" else
+                      os.path.join(os.path.abspath(trainer.default_local_dir), f"global_step_{self.global_steps}"))
+            path = os.path.join(folder, "data.pt")
+            if os.path.exists(path):
+                import torch
+                state = torch.load(path, weights_only=False)
+                ds.load_state_dict(state.get("dataset_state", state.get("_dataset_state")) or {})
+        return out
+
+
+def __getattr__(name: str):
+    # The sampler and the replay buffer subclass base classes that exist only in some verl
+    # releases; import them when verl's loader asks for them (`getattr(module, class_name)`).
+    if name == "RlpaceSampler":
+        check_verl_version("sampler")
+        from ._verl_legacy import RlpaceSampler
+        return RlpaceSampler
+    if name in ("RlpaceReplayBuffer", "RlpaceReplayBufferAsync"):
+        check_verl_version("replay_buffer")
+        from . import _verl_v1
+        return getattr(_verl_v1, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

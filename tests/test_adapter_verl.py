@@ -1,0 +1,362 @@
+"""rlpace.adapters.verl against the installed verl 0.9 (CPU, no Ray).
+
+The dataset is built the way verl builds it (`get_dataset_class` → `data.custom_cls`),
+iterated by a `StatefulDataLoader` with verl's collate function and sampler, and fed
+synthetic post-advantage `DataProto` batches whose rows are shuffled like verl's batch
+balancing. A reference Scheduler driven by hand-built `Feedback` must end in the same
+state; a restored loader must replay the uninterrupted run's batches.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("torchdata")
+
+import torch  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler  # noqa: E402
+from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class  # noqa: E402
+
+import rlpace.adapters.verl as rv  # noqa: E402
+from rlpace import Feedback, Scheduler, compose  # noqa: E402
+from rlpace.policies import make_policy  # noqa: E402
+from rlpace.policies._base import REWEIGHTING, DataPolicy, EmptyState  # noqa: E402
+from verl07._verl_data import (data_config, make_tokenizer, outcome, rollout_batch,  # noqa: E402
+                               write_parquet)
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture
+def files(tmp_path):
+    return (write_parquet(tmp_path / "train.parquet"), write_parquet(tmp_path / "val.parquet", n=8),
+            str(tmp_path / "cache"))
+
+
+def build(cfg, tok, path=None):
+    ds = create_rl_dataset(cfg.train_files if path is None else [path], cfg, tok, None)
+    loader = StatefulDataLoader(ds, batch_size=cfg.train_batch_size, num_workers=0, drop_last=True,
+                                collate_fn=collate_fn, sampler=create_rl_sampler(cfg, ds))
+    return ds, loader
+
+
+def batch_positions(ds, batch_dict):
+    return ds.scheduler.pool.index_of([e["index"] for e in batch_dict["extra_info"]])
+
+
+def test_dataset_class_comes_from_verl_config(files, tok):
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache)
+    assert get_dataset_class(cfg) is rv.RlpaceDataset
+    ds, _ = build(cfg, tok)
+    assert isinstance(ds, rv.RlpaceDataset) and ds.scheduler.name == "dump"
+    # pool: domain from data_source, stable ids from extra_info.index (100 + row)
+    assert ds.scheduler.pool.ids.tolist() == list(range(100, 140))
+    assert ds.scheduler.pool.domain_names == ("logic", "math")
+    val_ds = create_rl_dataset(cfg.val_files, cfg, tok, None)          # same class, validation files
+    assert val_ds.scheduler is None
+    assert [r["index"] for r in val_ds.__getitems__([3, 1])] == [103, 101]
+
+
+def test_batches_follow_scheduler_and_feedback_reaches_it(files, tok):
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache)
+    ds, loader = build(cfg, tok)
+    ref = Scheduler(ds.scheduler.pool, "dump", seed=3)
+    seen_acc = np.zeros(len(ref.pool), np.int64)
+    for step, batch_dict in zip(range(6), loader):
+        # the batch is exactly the Scheduler's proposal (same state → same draw)
+        assert batch_positions(ds, batch_dict).tolist() == ref.propose(4).tolist()
+        proto, positions, rew, adv, rows, order = rollout_batch(batch_dict, step, acc=step % 2 == 0,
+                                                                pool=ref.pool, seed=11)
+        ds.on_batch_end(proto)
+        ref.observe(Feedback(positions, rew, adv, step=step))
+        for p in order:
+            idx = batch_dict["extra_info"][p]["index"]
+            seen_acc[ref.pool.index_of([idx])[0]] += sum(outcome(idx, g, step) for g in range(3))
+    got, want = ds.scheduler.state_dict(), ref.state_dict()
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    # success comes from `acc` on even steps (there score = 0.7 − 0.5·acc would give the
+    # opposite answer) and from the score on odd steps (no `acc` extra; score = acc there)
+    assert ds.scheduler.history.successes.tolist() == seen_acc.tolist() and seen_acc.sum() > 0
+    assert ds.scheduler.history.attempts.sum() == 6 * 4 * 3
+
+
+def test_resume_from_data_pt_replays_next_batches(files, tok, tmp_path):
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache)
+
+    def run(ds, loader, steps, start=0):
+        out, it = [], iter(loader)
+        for step in range(start, start + steps):
+            batch_dict = next(it)
+            out.append(batch_positions(ds, batch_dict).tolist())
+            ds.on_batch_end(rollout_batch(batch_dict, step, pool=ds.scheduler.pool)[0])
+        return out, it
+
+    ds_a, loader_a = build(cfg, tok)
+    full, _ = run(ds_a, loader_a, 8)
+    ds_b, loader_b = build(cfg, tok)
+    first, _ = run(ds_b, loader_b, 3)
+    torch.save(loader_b.state_dict(), tmp_path / "data.pt")          # what verl writes
+    ds_c, loader_c = build(cfg, tok)
+    loader_c.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
+    rest, _ = run(ds_c, loader_c, 5, start=3)
+    assert first + rest == full
+    assert len({tuple(b) for b in full}) > 1                          # not a constant draw
+
+
+def test_trainer_mixin_observes_before_save_scales_advantages_and_logs(files, tok):
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache)
+    ds, loader = build(cfg, tok)
+
+    def weights_from_pass_rate():
+        def apply(state, pool, batch):
+            return np.repeat(1.0 + batch.pass_rate[:, None], batch.rewards.shape[1], axis=1)
+        return DataPolicy(REWEIGHTING, lambda pool: EmptyState(), lambda s, p, b: s, apply, name="w")
+
+    ds.rlpace = rv.VerlFeedback(Scheduler(ds.scheduler.pool, compose(make_policy("dump"),
+                                                                     weights_from_pass_rate())))
+    received = {}
+
+    class Base:
+        def _update_actor(self, batch):
+            received["adv"] = batch.batch["advantages"].clone()
+            return DataProto.from_dict(tensors={}, meta_info={"metrics": {"actor/pg_loss": 0.5}})
+
+    class Trainer(rv.RlpaceTrainerMixin, Base):
+        pass
+
+    t = Trainer()
+    t.train_dataset, t.train_dataloader, t.global_steps = ds, loader, 7
+    batch_dict = next(iter(loader))
+    proto, positions, rew, adv, rows, order = rollout_batch(batch_dict, 0, pool=ds.scheduler.pool)
+    before = proto.batch["advantages"].clone()
+    out = t._update_actor(proto)
+    # per-row weight = 1 + pass rate of the row's group (acc ≥ 0.5), by a plain loop
+    w = np.array([1.0 + np.mean([outcome(batch_dict["extra_info"][p]["index"], g, 0) for g in range(3)])
+                  for p, _ in rows])
+    torch.testing.assert_close(received["adv"], before * torch.tensor(w, dtype=torch.float32)[:, None])
+    assert out.meta_info["metrics"]["actor/pg_loss"] == 0.5
+    assert out.meta_info["metrics"]["rlpace/groups_observed"] == 4.0
+    assert int(ds.scheduler.history.last_step.max()) == 7
+    ds.on_batch_end(proto)                                            # verl's later hook: no double count
+    assert ds.scheduler.history.attempts.sum() == 12
+
+
+def test_mixin_composes_with_real_ray_trainer():
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    T = type("T", (rv.RlpaceTrainerMixin, RayPPOTrainer), {})
+    assert T._update_actor is rv.RlpaceTrainerMixin._update_actor
+    assert T.__mro__.index(RayPPOTrainer) > T.__mro__.index(rv.RlpaceTrainerMixin)
+
+
+
+def test_group_rows_matches_a_reference_loop():
+    from rlpace.adapters._convert import group_rows, scatter_to_rows
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        b, g = rng.integers(1, 9), rng.integers(1, 5)
+        keys = np.repeat(np.array([f"u{rng.integers(10**6)}-{i}" for i in range(b)], dtype=object), g)
+        ids = np.repeat(rng.permutation(1000)[:b], g)
+        perm = rng.permutation(b * g)
+        keys, ids = keys[perm], ids[perm]
+        ref: dict = {}
+        for r, k in enumerate(keys):                    # first appearance, engine order
+            ref.setdefault(k, []).append(r)
+        assert [x.tolist() for x in group_rows(keys, ids)] == list(ref.values())
+        idx = np.stack(group_rows(keys, ids))
+        vals = rng.random(idx.shape)
+        out = scatter_to_rows(vals, idx, b * g)
+        for (bb, gg), r in np.ndenumerate(idx):
+            assert out[r] == vals[bb, gg]
+    with pytest.raises(ValueError, match="different prompt ids"):
+        group_rows(["a", "a"], [1, 2])
+
+# ---- bad input: each a ValueError naming the fix, before training starts -------------------
+def test_missing_or_duplicate_index_is_rejected(tmp_path, tok):
+    val = write_parquet(tmp_path / "val.parquet", n=8)
+    for kw, msg in (({"index": False}, "extra_info.index is missing"), ({"duplicate": True}, "duplicates")):
+        train = write_parquet(tmp_path / f"t{len(kw)}{list(kw)[0]}.parquet", **kw)
+        cfg = data_config(train, val, cache_dir=str(tmp_path / "c"))
+        with pytest.raises(ValueError, match=msg):
+            create_rl_dataset(cfg.train_files, cfg, tok, None)
+
+
+@pytest.mark.parametrize("over,msg", [({"shuffle": True}, "data.shuffle"),
+                                      ({"dataloader_num_workers": 2}, "dataloader_num_workers"),
+                                      ({"sampler": {"class_path": "pkg://rlpace.adapters.verl",
+                                                    "class_name": "RlpaceSampler"}}, "ignored by verl"),
+                                      ({"rlpace": {"policy": "dump", "sed": 1}}, "unknown data.rlpace")])
+def test_bad_loader_config_is_rejected(files, tok, over, msg):
+    train, val, cache = files
+    with pytest.raises(ValueError, match=msg):
+        create_rl_dataset([train], data_config(train, val, cache_dir=cache, **over), tok, None)
+
+
+def test_same_train_and_val_files_is_rejected(files, tok):
+    train, _, cache = files
+    with pytest.raises(ValueError, match="same files"):
+        create_rl_dataset([train], data_config(train, train, cache_dir=cache), tok, None)
+
+
+def test_checkpoint_of_another_pool_is_rejected(files, tok, tmp_path):
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache)
+    ds, loader = build(cfg, tok)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = write_parquet(tmp_path / "other.parquet", offset=500)
+    ds2, loader2 = build(data_config(other, val, cache_dir=cache), tok)
+    loader2.load_state_dict(state)                 # verl's _load_checkpoint: torchdata keeps it ...
+    with pytest.raises(ValueError, match="different pool"):
+        iter(loader2)                              # ... and applies it when fit() opens the loader
+
+
+@pytest.mark.parametrize("version,feature", [("0.10.0", "dataset"), ("0.7.1", "dataset"),
+                                             ("0.9.1", "sampler"), ("0.8.0", "replay_buffer")])
+def test_engine_version_outside_range_is_rejected(monkeypatch, version, feature):
+    monkeypatch.setattr(rv.verl, "__version__", version)
+    with pytest.raises(ValueError, match=f"supports verl >="):
+        rv.check_verl_version(feature)
+
+
+def test_sampler_on_verl_09_names_the_dataset_path():
+    with pytest.raises(ValueError, match="RlpaceDataset"):
+        rv.RlpaceSampler  # noqa: B018 - verl's loader does getattr(module, class_name)
+
+
+# ---- V1 trainer: replay buffer over a stand-in TransferQueue ---------------------------------
+# TransferQueue needs Ray actors and a rollout server; these tests run verl's real
+# ReplayBuffer.sample loop (eviction, 2k refill, draining, selection) over an in-memory
+# stand-in implementing the four calls it makes: kv_list, kv_batch_get, kv_clear.
+class FakeTQ:
+    def __init__(self):
+        self.tags, self.values, self.cleared = {"train": {}}, {"train": {}}, []
+
+    def add_group(self, uid, index, rewards, step, acc=None):
+        self.tags["train"][uid] = {"is_prompt": True, "status": "finished", "global_steps": step}
+        for s, r in enumerate(rewards):
+            key = f"{uid}_{s}_0"
+            scores = torch.zeros(4)
+            scores[-1] = r
+            info = {} if acc is None else {"acc": acc[s]}
+            self.tags["train"][key] = {"status": "success", "global_steps": step}
+            self.values["train"][key] = {"rm_scores": scores, "index": index,
+                                         "extra_fields": {"reward_extra_info": info}}
+
+    def kv_list(self, partition_id=None):
+        return {p: dict(t) for p, t in self.tags.items()}
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        return {f: [self.values[partition_id][k][f] for k in keys] for f in select_fields}
+
+    def kv_clear(self, keys, partition_id):
+        for k in keys:
+            self.tags[partition_id].pop(k, None)
+            self.values[partition_id].pop(k, None)
+        self.cleared.extend(keys)
+
+
+def _admission(keep_fn, name):
+    from rlpace.policies._base import ADMISSION, Admission
+    return DataPolicy(ADMISSION, lambda pool: EmptyState(), lambda s, p, b: s,
+                      lambda s, p, b: Admission(keep_fn(b), 0), name=name)
+
+
+@pytest.fixture
+def v1(monkeypatch):
+    rb = pytest.importorskip("verl.trainer.ppo.v1.replay_buffer")
+    from rlpace import Pool
+    from rlpace.adapters import _verl_v1
+    fake = FakeTQ()
+    monkeypatch.setattr(rb, "tq", fake)
+
+    def make(keep_fn, batch=3, reward_key="acc"):
+        pool = Pool(["math", "logic"] * 5, ids=list(range(100, 110)))
+        sched = Scheduler(pool, compose(make_policy("uniform"), _admission(keep_fn, "test_admission")))
+        monkeypatch.setitem(rv._SHARED, "train", rv.VerlFeedback(sched, reward_key=reward_key))
+        refills = []
+        buf = _verl_v1.RlpaceReplayBuffer(
+            trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+            max_off_policy_strategy="drop", poll_interval=0.0, refill_fn=lambda n: refills.append(n) or
+            [fake.add_group("uD", 103, [0.0, 1.0], 2), fake.add_group("uE", 104, [1.0, 1.0], 2)],
+            sampler_kwargs={"train_batch_size": batch, "gen_batch_size": 1})
+        return buf, sched, refills
+    return fake, make
+
+
+def test_v1_buffer_evicts_by_rlpace_admission_and_refills(v1):
+    fake, make = v1
+    buf, sched, refills = make(lambda b: np.repeat((b.rewards.std(axis=1) > 0)[:, None], 2, axis=1))
+    fake.add_group("uA", 100, [1.0, 0.0], 1)
+    fake.add_group("uB", 101, [1.0, 1.0], 1)          # no variance: evicted
+    fake.add_group("uC", 102, [0.0, 1.0], 1)
+    meta, metrics = buf.sample(global_steps=2, partition_id="train", batch_size=3)
+    assert refills == [2]                               # verl's sync rule: 2 prompts per eviction
+    assert sorted({k.split("_")[0] for k in meta.keys}) == ["uA", "uC", "uD"]
+    assert metrics["training/filter_groups/evicted_samples"] == 2      # uB, then uE after refill
+    assert metrics["rlpace/groups_observed"] == 5.0
+    h = sched.history
+    assert h.attempts[:5].tolist() == [2] * 5 and h.attempts[5:].sum() == 0
+    assert h.successes[:5].tolist() == [1, 2, 1, 1, 2]
+    assert h.last_step[:5].tolist() == [1, 1, 1, 2, 2]  # the step each prompt was sampled at
+    assert {"uB", "uE"} <= set(fake.cleared)
+
+
+def test_v1_buffer_clears_dropped_rollouts_inside_kept_groups(v1):
+    fake, make = v1
+    buf, sched, _ = make(lambda b: b.success, batch=2)  # keep successful rollouts only
+    fake.add_group("uA", 100, [0.2, 0.1, 0.3], 1, acc=[1, 0, 1])   # success read from acc
+    fake.add_group("uB", 101, [0.9, 0.9, 0.9], 1, acc=[0, 1, 0])
+    meta, _ = buf.sample(global_steps=1, partition_id="train", batch_size=2)
+    assert sorted(meta.keys) == ["uA_0_0", "uA_2_0", "uB_1_0"]
+    assert sched.history.successes[:2].tolist() == [2, 1]
+
+
+def test_v1_buffer_needs_batch_sizes_and_the_dataset(v1, monkeypatch):
+    from rlpace.adapters import _verl_v1
+    kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+              max_off_policy_strategy="drop", refill_fn=lambda n: None)
+    with pytest.raises(ValueError, match="sampler_kwargs needs"):
+        _verl_v1.RlpaceReplayBuffer(sampler_kwargs={}, **kw)
+    with pytest.raises(ValueError, match="gen_batch_size must be 1"):
+        _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 4}, **kw)
+    monkeypatch.delitem(rv._SHARED, "train", raising=False)
+    buf = _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1}, **kw)
+    with pytest.raises(ValueError, match="RlpaceDataset"):
+        buf.rlpace  # noqa: B018
+    assert rv.RlpaceReplayBuffer is _verl_v1.RlpaceReplayBuffer   # what custom_sampler.name loads
+
+
+def load_legacy_entry():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "verl_legacy_trainer.py"
+    spec = importlib.util.spec_from_file_location("verl_legacy_trainer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_legacy_entry_point_swaps_in_the_mixin(monkeypatch):
+    m = load_legacy_entry()
+    original = m.runner_module.RayPPOTrainer
+    monkeypatch.setattr(m.runner_module, "RayPPOTrainer", original)   # restored after the test
+    monkeypatch.setattr(m._TaskRunner, "run", lambda self, config: m.runner_module.RayPPOTrainer)
+    runner = m.RlpaceTaskRunner.__ray_actor_class__
+    built = runner.run(runner.__new__(runner), config=None)             # what the Ray actor executes
+    assert built.__mro__[1] is rv.RlpaceTrainerMixin and built.__mro__[2] is original
