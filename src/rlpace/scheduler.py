@@ -18,7 +18,8 @@ Defined behaviour for awkward input (documented, not errors):
   * empty batch (B = 0): `observe` is a no-op; `admit`/`loss_weights` return [0, G].
   * the same prompt twice in one batch: both groups count, in order.
   * feedback for prompts never proposed, or arriving several steps late: used as it
-    arrives (the history records `Feedback.step` as the prompt's last-seen step).
+    arrives (the history keeps the latest `Feedback.step` seen for each prompt, so late
+    feedback never makes a prompt look staler).
   * proposals that never get feedback: nothing happens; no state waits for them.
   * G = 1: groups have zero GRPO advantage (no signal); pass rates still count.
   * non-binary rewards: success = reward ≥ `success_threshold`; advantages (if not
@@ -47,7 +48,7 @@ class History(NamedTuple):
 
     attempts: np.ndarray   # int64[N] rollouts ever observed per prompt
     successes: np.ndarray  # int64[N] successful rollouts per prompt
-    last_step: np.ndarray  # int64[N] Feedback.step when last observed; -1 = never
+    last_step: np.ndarray  # int64[N] latest Feedback.step observed; -1 = never
 
 
 class Counters(NamedTuple):
@@ -159,17 +160,18 @@ class Scheduler:
         h = self.history
         np.add.at(h.attempts, batch.prompt_ids, g)
         np.add.at(h.successes, batch.prompt_ids, batch.success.sum(axis=1))
-        h.last_step[batch.prompt_ids] = batch.step
-        window_push(self.domain_window, np.repeat(batch.domains, g), batch.success.ravel())
+        # max, not assignment: feedback that arrives late must not move recency backwards.
+        np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
+        window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
         for kind, policy in self.method.policies().items():
             self.states[kind] = policy.update(self.states[kind], self.pool, batch)
-        informative = batch.informative
+        n_informative = int(np.count_nonzero(batch.informative))
         c = self.counters
         c.observations[...] += 1
         c.rollouts[...] += b * g
         c.groups[...] += b
-        c.informative[...] += int(informative.sum())
-        c.last_informative[...] = informative.mean()
+        c.informative[...] += n_informative
+        c.last_informative[...] = n_informative / b
 
     def admission(self, feedback: Feedback) -> Admission:
         """`Admission(keep bool[B, G], refill int)`: rollouts that enter the loss, and how

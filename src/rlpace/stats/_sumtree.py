@@ -52,12 +52,13 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
         raise ValueError("sum-tree weights must be finite and ≥ 0.")
     cap = st.tree.shape[0] // 2
     st.tree[cap + index] = weights                   # fancy assignment: last one wins
+    # All leaves sit at one depth, so their ancestors move up level by level together.
+    # Repeated nodes are harmless (each copy writes the same sum), so no np.unique per
+    # level: that sort was most of the cost.
     nodes = np.unique((cap + index) >> 1)
-    while nodes.size and nodes[0] >= 1:
+    for _ in range(int(np.log2(cap))):
         st.tree[nodes] = st.tree[2 * nodes] + st.tree[2 * nodes + 1]
-        if nodes[0] == 1:
-            break
-        nodes = np.unique(nodes >> 1)
+        nodes >>= 1
     return st
 
 

@@ -28,20 +28,40 @@ def window_init(n_arms: int, width: int) -> Window:
 
 
 def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
-    """Append `values[j]` to the window of `arms[j]`, in order j = 0..M-1 (in place)."""
+    """Append `values[j]` to the window of `arms[j]`, in order j = 0..M-1 (in place).
+
+    `values` may also be 2-D [B, G] with `arms` [B]: row i's G values go to arm i in
+    column order — the same as `window_push(win, np.repeat(arms, G), values.ravel())`,
+    but it sorts the B rows instead of the B·G values (a step's rollouts by group).
+    """
+    values = np.asarray(values, dtype=np.float64)
     arms = np.asarray(arms, dtype=np.int64).ravel()
-    values = np.asarray(values, dtype=np.float64).ravel()
-    if arms.size == 0:
+    g = values.shape[1] if values.ndim == 2 and values.shape[0] == arms.size else 1
+    if g == 1:
+        values = values.ravel()
+    if arms.size == 0 or values.size == 0:
         return win
     k, w = win.values.shape
-    order = np.argsort(arms, kind="stable")          # group by arm, keep arrival order
+    # Group by arm, keep arrival order. A narrow key makes numpy's stable sort a radix
+    # sort, O(M) instead of O(M log M).
+    key = arms.astype(np.uint8) if k <= 1 << 8 else arms.astype(np.uint16) if k <= 1 << 16 else arms
+    order = np.argsort(key, kind="stable")
     a_sorted = arms[order]
-    counts = np.bincount(a_sorted, minlength=k)
+    rows = np.bincount(a_sorted, minlength=k)         # rows (entries, or groups of g) per arm
+    counts = rows * g                                 # values per arm
     starts = np.zeros(k, dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    j = np.arange(arms.size) - starts[a_sorted]      # index of each value within its arm
-    keep = j >= counts[a_sorted] - w                 # only the last W of each arm survive
-    slot = (win.cursor[a_sorted] + j) % w
+    np.cumsum(rows[:-1], out=starts[1:])
+    j = (np.arange(arms.size) - starts[a_sorted]) * g  # index of each row's first value in its arm
+    first = counts[a_sorted] - w                      # only values j ≥ first survive (last W)
+    live = j + g > first                              # rows with at least one survivor
+    order, a_sorted, j, first = order[live], a_sorted[live], j[live], first[live]
+    cur = win.cursor[a_sorted]
+    if g > 1:
+        j = j[:, None] + np.arange(g)                 # [B', G]
+        a_sorted = np.broadcast_to(a_sorted[:, None], j.shape)
+        first, cur = first[:, None], cur[:, None]
+    keep = j >= first
+    slot = (cur + j) % w
     win.values[a_sorted[keep], slot[keep]] = values[order][keep]
     win.cursor[:] = (win.cursor + counts) % w
     np.minimum(win.filled + counts, w, out=win.filled)
