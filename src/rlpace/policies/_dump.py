@@ -78,7 +78,11 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         abs_adv = np.abs(batch.advantages)                        # [B, G]
         arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
         if window_unit == "rollouts":
-            a, v = np.repeat(arm, abs_adv.shape[1]), abs_adv.ravel()
+            # [B, G] with one arm per row: window_push keeps row order then column order,
+            # i.e. rollouts in arrival order, sorting B rows instead of B·G values.
+            window_push(state.window, arm, abs_adv)
+            state.count[:] += np.bincount(arm, minlength=state.count.shape[0]) * abs_adv.shape[1]
+            return state
         elif window_unit == "prompts":
             a, v = arm, abs_adv.mean(axis=1)
         else:                                                     # one entry per arm per step
