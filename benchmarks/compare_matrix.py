@@ -1,0 +1,176 @@
+"""Wall time of the default `rlpace compare` matrix (DataFlex-RL's 13 configurations × 8
+seeds), on the simulator and on the embedded suite (built-in trainer), and where it goes.
+
+    .venv/bin/python benchmarks/compare_matrix.py                      # sim full + embedded estimate
+    .venv/bin/python benchmarks/compare_matrix.py --only sim
+    .venv/bin/python benchmarks/compare_matrix.py --only embedded --embedded-seeds 8   # full (≈ 1 h+)
+
+Simulator: the whole 13 × 8 matrix at the `rlpace compare` defaults (sim:ladder, 200
+steps, B = 128, G = 16), `--workers` processes, then the report (analysis + figures + HTML).
+
+Embedded: the 13 configurations × `--embedded-seeds` seeds (default 1) at the trainer's
+default budget, in `--workers` processes, with a fresh base-policy cache so that building
+the per-seed base policy is counted. The 8-seed figure is then an ESTIMATE:
+
+    base builds:  8 × (build seconds of one base policy) / workers
+    runs:         8 × Σ_policies (run seconds, base build excluded) / workers
+
+(both assume the workers stay busy, as they do on a 104-run queue). With
+--embedded-seeds 8 it is measured instead. Time per run is split from the trainer's log
+into rollout generation + bookkeeping, the loss/optimizer step, the periodic held-out
+evaluation, and setup (loading, tokenising, the final evaluation, checkpoint).
+
+Goal (issue 5): ≤ 60 minutes for the embedded matrix on 2 cores. The machine is shared
+with other jobs: figures are contended and noisy — report them with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _fmt(sec: float) -> str:
+    return f"{sec / 60:6.1f} min ({sec:7.0f} s)"
+
+
+def bench_sim(out: Path, workers: int, seeds: int) -> dict:
+    from rlpace.evaluation import report_from_dir
+    from rlpace.experiments import Grid, default_policies, read_records, run_grid
+    plan = default_policies()
+    grid = Grid(policies=plan.policies, seeds=seeds, suites=("sim:ladder",), steps=200)
+    t0 = time.perf_counter()
+    res = run_grid(grid, out, workers=workers, progress=True)
+    t_grid = time.perf_counter() - t0
+    recs = read_records(out / "runs")
+    per_policy = {}
+    for r in recs:
+        per_policy.setdefault(r["label"], []).append(r["seconds"])
+    t1 = time.perf_counter()
+    report_from_dir(out, n_boot=10_000)
+    t_report = time.perf_counter() - t1
+    serial = sum(sum(v) for v in per_policy.values())
+    print(f"\n== simulator: {len(plan.policies)} configurations × {seeds} seeds = {len(grid.runs())} runs "
+          f"(sim:ladder, 200 steps, B=128, G=16), workers={workers}")
+    print(f"{'policy':26s} {'mean s/run':>10s} {'× uniform':>10s}")
+    base = np.mean(per_policy.get("uniform", [np.nan]))
+    for lab in [p.label for p in plan.policies]:
+        v = np.mean(per_policy[lab])
+        print(f"{lab:26s} {v:10.2f} {v / base:10.2f}")
+    print(f"grid wall time      {_fmt(t_grid)}   (Σ run seconds {serial:.0f} s -> parallel "
+          f"efficiency {serial / (t_grid * workers):.2f} over {workers} workers; the rest is "
+          f"worker start-up, imports and writing records)")
+    print(f"report              {_fmt(t_report)}   (10 000 bootstrap resamples per comparison, 5 figures)")
+    print(f"total               {_fmt(t_grid + t_report)}   {res.summary()}")
+    return {"grid_s": t_grid, "report_s": t_report, "runs": len(grid.runs())}
+
+
+def _split_run(work: Path) -> dict:
+    """Seconds of one trainer run by phase, from its metrics.jsonl."""
+    rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if not r.get("final")]
+    sec = np.array([r["seconds"] for r in steps])
+    train = np.array([r["train_seconds"] for r in steps])
+    is_eval = np.array(["eval/mean" in r for r in steps])
+    # An eval step costs its step's usual time plus the evaluation: estimate the evaluation
+    # as the excess of eval steps over the median of the other steps.
+    plain = np.median(sec[~is_eval]) if (~is_eval).any() else 0.0
+    t_eval = float(np.clip(sec[is_eval] - plain, 0, None).sum())
+    return {"loop": float(sec.sum()), "train": float(train.sum()), "eval": t_eval,
+            "rollout": float(sec.sum() - train.sum() - t_eval), "steps": len(steps)}
+
+
+def bench_embedded(out: Path, workers: int, seeds: int, steps: int | None) -> dict:
+    from rlpace.experiments import Grid, default_policies, read_records, run_grid
+    from rlpace.train import TrainConfig
+    plan = default_policies()
+    n_steps = steps or TrainConfig().steps
+    cache = out / "base-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    grid = Grid(policies=plan.policies, seeds=seeds, suites=("embedded",), steps=n_steps,
+                options={"cache_dir": str(cache)})
+    t0 = time.perf_counter()
+    res = run_grid(grid, out, workers=workers, progress=True)
+    t_grid = time.perf_counter() - t0
+    recs = read_records(out / "runs")
+    builds = [json.loads(p.read_text())["seconds"] for p in cache.glob("*/rlpace_base.json")]
+    labels = [p.label for p in plan.policies]
+    phases = {r["run_id"]: _split_run(out / "work" / r["run_id"]) for r in recs}
+    setup_raw = {r["run_id"]: max(r["seconds"] - phases[r["run_id"]]["loop"], 0.0) for r in recs}
+    typical = float(np.median(list(setup_raw.values())))
+    # The first run of each seed also builds that seed's base policy (in its setup): its
+    # excess setup over the typical run is the build, as it ran (contended) in the grid.
+    excess = {rid: v - typical for rid, v in setup_raw.items() if v - typical > 10.0}
+    t_build = float(np.mean(list(excess.values()))) if excess else (float(np.mean(builds)) if builds else 0.0)
+    print(f"\n== embedded: {len(plan.policies)} configurations × {seeds} seed(s) measured, "
+          f"{n_steps} steps each (trainer defaults), workers={workers}")
+    print(f"base policy build   {t_build:7.1f} s per seed in the grid ({len(excess)} builds; the builder's "
+          f"own timer says {np.mean(builds) if builds else float('nan'):.1f} s); shared by all policies of a seed")
+    print(f"mean seconds per run (base build excluded), over {seeds} seed(s):")
+    print(f"{'policy':26s} {'run s':>7s} {'loop':>7s} {'rollout':>8s} {'train':>7s} {'eval':>7s} "
+          f"{'setup':>7s} {'× uniform':>9s}")
+    run_s: dict = {}
+    tot = {"rollout": 0.0, "train": 0.0, "eval": 0.0, "setup": 0.0, "base build": sum(excess.values())}
+    rows: dict = {}
+    for r in recs:
+        ph = dict(phases[r["run_id"]])
+        ph["setup"] = setup_raw[r["run_id"]] - excess.get(r["run_id"], 0.0)
+        run_s.setdefault(r["label"], []).append(ph["loop"] + ph["setup"])
+        rows.setdefault(r["label"], []).append(ph)
+        for k in ("rollout", "train", "eval", "setup"):
+            tot[k] += ph[k]
+    base = np.mean(run_s.get("uniform", [np.nan]))
+    for lab in labels:
+        m = {k: np.mean([ph[k] for ph in rows[lab]]) for k in ("loop", "rollout", "train", "eval", "setup")}
+        own = np.mean(run_s[lab])
+        print(f"{lab:26s} {own:7.1f} {m['loop']:7.1f} {m['rollout']:8.1f} {m['train']:7.1f} "
+              f"{m['eval']:7.1f} {m['setup']:7.1f} {own / base:9.2f}")
+    per_seed = sum(np.mean(v) for v in run_s.values())            # Σ over policies, one seed
+    est_runs = 8 * per_seed / workers
+    est_build = 8 * t_build / workers
+    est = est_runs + est_build
+    total_phase = sum(tot.values())
+    print("where the time goes (all measured runs): " + ", ".join(
+        f"{k} {100 * v / total_phase:.0f}%" for k, v in tot.items()))
+    print(f"measured grid wall  {_fmt(t_grid)}   {res.summary()}")
+    measured = seeds == 8 and len(res.ran) == len(grid.runs())
+    value = t_grid if measured else est
+    how = ("MEASURED wall time" if measured else
+           "ESTIMATE from the per-run times" + ("" if seeds == 8 else f" of {seeds} seed(s)"))
+    print(f"8-seed matrix       {_fmt(value)}   [{how}; per worker ≈ base builds {est_build:.0f} s + "
+          f"runs {est_runs:.0f} s, {workers} workers]")
+    print(f"goal 60 min         ratio {value / 3600:.2f} × the goal")
+    return {"grid_s": t_grid, "estimate_s": est, "per_seed_s": per_seed, "build_s": t_build}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("sim", "embedded"), default=None)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--sim-seeds", type=int, default=8)
+    ap.add_argument("--embedded-seeds", type=int, default=1,
+                    help="seeds measured on the embedded suite (8 = the full matrix, ≈ 1 h+)")
+    ap.add_argument("--embedded-steps", type=int, default=None, help="default: TrainConfig().steps")
+    ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rlpace-bench-"))
+    print(f"runs under {root}; machine: {os.cpu_count()} cores visible, load average "
+          f"{os.getloadavg()[0]:.1f} (shared: figures are contended)")
+    if args.only in (None, "sim"):
+        bench_sim(root / "sim", args.workers, args.sim_seeds)
+    if args.only in (None, "embedded"):
+        bench_embedded(root / "embedded", args.workers, args.embedded_seeds, args.embedded_steps)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Run a policy × seed matrix (DataFlex-RL style) and write the comparison report.
+
+Runs every policy with every seed on one suite — the simulator (`sim:<scenario>`) or the
+built-in trainer (`embedded`) — in parallel worker processes, resumably (rerun the same
+command to finish an interrupted matrix), then writes the report (`rlpace report`).
+Without --policies the matrix mirrors DataFlex-RL's 13 configurations where the registry
+has them, and prints the ones it does not.
+
+Examples:
+    rlpace compare --suite sim:ladder --seeds 8 --out runs/cmp
+    rlpace compare --suite sim:ladder --policies uniform,fixed_mixture,dump --seeds 4 \\
+        --steps 100 --set batch_size=32 --set group_size=8 --out runs/small
+    rlpace compare --grid grid.yaml --out runs/grid
+    rlpace compare --suite embedded --seeds 8 --out runs/embedded
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+DEFAULT_STEPS = {"sim": 200, "embedded": None}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--suite", default=None,
+                        help="'sim:<scenario>' (see `rlpace simulate --help`) or 'embedded' "
+                             "(default: sim:ladder)")
+    parser.add_argument("--policies", default=None,
+                        help="comma-separated registry names (default: the DataFlex-RL matrix; "
+                             "see --list)")
+    parser.add_argument("--seeds", type=int, default=8, help="matched seeds 0..N-1 (default 8)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: 200 on the simulator, the "
+                             "trainer preset's on embedded)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes (default min(cores, 2))")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="backend option for every run, e.g. batch_size=32 (repeatable)")
+    parser.add_argument("--grid", default=None,
+                        help="a YAML/JSON grid file instead of --suite/--policies/--seeds/--steps")
+    parser.add_argument("--out", default=None, help="runs folder (required unless --list)")
+    parser.add_argument("--baseline", default="uniform", help="report baseline (default uniform)")
+    parser.add_argument("--no-report", action="store_true", help="run the matrix only")
+    parser.add_argument("--list", action="store_true",
+                        help="print the default matrix and what is missing, then exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _parse_sets(items) -> dict:
+    out = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--set {item!r} must be KEY=VALUE, e.g. --set batch_size=32.")
+        try:
+            out[key] = json.loads(val)
+        except json.JSONDecodeError:
+            out[key] = val
+    return out
+
+
+def _check_policy_names(names) -> None:
+    from rlpace.policies._registry import _resolve
+    for spec in names:
+        for part in spec.split("+"):
+            _resolve(part.strip())   # ValueError listing valid names
+
+
+def build_grid(args):
+    """The grid from the command line (or --grid), plus lines describing the matrix."""
+    from rlpace.experiments import Grid, default_policies, load_grid, suite_backend
+    lines = []
+    if args.grid:
+        clash = [f for f, v in (("--suite", args.suite), ("--policies", args.policies),
+                                ("--steps", args.steps), ("--set", args.set)) if v]
+        if clash:
+            raise ValueError(f"--grid defines the whole matrix; drop {clash} or edit the grid file.")
+        grid = load_grid(args.grid)
+    else:
+        suite = args.suite or "sim:ladder"
+        backend = suite_backend(suite)
+        if args.policies:
+            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        else:
+            plan = default_policies()
+            policies = list(plan.policies)
+            lines.append(f"default matrix ({len(policies)} configurations; DataFlex-RL slot -> policy):")
+            lines += list(plan.lines)
+            if plan.missing:
+                lines.append(f"not yet available in rlpace: {', '.join(plan.missing)}")
+        steps = args.steps if args.steps is not None else DEFAULT_STEPS[backend]
+        if steps is None:
+            steps = _embedded_default_steps()
+        grid = Grid(policies=tuple(policies), seeds=args.seeds, suites=(suite,), steps=steps,
+                    options=_parse_sets(args.set))
+    _check_policy_names([p.name for p in grid.policies])
+    if args.baseline not in [p.label for p in grid.policies] and not args.no_report:
+        raise ValueError(f"the baseline {args.baseline!r} is not in the matrix "
+                         f"{[p.label for p in grid.policies]}; add it to --policies or pass "
+                         f"--baseline <one of them>.")
+    if len(grid.seeds) < 2 and not args.no_report:
+        raise ValueError(f"--seeds {len(grid.seeds)}: a paired CI needs at least 2 matched seeds; "
+                         f"use --seeds 8 (DataFlex-RL used 12).")
+    return grid, lines
+
+
+def _embedded_default_steps() -> int:
+    try:
+        from rlpace.experiments._backends import embedded_default_steps
+        return int(embedded_default_steps())
+    except (ImportError, NotImplementedError, AttributeError):
+        return 200
+
+
+def run(args) -> int:
+    from rlpace.experiments import run_grid
+    try:
+        grid, lines = build_grid(args)
+        if args.list:
+            print("\n".join(lines or [f"policies: {[p.label for p in grid.policies]}"]))
+            return 0
+        if not args.out:
+            raise ValueError("--out is required: the folder for run records and the report "
+                             "(rerun the same command to resume).")
+    except ValueError as e:
+        print(f"rlpace compare: error: {e}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    runs = grid.runs()
+    print(f"matrix: {len(grid.policies)} policies × {len(grid.seeds)} seeds × {len(grid.suites)} "
+          f"suite(s) = {len(runs)} runs, {grid.steps} steps each -> {args.out}")
+    try:
+        res = run_grid(grid, args.out, workers=args.workers, progress=not args.quiet)
+    except (ValueError, NotImplementedError) as e:
+        print(f"rlpace compare: error: {e}", file=sys.stderr)
+        return 2
+    print(res.summary())
+    for rid, err in res.failed.items():
+        last = [x for x in err.strip().splitlines() if x.strip()]
+        print(f"  FAILED {rid}: {last[-1] if last else err}", file=sys.stderr)
+    if not args.no_report:
+        from rlpace.evaluation import report_from_dir
+        from .report import print_findings
+        suites = list(grid.suites)
+        for suite in suites:
+            out = None if len(suites) == 1 else f"{args.out}/report-{suite.replace(':', '-')}"
+            try:
+                files = report_from_dir(args.out, out, baseline=args.baseline, suite=suite)
+            except ValueError as e:
+                print(f"rlpace compare: cannot write the report: {e}", file=sys.stderr)
+                return 1
+            print_findings(files)
+    return 0 if res.complete else 1
