@@ -27,6 +27,13 @@ Targets (issue 2): ≤ 1 ms/step at N = 1e6, ≥ 100× faster than the loop, cos
 ≤ 2× from 1e4 to 1e7. The table reports medians over steps (the machine is shared and
 adds multi-ms spikes); amortised work such as a periodic buffer refresh shows in the
 mean, printed per run.
+
+Quiet machine: figures are only comparable on an idle machine (`uptime` load below the
+core count). On a shared one they swing by 1.5–2× from run to run, and the footer prints
+the load average seen. `--cpu-time` times both sides with the thread's CPU clock
+(`time.thread_time`) instead of the wall clock, which leaves out the time the process
+waits for a core (not the slowdown of a shared cache), so it moves less under load;
+report which clock you used. The loop baseline is timed the same way either way.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import random
 import sys
 import time
@@ -65,18 +73,18 @@ def policy_kwargs(name: str) -> dict:
     return {"mini_cluster_size": B // 4} if name == "ads" else {}
 
 
-def time_vectorised(pool, p, name, steps, warmup, seed=0):
+def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counter):
     sched = Scheduler(pool, name, seed=seed, **policy_kwargs(name))
     trace, per_step = [], []
     for t in range(warmup + steps):
         u = np.random.default_rng([seed, t]).random((B, G))
-        t0 = time.perf_counter()
+        t0 = clock()
         ids = sched.propose(B)
-        t1 = time.perf_counter()
+        t1 = clock()
         rewards = (u < p[ids][:, None]).astype(np.float64)   # the stream: not timed
-        t2 = time.perf_counter()
+        t2 = clock()
         sched.observe(Feedback(ids, rewards, step=t))
-        t3 = time.perf_counter()
+        t3 = clock()
         if t >= warmup:
             per_step.append((t1 - t0) + (t3 - t2))
             trace.append((ids, rewards))
@@ -163,16 +171,16 @@ class MoppsLoop:
             self.ab[str(pid)] = (a + s, b + g - s)
 
 
-def time_loop(loop, trace, warmup_trace=()):
+def time_loop(loop, trace, warmup_trace=(), clock=time.perf_counter):
     for t, (ids, rewards) in enumerate(warmup_trace):
         loop.observe(ids, rewards, t)
     per_step = []
     for t, (ids, rewards) in enumerate(trace):
         ids_l, rew_l = ids.tolist(), rewards.tolist()    # a loop code holds Python lists
-        t0 = time.perf_counter()
+        t0 = clock()
         loop.propose(B)
         loop.observe(ids_l, rew_l, t)
-        per_step.append(time.perf_counter() - t0)
+        per_step.append(clock() - t0)
     return np.asarray(per_step) * 1e6
 
 
@@ -183,8 +191,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per run (default 100; quick 30)")
     ap.add_argument("--loop-steps", type=int, help="timed steps of the loop baseline (default 10; quick 5)")
     ap.add_argument("--policies", help="comma list (default: every registered proposal policy + uniform)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the thread's CPU clock instead of the wall clock (both sides)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    load_before = os.getloadavg()[0]
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else \
         ([10**4, 10**5, 10**6] if args.quick else [10**4, 10**5, 10**6, 10**7])
     steps = args.steps or (30 if args.quick else 100)
@@ -201,9 +213,10 @@ def main(argv=None) -> int:
         by_source = [order[offsets[k]:offsets[k + 1]].tolist() for k in range(K)]
         print(f"N = {n:.0e}: pool built in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         for name in names:
-            us, trace = time_vectorised(pool, p, name, steps, warmup)
+            us, trace = time_vectorised(pool, p, name, steps, warmup, clock=clock)
             loop = MoppsLoop(n) if name == "mopps" else DumpLoop(domain_of, by_source)
-            loop_us = time_loop(loop, trace[:loop_steps], warmup_trace=trace[loop_steps:loop_steps + warmup])
+            loop_us = time_loop(loop, trace[:loop_steps], warmup_trace=trace[loop_steps:loop_steps + warmup],
+                                clock=clock)
             results[(name, n)] = {"p50": float(np.median(us)), "mean": float(us.mean()), "max": float(us.max()),
                                   "loop": float(np.median(loop_us)), "loop_mean": float(loop_us.mean()),
                                   "loop_kind": "MoPPS" if name == "mopps" else "DUMP"}
@@ -215,8 +228,13 @@ def main(argv=None) -> int:
         del pool, p, domain_of, by_source
         gc.collect()
 
+    load_after = os.getloadavg()[0]
+    contended = max(load_before, load_after) >= (os.cpu_count() or 1)
     print(f"\nmedian μs per step, propose({B}) + Feedback + observe, G = {G}, over {steps} steps "
-          f"(loop: {loop_steps} steps); medians, because the shared machine adds multi-ms spikes.")
+          f"(loop: {loop_steps} steps); medians, because the shared machine adds multi-ms spikes.\n"
+          f"clock: {'thread CPU time' if args.cpu_time else 'wall'}; 1-min load average "
+          f"{load_before:.1f} → {load_after:.1f} on {os.cpu_count()} cores"
+          f"{' (contended: figures inflated)' if contended else ''}.")
     head = f"{'policy':26s}" + "".join(f"{f'N={n:.0e}':>12s}{'loop':>12s}{'×':>7s}" for n in sizes) + \
         f"{'growth':>8s}  targets"
     print(head)
@@ -239,6 +257,8 @@ def main(argv=None) -> int:
         import json
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"B": B, "G": G, "steps": steps, "loop_steps": loop_steps,
+                       "clock": "thread_time" if args.cpu_time else "perf_counter",
+                       "load_average": [load_before, load_after],
                        "results": [{"policy": k[0], "N": k[1], **v} for k, v in results.items()]}, f, indent=1)
     print(f"loop = per-rollout Python bookkeeping ({'MoPPS-style for mopps, ' if 'mopps' in names else ''}"
           f"DUMP-style otherwise); × = loop / vectorised; growth = cost at N={sizes[-1]:.0e} / N={sizes[0]:.0e}.")

@@ -35,7 +35,7 @@ import numpy as np
 from .policies._base import MIXTURE, Admission, Method
 from .policies._registry import make_method
 from .stats._window import window_init, window_mean, window_push
-from .types import Batch, Feedback, Pool
+from .types import Batch, Feedback, Pool, _batch_and_counts
 
 __all__ = ["Scheduler", "STATE_VERSION"]
 
@@ -129,7 +129,9 @@ class Scheduler:
         if self.method.mixture is not None:
             probs = self.method.mixture.apply(self.states[MIXTURE], self.pool)
             arms = self.method.mixture.arms
-        rng = np.random.default_rng([self.seed, int(self.counters.proposals), _STREAM_PROPOSE])
+        # = np.random.default_rng([seed, step, stream]), without its argument checks.
+        step = int(self.counters.proposals)
+        rng = np.random.Generator(np.random.PCG64([self.seed, step, _STREAM_PROPOSE]))
         ids = np.asarray(self.method.selection.apply(self.states["selection"], self.pool, n, probs,
                                                      arms, rng), dtype=np.int64)
         if ids.shape != (n,) or (n and (ids.min() < 0 or ids.max() >= len(self.pool))):
@@ -140,6 +142,9 @@ class Scheduler:
         return ids
 
     def _batch(self, feedback: Feedback) -> Batch:
+        return self._batch_and_counts(feedback)[0]
+
+    def _batch_and_counts(self, feedback: Feedback) -> tuple[Batch, np.ndarray, np.ndarray]:
         if not isinstance(feedback, Feedback):
             raise TypeError(f"expected an rlpace.Feedback; got {type(feedback).__name__}. Build one "
                             f"with Feedback(prompt_ids, rewards, advantages=None, step=...).")
@@ -147,25 +152,25 @@ class Scheduler:
         if ids.size and ids.max() >= len(self.pool):
             raise ValueError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
                              f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
-        return Batch.from_feedback(feedback, self.pool, self.success_threshold)
+        return _batch_and_counts(feedback, self.pool, self.success_threshold)
 
     def observe(self, feedback: Feedback) -> None:
         """Update history and every policy's state from one step's feedback (all groups,
         including those admission will drop: ADS's window needs the all-wrong ones)."""
-        batch = self._batch(feedback)           # validates; nothing changed yet
+        batch, wins, informative = self._batch_and_counts(feedback)  # validates; nothing changed
         b = batch.prompt_ids.shape[0]
         if b == 0:
             return
         g = batch.rewards.shape[1]
         h = self.history
         np.add.at(h.attempts, batch.prompt_ids, g)
-        np.add.at(h.successes, batch.prompt_ids, batch.success.sum(axis=1))
+        np.add.at(h.successes, batch.prompt_ids, wins)
         # max, not assignment: feedback that arrives late must not move recency backwards.
         np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
         window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
         for kind, policy in self.method.policies().items():
             self.states[kind] = policy.update(self.states[kind], self.pool, batch)
-        n_informative = int(np.count_nonzero(batch.informative))
+        n_informative = int(np.count_nonzero(informative))
         c = self.counters
         c.observations[...] += 1
         c.rollouts[...] += b * g

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -408,11 +409,82 @@ class Batch(NamedTuple):
 
     @staticmethod
     def from_feedback(fb: Feedback, pool: Pool, success_threshold: float) -> "Batch":
-        success = fb.rewards >= success_threshold
-        adv = fb.advantages if fb.advantages is not None else group_advantages(fb.rewards)
-        rate = success.mean(axis=1) if fb.batch_size else np.zeros(0)
-        return Batch(fb.prompt_ids, fb.rewards, success, rate, adv, pool.domains[fb.prompt_ids],
-                     pool.clusters[fb.prompt_ids], fb.step)
+        return _batch_and_counts(fb, pool, success_threshold)[0]
+
+
+def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
+                      ) -> tuple[Batch, np.ndarray, np.ndarray]:
+    """(`Batch`, wins int64[B] successes per group, informative bool[B]) — what
+    `Batch.from_feedback` and the Scheduler's history need, each computed once.
+
+    Exactly the values of the plain formulas (`success.sum(axis=1)`, `success.mean(axis=1)`,
+    `group_advantages(rewards)`, `Batch.informative`), bit for bit, computed faster:
+    row reductions over G columns cost ~10 μs each in numpy, so counts come from a
+    matrix-vector product (exact: sums of 0/1 values), and for binary rewards
+    (every reward 0 or 1) the advantages and the informative flag follow from the count
+    k of each group (see `_binary_advantage_table`).
+    """
+    r = fb.rewards
+    success = r >= success_threshold
+    b = r.shape[0]
+    domains, clusters = pool.domains[fb.prompt_ids], pool.clusters[fb.prompt_ids]
+    if b == 0:
+        adv = fb.advantages if fb.advantages is not None else group_advantages(r)
+        batch = Batch(fb.prompt_ids, r, success, np.zeros(0), adv, domains, clusters, fb.step)
+        return batch, np.zeros(0, np.int64), np.zeros(0, bool)
+    g = r.shape[1]
+    # r == success (as 0/1) everywhere ⟺ every reward is 0 or 1; then success ⟺ r == 1
+    # whatever the threshold, so the count of successes is the row sum of r.
+    binary = fb.advantages is None and bool((r == success).all())
+    wins = (r if binary else success.astype(np.float64)) @ np.ones(g)   # see _success_counts
+    rate = wins / g                                   # = success.mean(axis=1), same division
+    wins = wins.astype(np.int64)
+    table = _binary_advantage_table(g) if binary else None
+    if table is not None:
+        up, down = table                              # advantage of a success / failure, by k
+        adv = np.where(success, up[wins][:, None], down[wins][:, None])
+    else:
+        adv = fb.advantages if fb.advantages is not None else group_advantages(r)
+    if binary:
+        # 0 < k < G: the group's advantages are ±(≥ 1/G)/(std + eps), far above 1e-12.
+        informative = (wins > 0) & (wins < g)
+    else:
+        informative = np.abs(adv).max(axis=1, initial=0.0) > 1e-12
+    batch = Batch(fb.prompt_ids, r, success, rate, adv, domains, clusters, fb.step)
+    return batch, wins, informative
+
+
+def _success_counts(success: np.ndarray) -> np.ndarray:
+    """int64[B] successes per group of a bool[B, G] mask: `success.sum(axis=1)`, via a
+    matrix-vector product (3× faster than numpy's row reduction for G ≈ 16; exact, as
+    sums of 0/1 values below 2^53 are exact in any order)."""
+    return (success.astype(np.float64) @ np.ones(success.shape[1])).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _binary_advantage_table(g: int, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray] | None:
+    """(up, down) float64[G + 1]: the `group_advantages` of a success and of a failure in a
+    group of G 0/1 rewards with k successes, bit for bit, when G is a power of two (else
+    None: the caller uses `group_advantages`).
+
+    With G = 2^a every quantity in `group_advantages` is a dyadic rational with at most
+    3a + 1 significant bits: the mean m = k/G, the centred values 1 − m and −m, their
+    squares, and the sum of squares (G − k)·m² + k·(1 − m)². Floating point computes them
+    exactly in any order, so the std below equals numpy's pairwise row sum to the bit, and
+    each advantage is the same single division (1 − m)/(std + eps) or (0 − m)/(std + eps).
+    """
+    if g & (g - 1) or g > 1 << 16:
+        return None
+    k = np.arange(g + 1, dtype=np.float64)
+    m = k / g                                             # the group mean, as r.sum() / g
+    std = np.sqrt(((g - k) * m * m + k * (1.0 - m) * (1.0 - m)) / g)
+    denom = std + eps
+    spread = std > 0
+    up = np.where(spread, (1.0 - m) / denom, 0.0)
+    down = np.where(spread, (0.0 - m) / denom, 0.0)
+    up.setflags(write=False)
+    down.setflags(write=False)
+    return up, down
 
 
 def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:

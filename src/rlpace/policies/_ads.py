@@ -24,8 +24,9 @@ Per step, with ρ the pass rate of one prompt's group:
   * epoch reset: after `epoch_reset_steps` updates, p, r and every M_k start over
     (default len(pool) // (active_clusters · B), at least 1; 0 disables the reset).
 
-Cost: the mixer is O(C) per step for C clusters; the window is O(batch · B) numpy plus a
-Python loop over the batch's in-window prompts only (≤ batch size), never over the pool.
+Cost: the mixer is O(C) per step for C clusters; the window is O(batch · log batch + U · B)
+numpy for the U clusters the batch touches, plus a Python loop over the windows of those
+clusters and their movers (≤ U · B), never over the pool.
 
 Deviations from the reference code, all forced by `propose(n)` returning exactly n ids
 or by our records:
@@ -181,13 +182,41 @@ def move_window(window, directions: dict, size: int) -> list[int]:
     window = [int(p) for p in window]
     if size <= len(window):
         return sorted(window)
-    taken = {p for p in window if directions.get(p, 0) == 0}
-    easier = sorted(p for p in window if directions.get(p, 0) < 0)
-    harder = sorted((p for p in window if directions.get(p, 0) > 0), reverse=True)
-    for p in easier:
-        taken.add(_nearest_free(p - 1, -1, taken, size))
-    for p in harder:
-        taken.add(_nearest_free(p + 1, +1, taken, size))
+    get = directions.get
+    stay, easier, harder = [], [], []
+    for p in window:
+        d = get(p, 0)
+        if d == 0:
+            stay.append(p)
+        elif d < 0:
+            easier.append(p)
+        elif d > 0:
+            harder.append(p)
+    last = size - 1
+    to_easier = [min(max(p - 1, 0), last) for p in sorted(easier)]
+    to_harder = [min(max(p + 1, 0), last) for p in sorted(harder, reverse=True)]
+    return _place(set(stay), to_easier, to_harder, size)
+
+
+def _place(taken: set, to_easier: list, to_harder: list, size: int) -> list[int]:
+    """The greedy of `move_window`, given the stayers `taken` (a set, filled in place) and
+    the slots the movers ask for: `to_easier` (pos − 1 of the easier-movers, ascending)
+    then `to_harder` (pos + 1 of the harder-movers, descending), each clamped to
+    [0, size). Each mover takes its slot if free, else the nearest free one, trying its
+    own direction first at each distance.
+
+    A phase whose requested slots are distinct and all free is placed at once: each mover
+    then finds its slot free at its turn, exactly as in the loop.
+    """
+    for wanted, direction in ((to_easier, -1), (to_harder, +1)):
+        targets = set(wanted)
+        if len(targets) == len(wanted) and taken.isdisjoint(targets):
+            taken |= targets
+            continue
+        for d in wanted:
+            if d in taken:
+                d = _nearest_free(d, direction, taken, size)
+            taken.add(d)
     return sorted(taken)
 
 
@@ -207,6 +236,74 @@ def _cluster_weights(pool, probs, arms) -> np.ndarray:
         np.add.at(m, (pool.domains, pool.clusters), 1.0)
         pool._cache[key] = m / m.sum(axis=1, keepdims=True)
     return p @ pool._cache[key]
+
+
+def _in_window_groups(state: BoundaryWindowState, pool, k: np.ndarray, pos: np.ndarray,
+                      direction: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cluster, position, direction) of the batch's groups whose prompt sits in its
+    cluster's window M_k, sorted by (cluster, position), batch order kept among repeats.
+
+    One sort of the batch and a binary search in the windows of the clusters it touches:
+    O(B log B + U·Bmax) for U touched clusters, instead of comparing every group with every
+    slot of its cluster's window (O(B·Bmax), the bulk of an ADS step).
+    """
+    span = len(pool) + 1                                       # key = cluster·span + position
+    key = k * span + pos
+    order = np.argsort(key, kind="stable")
+    key, k, pos, direction = key[order], k[order], pos[order], direction[order]
+    touched = k[np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))]
+    rows = state.positions[touched]                            # [U, Bmax] sorted, −1 padding
+    # Padding becomes position N (> any real position): each row stays sorted, and so does
+    # the whole key table, cluster after cluster.
+    table = (np.where(rows >= 0, rows, span - 1) + (touched * span)[:, None]).ravel()
+    at = np.minimum(np.searchsorted(table, key), table.size - 1)
+    hit = table[at] == key
+    return k[hit], pos[hit], direction[hit]
+
+
+def _move_windows(state: BoundaryWindowState, pool, k: np.ndarray, pos: np.ndarray,
+                  direction: np.ndarray) -> None:
+    """`move_window` for every cluster with in-window feedback (in place), from the batch's
+    in-window groups (cluster k, rank position pos, direction) sorted by (cluster,
+    position), batch order kept among repeats (`_in_window_groups`).
+
+    The same moves as building `{pos: direction}` per cluster (last group wins) and
+    calling `move_window` on each, with the grouping done in numpy instead of a dict
+    insert per group and three dict lookups per window slot. Python is left with the
+    greedy over the movers of the touched clusters.
+    """
+    last = np.ones(k.size, dtype=bool)
+    last[:-1] = (k[1:] != k[:-1]) | (pos[1:] != pos[:-1])     # the last group of each prompt wins
+    k, pos, direction = k[last], pos[last], direction[last]
+    starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+    touched = k[starts]
+    _, offsets = pool.by_rank()
+    sizes = offsets[touched + 1] - offsets[touched]
+    # Slots the movers ask for, pos ∓ 1 clamped to the cluster, for all touched clusters
+    # at once: grouped by cluster, easier-movers ascending, harder-movers ascending (each
+    # cluster's slice is reversed below: harder-movers go in descending order).
+    last_slot = (offsets[k + 1] - offsets[k]) - 1
+    is_easier, is_harder = direction < 0, direction > 0
+    want_easier = np.clip(pos[is_easier] - 1, 0, last_slot[is_easier])
+    want_harder = np.clip(pos[is_harder] + 1, 0, last_slot[is_harder])
+    e_end = np.searchsorted(k[is_easier], touched, side="right").tolist()
+    h_end = np.searchsorted(k[is_harder], touched, side="right").tolist()
+    easier, harder = pos[is_easier].tolist(), pos[is_harder].tolist()
+    want_easier, want_harder = want_easier.tolist(), want_harder.tolist()
+    e_lo = h_lo = 0
+    widths = state.width[touched].tolist()
+    for kk, size, w, e_hi, h_hi in zip(touched.tolist(), sizes.tolist(), widths, e_end, h_end):
+        window = state.positions[kk, :w].tolist()
+        if size <= w:                                          # covers its cluster: cannot move
+            state.positions[kk, :w] = sorted(window)
+        else:
+            stay = set(window)
+            stay.difference_update(easier[e_lo:e_hi])
+            stay.difference_update(harder[h_lo:h_hi])
+            to_harder = want_harder[h_lo:h_hi]
+            to_harder.reverse()                                # harder-movers descending
+            state.positions[kk, :w] = _place(stay, want_easier[e_lo:e_hi], to_harder, size)
+        e_lo, h_lo = e_hi, h_hi
 
 
 def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, eps: float = 0.17,
@@ -250,22 +347,13 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        k = batch.clusters                                          # [B]
-        pos = pool.rank_position()[batch.prompt_ids]                # [B]
-        in_window = (state.positions[k] == pos[:, None]).any(axis=1)  # −1 padding never matches
         rho = batch.pass_rate
         direction = np.where(rho < 0.5 - eps, -1, np.where(rho > 0.5 + eps, 1, 0))
-        d_in = direction[in_window]
+        k, pos, d_in = _in_window_groups(state, pool, batch.clusters,
+                                         pool.rank_position()[batch.prompt_ids], direction)
         state.last_moves[:] = [(d_in < 0).sum(), (d_in == 0).sum(), (d_in > 0).sum()]
-        # Python over the batch's in-window groups only (≤ batch size), never the pool.
-        moves: dict[int, dict[int, int]] = {}
-        for kk, p, d in zip(k[in_window].tolist(), pos[in_window].tolist(), d_in.tolist()):
-            moves.setdefault(kk, {})[p] = d                         # last group wins
-        _, offsets = pool.by_rank()
-        for kk, dirs in moves.items():
-            w = int(state.width[kk])
-            state.positions[kk, :w] = move_window(state.positions[kk, :w], dirs,
-                                                  int(offsets[kk + 1] - offsets[kk]))
+        if d_in.size:
+            _move_windows(state, pool, k, pos, d_in)
         state.steps[...] += 1
         every = _reset_every(epoch_reset_steps, pool, per_step)
         if every > 0 and state.steps >= every:
@@ -285,7 +373,9 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
         keys = np.log(p[cand]) + rng.gumbel(size=cand.size)         # Gumbel-top-k = draws ∝ p
         seq = cand[np.argsort(-keys, kind="stable")]                # without replacement
         per_pass = int(state.width[seq].sum())
-        seq = np.tile(seq, -(-n // per_pass))                       # cycle when clusters run out
+        passes = -(-n // per_pass)
+        if passes > 1:
+            seq = np.tile(seq, passes)                              # cycle when clusters run out
         used = int(np.searchsorted(np.cumsum(state.width[seq]), n)) + 1
         seq = seq[:used]
         rows = offsets[seq][:, None] + state.positions[seq]         # [used, Bmax]

@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..stats._sumtree import SumTree, sumtree_build, sumtree_sample, sumtree_set
+from ..stats._sumtree import SumTree, _unique, sumtree_build, sumtree_sample, sumtree_set
+from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
 
 __all__ = ["learnability_buffer", "prioritized_learnability"]
@@ -112,7 +113,7 @@ def learnability_buffer(buffer_size: int = 1000, refresh_every: int = 100, mix: 
         if b == 0:
             return state
         np.add.at(state.attempts, ids, batch.rewards.shape[1])
-        np.add.at(state.successes, ids, batch.success.sum(axis=1))
+        np.add.at(state.successes, ids, _success_counts(batch.success))
         tail = ids[-max_candidates:]                       # a batch larger than the ring
         start = int(state.pending_count) + b - tail.size
         state.pending[(start + np.arange(tail.size)) % max_candidates] = tail
@@ -187,8 +188,8 @@ def prioritized_learnability(alpha: float = 0.6, eps: float = 1e-6) -> DataPolic
         if ids.size == 0:
             return state
         np.add.at(state.attempts, ids, batch.rewards.shape[1])
-        np.add.at(state.successes, ids, batch.success.sum(axis=1))
-        touched = np.unique(ids)
+        np.add.at(state.successes, ids, _success_counts(batch.success))
+        touched = _unique(ids)
         score = _learnability(state.successes[touched], state.attempts[touched])
         sumtree_set(state.tree, touched, (score + eps) ** alpha)
         return state

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
 
 __all__ = ["mopps", "beta_posterior_update"]
@@ -47,8 +48,19 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
         return
     order = np.argsort(ids, kind="stable")            # group by prompt, keep batch order
     sid = ids[order]
-    uniq, start, count = np.unique(sid, return_index=True, return_counts=True)
-    group = np.repeat(np.arange(uniq.size), count)
+    first = np.empty(sid.size, dtype=bool)           # first group of each prompt
+    first[0] = True
+    np.not_equal(sid[1:], sid[:-1], out=first[1:])
+    if first.all():
+        # Every prompt once (the usual batch): m = 1, so λ^m = λ and the sum has the one
+        # term (1 − λ)·prior + x — the same floating-point operations as below.
+        for param, prior, x in ((alpha, prior_alpha, successes), (beta, prior_beta, failures)):
+            param[sid] = decay * param[sid] + ((1.0 - decay) * prior + x[order])
+        return
+    start = np.flatnonzero(first)
+    uniq = sid[start]
+    count = np.diff(np.append(start, sid.size))
+    group = np.cumsum(first) - 1
     j = np.arange(sid.size) - start[group]           # occurrence index within the prompt
     w = decay ** (count[group] - 1 - j)              # λ^{m−1−j}
     for param, prior, x in ((alpha, prior_alpha, successes), (beta, prior_beta, failures)):
@@ -67,6 +79,36 @@ def _beta_draw(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if tiny.any():
         out[tiny] = rng.beta(a[tiny], b[tiny])
     return out
+
+
+def _closest(dist: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the n smallest of float64[m] `dist` (≥ 0), ordered by distance: an O(m)
+    partition, then a stable sort of the n kept (a deterministic output order).
+
+    The partition buckets the values (⌊dist · m / max⌋, monotone in dist) and keeps the
+    buckets up to the one that holds the n-th smallest, so only about n values go to the
+    sort, and there is no `np.argpartition` (half the time for m = 8192, n = 512).
+    Exactly the result of `np.argpartition(dist, n − 1)[:n]` sorted stably by distance
+    whenever the n + 1 smallest distances are distinct (ties have probability 0 for
+    continuous draws); with a tie, which tied value argpartition keeps is its own
+    choice, so that case goes through argpartition itself.
+    """
+    m = dist.size
+    if n < m:
+        top = float(dist.max())
+        if top > m * 1e-300:                                  # m / top is finite
+            scale = m / top
+            bucket = (dist * scale).astype(np.int64)          # floor, monotone in dist
+            last = np.searchsorted(np.cumsum(np.bincount(bucket)), n)  # holds the n-th smallest
+            kept = np.flatnonzero(bucket <= last)             # ⊇ the n smallest
+            kept = kept[np.argsort(dist[kept], kind="stable")][:n + 1]
+            d = dist[kept]
+            if (d[1:] != d[:-1]).all():
+                return kept[:n]
+        keep = np.argpartition(dist, n - 1)[:n]
+    else:
+        keep = np.arange(m)
+    return keep[np.argsort(dist[keep], kind="stable")]
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
@@ -108,7 +150,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        wins = batch.success.sum(axis=1).astype(np.float64)        # n·s
+        wins = _success_counts(batch.success).astype(np.float64)   # n·s
         losses = batch.rewards.shape[1] - wins                     # n·(1 − s)
         beta_posterior_update(state.alpha, state.beta, batch.prompt_ids, wins, losses,
                               decay, prior_alpha, prior_beta)
@@ -127,9 +169,6 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
             cand = rng.integers(0, size, size=m)
         gamma = _beta_draw(rng, state.alpha[cand], state.beta[cand])  # Thompson draw
         dist = (gamma - target) ** 2
-        # O(m) partition, then order the n kept by distance (deterministic output order).
-        keep = np.argpartition(dist, n - 1)[:n] if n < dist.size else np.arange(dist.size)
-        keep = keep[np.argsort(dist[keep], kind="stable")]
-        return cand[keep].astype(np.int64)
+        return cand[_closest(dist, n)].astype(np.int64)
 
     return DataPolicy(SELECTION, init, update, apply, name="mopps")

@@ -50,14 +50,17 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
         return st
     if (weights < 0).any() or not np.isfinite(weights).all():
         raise ValueError("sum-tree weights must be finite and ≥ 0.")
-    cap = st.tree.shape[0] // 2
-    st.tree[cap + index] = weights                   # fancy assignment: last one wins
+    tree = st.tree
+    cap = tree.shape[0] // 2
+    tree[cap + index] = weights                      # fancy assignment: last one wins
+    children = _children(tree)                       # row j = (tree[2j], tree[2j+1])
     # All leaves sit at one depth, so their ancestors move up level by level together.
-    # Repeated nodes are harmless (each copy writes the same sum), so no np.unique per
-    # level: that sort was most of the cost.
-    nodes = np.unique((cap + index) >> 1)
+    # Repeated nodes are harmless (each copy writes the same sum), so nodes are made
+    # unique once, at the bottom level.
+    nodes = _unique((cap + index) >> 1)
     for _ in range(int(np.log2(cap))):
-        st.tree[nodes] = st.tree[2 * nodes] + st.tree[2 * nodes + 1]
+        pair = np.take(children, nodes, axis=0)      # [m, 2]: one gather for both children
+        tree[nodes] = pair[:, 0] + pair[:, 1]
         nodes >>= 1
     return st
 
@@ -65,17 +68,36 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
 def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
     """Leaf index for each uniform u in [0, 1): the i with prefix(i) ≤ u·total < prefix(i+1).
     Draw `u = rng.random(B)` for B independent draws ∝ weight."""
-    total = st.tree[1]
+    tree = st.tree
+    total = tree[1]
     if not total > 0:
         raise ValueError("cannot sample from a sum tree whose weights are all zero.")
-    cap = st.tree.shape[0] // 2
+    cap = tree.shape[0] // 2
     mass = np.asarray(u, dtype=np.float64) * total
     idx = np.ones(mass.shape, dtype=np.int64)
     for _ in range(int(np.log2(cap))):
-        left = st.tree[2 * idx]
+        left_child = idx + idx
+        left = tree.take(left_child)
         # Never step into an empty subtree: float round-off in the partial sums could
         # otherwise send a draw to a zero-weight leaf.
-        go_right = ((mass >= left) & (st.tree[2 * idx + 1] > 0)) | (left <= 0)
+        go_right = (mass >= left) & (tree.take(left_child + 1) > 0)
+        go_right |= left <= 0
         mass = np.where(go_right, mass - left, mass)
-        idx = 2 * idx + go_right
+        idx = left_child + go_right
     return idx - cap
+
+
+def _children(tree: np.ndarray) -> np.ndarray:
+    """float64[C, 2] view of the tree: row j holds node j's children (tree[2j], tree[2j+1])."""
+    if not tree.flags.c_contiguous:
+        raise ValueError("the sum tree's array must be C-contiguous (np.ascontiguousarray).")
+    return tree.reshape(-1, 2)
+
+
+def _unique(x: np.ndarray) -> np.ndarray:
+    """Sorted unique values of a 1-D int array (= np.unique, without its overhead)."""
+    x = np.sort(x)
+    keep = np.empty(x.shape, dtype=bool)
+    keep[:1] = True
+    np.not_equal(x[1:], x[:-1], out=keep[1:])
+    return x[keep]

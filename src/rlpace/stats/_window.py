@@ -34,36 +34,68 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
     column order — the same as `window_push(win, np.repeat(arms, G), values.ravel())`,
     but it sorts the B rows instead of the B·G values (a step's rollouts by group).
     """
-    values = np.asarray(values, dtype=np.float64)
+    values = np.asarray(values)
     arms = np.asarray(arms, dtype=np.int64).ravel()
     g = values.shape[1] if values.ndim == 2 and values.shape[0] == arms.size else 1
     if g == 1:
-        values = values.ravel()
+        values = values.reshape(-1)
     if arms.size == 0 or values.size == 0:
         return win
     k, w = win.values.shape
-    # Group by arm, keep arrival order. A narrow key makes numpy's stable sort a radix
-    # sort, O(M) instead of O(M log M).
+    # Group rows by arm, keep arrival order. A narrow key makes numpy's stable sort a
+    # radix sort, O(M) instead of O(M log M).
     key = arms.astype(np.uint8) if k <= 1 << 8 else arms.astype(np.uint16) if k <= 1 << 16 else arms
     order = np.argsort(key, kind="stable")
     a_sorted = arms[order]
-    rows = np.bincount(a_sorted, minlength=k)         # rows (entries, or groups of g) per arm
+    rows = np.bincount(arms, minlength=k)             # rows (entries, or groups of g) per arm
     counts = rows * g                                 # values per arm
-    starts = np.zeros(k, dtype=np.int64)
-    np.cumsum(rows[:-1], out=starts[1:])
-    j = (np.arange(arms.size) - starts[a_sorted]) * g  # index of each row's first value in its arm
-    first = counts[a_sorted] - w                      # only values j ≥ first survive (last W)
-    live = j + g > first                              # rows with at least one survivor
-    order, a_sorted, j, first = order[live], a_sorted[live], j[live], first[live]
-    cur = win.cursor[a_sorted]
-    if g > 1:
-        j = j[:, None] + np.arange(g)                 # [B', G]
-        a_sorted = np.broadcast_to(a_sorted[:, None], j.shape)
-        first, cur = first[:, None], cur[:, None]
-    keep = j >= first
-    slot = (cur + j) % w
-    win.values[a_sorted[keep], slot[keep]] = values[order][keep]
-    win.cursor[:] = (win.cursor + counts) % w
+    # Rows counted back from the arm's newest: only the last ceil(w / g) of each arm can
+    # hold a survivor (the arm's last w values); older rows are skipped before any
+    # per-value work, so a long push costs O(K·w) values, not O(M).
+    back = np.cumsum(rows)[a_sorted] - np.arange(arms.size)   # 1 = the arm's newest row
+    live = back <= -(-w // g)
+    idx, a = order[live], a_sorted[live]
+    tail = back[live] * g                             # values from the row's first to the arm's end
+    cursor_end = win.cursor + counts                  # [K] cursors after the push, not yet wrapped
+    start = (cursor_end[a] - tail) % w                # ring slot of each row's first value
+    dst = a * w + start                               # ... as a position in the flat [K·W] buffer
+    contiguous = win.values.flags.c_contiguous
+    # Slot s of arm a is a·W + s of the flat buffer (a view; `.flat` for a buffer that is
+    # not C-contiguous, where reshape would copy and the writes would be lost).
+    flat = win.values.reshape(-1) if contiguous else win.values.flat
+    if g == 1:
+        flat[dst] = values[idx]                       # live rows hold exactly one survivor
+        return _advance(win, cursor_end, counts)
+    rest = None                                       # live rows written value by value
+    if contiguous and g <= w:
+        # Rows that survive whole (tail ≤ w) and do not wrap around the ring fill g
+        # consecutive slots: write each as one block through a view whose row r is
+        # flat[r:r + g] (rows overlap in memory; the blocks written never do, the slots
+        # being distinct).
+        blocks = np.ndarray(shape=(flat.size - g + 1, g), dtype=flat.dtype, buffer=flat,
+                            strides=(flat.strides[0],) * 2)
+        whole = (tail <= w) & (start + g <= w)
+        if whole.all():                               # always when g divides w and all rows had g
+            blocks[dst] = values[idx]
+        else:
+            blocks[dst[whole]] = values[idx[whole]]
+            rest = ~whole
+    else:
+        rest = np.ones(idx.size, dtype=bool)
+    if rest is not None:                              # cut rows, rows wrapping the ring
+        cols = np.arange(g)
+        slot = start[rest, None] + cols               # [L', G]
+        slot %= w
+        slot += (a[rest] * w)[:, None]
+        keep = cols >= (tail[rest] - w)[:, None]      # the oldest live row of an arm may be cut
+        flat[slot[keep]] = values[idx[rest]][keep]
+    return _advance(win, cursor_end, counts)
+
+
+def _advance(win: Window, cursor_end: np.ndarray, counts: np.ndarray) -> Window:
+    """Set each arm's cursor to `cursor_end` (mod W) and its fill count past `counts` new values."""
+    w = win.values.shape[1]
+    win.cursor[:] = cursor_end % w
     np.minimum(win.filled + counts, w, out=win.filled)
     return win
 
