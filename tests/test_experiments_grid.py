@@ -203,12 +203,28 @@ def test_yaml_grid_round_trip(tmp_path):
 def test_default_matrix_maps_dataflex_slots():
     from rlpace.experiments import DATAFLEX_SLOTS, default_policies
     assert len(DATAFLEX_SLOTS) == 13
-    plan = default_policies(["uniform", "fixed_mixture", "dump", "exp3", "ads", "per_advantage"])
-    # exact matches and the exp3 analogue of tscl fill their slots, then ads fills up
-    assert [p.label for p in plan.policies] == ["uniform", "per_advantage", "fixed_mixture", "dump",
-                                                "exp3", "ads"]
-    assert set(plan.missing) == {"ar", "softmax", "diffband", "difffilter", "maxvar", "gfpo", "topk",
-                                 "reward_gap"}
-    assert any("tscl" in line and "ANALOGUE" in line for line in plan.lines)
+    plan = default_policies(["uniform", "fixed_mixture", "dump", "exp3", "ads", "per_advantage",
+                             "dapo_dynamic_sampling"])
+    # exact matches fill their slots, dapo_dynamic_sampling is gfpo's analogue; tscl and
+    # reward_gap have no analogue any more (their exact policies exist), so ads and exp3 fill up
+    assert [p.label for p in plan.policies] == ["uniform", "per_advantage", "dapo_dynamic_sampling",
+                                                "fixed_mixture", "dump", "ads", "exp3"]
+    assert set(plan.missing) == {"ar", "softmax", "diffband", "difffilter", "maxvar", "topk",
+                                 "reward_gap", "tscl"}
+    assert any("gfpo" in line and "ANALOGUE" in line for line in plan.lines)
+    assert any(line.split()[0] == "tscl" and "NOT AVAILABLE" in line for line in plan.lines)
     full = default_policies([c for s in DATAFLEX_SLOTS for c in s.candidates[:1]])
     assert len(full.policies) == 13 and full.missing == ()
+
+
+def test_default_matrix_with_the_registry_maps_dataflex_methods_exactly():
+    from rlpace.experiments import default_policies
+    plan = default_policies()
+    by_slot = {line.split()[0]: line for line in plan.lines if not line.lstrip().startswith("(filler)")}
+    for slot, name in (("topk", "topk"), ("reward_gap", "reward_gap"), ("tscl", "tscl")):
+        assert f"-> {name} (DataFlex:" in by_slot[slot], by_slot[slot]
+    # only ar (token log-probs) stays missing and only gfpo (response lengths) an analogue
+    assert plan.missing == ("ar",) and "Feedback does not carry" in by_slot["ar"]
+    assert "ANALOGUE" in by_slot["gfpo"] and "response lengths" in by_slot["gfpo"]
+    assert sum("ANALOGUE" in line for line in plan.lines) == 1
+    assert len(plan.policies) == 13

@@ -238,6 +238,16 @@ MAX_STEPS = 1000
 # defaults it is slower than uniform. Reported, not tuned away.
 KNOWN_SLOWER = {"ads": "ADS with card defaults trains on the easiest prompts of each cluster "
                        "(windows start at rank 0, move ≤ 1 rank/step, reset every |D|/128 steps)"}
+# Slower or no faster on the ladder only (they pass the homogeneous test, so a strict xfail
+# there would XPASS). DataFlex's tscl (card 3, config 13) at its T = 1 scores |slope| in
+# reward per step (~0.002 on the ladder), so softmax(|slope|/1) is uniform to within a
+# max/min probability ratio of 1.05 over 300 steps: measured 350/350/350 steps on seeds
+# 0/1/2, the same as uniform (T = 0.001 would give 290/290/280). Reported, not tuned away.
+KNOWN_NOT_FASTER_ON_LADDER = {
+    **KNOWN_SLOWER,
+    "tscl": "tscl at DataFlex's T = 1 stays uniform (|slope| ~ 0.002 reward/step): 350 steps "
+            "on seeds 0-2, equal to uniform's 350",
+}
 
 
 # Held-out domain-balanced accuracy to reach (start: ladder 0.44, homogeneous 0.35).
@@ -259,8 +269,9 @@ def test_adaptive_list_is_populated():
     assert {"dump"} <= set(ADAPTIVE) and "uniform" not in ADAPTIVE and "fixed_mixture" not in ADAPTIVE
 
 
-@pytest.mark.parametrize("policy", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_SLOWER[p], strict=True))
-                                    if p in KNOWN_SLOWER else p for p in ADAPTIVE])
+@pytest.mark.parametrize("policy", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_NOT_FASTER_ON_LADDER[p],
+                                                                          strict=True))
+                                    if p in KNOWN_NOT_FASTER_ON_LADDER else p for p in ADAPTIVE])
 def test_ladder_adaptive_beats_uniform(policy, uniform_steps):
     """Target: held-out domain-balanced accuracy 0.8 (ladder default; start 0.44).
     Uniform needs ~350 steps; every adaptive proposal policy must need fewer on each seed."""

@@ -32,22 +32,29 @@ class Slot(NamedTuple):
 
 DATAFLEX_SLOTS: tuple[Slot, ...] = (
     Slot("baseline", "baseline", ("uniform",), "uniform GRPO"),
+    # Not implementable on our records: `ar` weighs each token by π_t = exp(old_log_prob),
+    # and Feedback carries one reward per rollout, no token log-probs.
     Slot("ar", "reweight", ("ar", "token_prob_reweight", "advantage_reweight"),
-         "token-prob reweighting w = α·π + (1−α), α=0.5 (needs token log-probs)"),
+         "token-prob reweighting w = α·π + (1−α), α=0.5; needs token log-probs, which "
+         "Feedback does not carry"),
     Slot("per", "reweight", ("per_advantage",), "w = |A|^0.5, mean 1"),
     Slot("softmax", "reweight", ("softmax_advantage",), "w = softmax(|A|/T)·N, T=1"),
     Slot("diffband", "reweight", ("difficulty_band",), "weight 2 inside the [25%,75%] reward band"),
     Slot("difffilter", "select", ("success_band",), "keep groups with solve rate in (0.2, 0.8)"),
     Slot("maxvar", "select", ("pods_max_variance",), "PODS: max-variance half of each group"),
+    # GFPO ranks by reward/length; Feedback carries no response lengths, so only the
+    # reward-filtering analogue can run.
     Slot("gfpo", "select", ("gfpo", "dapo_dynamic_sampling"),
-         "GFPO: top-3 per group by reward/length", "both filter rollout groups by reward"),
-    Slot("topk", "select", ("topk", "topk_fraction"), "keep the top 50% |A| rollouts of the batch"),
+         "GFPO: top-3 per group by reward/length; needs response lengths, which Feedback "
+         "does not carry", "both filter rollout groups by reward"),
+    Slot("topk", "select", ("topk",), "keep the top 50% |A| rollouts of the batch"),
     Slot("static", "mix", ("fixed_mixture",), "fixed equal share per domain"),
-    Slot("reward_gap", "mix", ("reward_gap", "sec"),
-         "softmax(max r̄ − r̄_d)", "both tilt the domain mixture by a reward-derived score"),
+    Slot("reward_gap", "mix", ("reward_gap",),
+         "softmax((max r̄ − r̄_d)/T), r̄ over the last 50 rollouts, T=1, floor 0.05"),
     Slot("dump_ucb", "mix", ("dump",), "UCB on windowed mean |A| → softmax"),
-    Slot("tscl", "mix", ("tscl", "exp3"),
-         "softmax(|reward slope|)", "TSCL's teacher is an EXP3-family bandit"),
+    Slot("tscl", "mix", ("tscl",),
+         "softmax(|reward slope|/T), T=1, floor 0.05 (the intended rule; the July code "
+         "ran softmax(|mean reward|))"),
 )
 
 # rlpace methods outside DataFlex's list, used (in this order) to fill missing slots.

@@ -12,15 +12,17 @@ True
 from ._base import (ADMISSION, KINDS, MIXTURE, REWEIGHTING, SELECTION, Admission, DataPolicy,
                     EmptyState, Method, chain, compose, keep_all, softmax, unit_weights, with_floor)
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
-                         pods_max_variance, success_band)
+                         pods_max_variance, success_band, topk_advantage)
 from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
 from ._dump import dump_ucb
 from ._exp3 import exp3
 from ._learnability import learnability_buffer, prioritized_learnability
 from ._mopps import mopps
 from ._registry import make_method, make_policy, names, register
+from ._reward_gap import reward_gap
 from ._reweighting import difficulty_band, per_advantage, softmax_advantage
 from ._sec import sec
+from ._tscl import tscl
 from ._uniform import fixed_mixture, uniform_pool, uniform_within_arm
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "learnability_buffer", "prioritized_learnability", "mopps", "sec", "exp3",
     "dapo_dynamic_sampling", "success_band", "pods_max_variance", "max_variance_subset",
     "drop_all_wrong", "per_advantage", "difficulty_band", "softmax_advantage",
+    "topk_advantage", "reward_gap", "tscl",
 ]
 
 
@@ -50,10 +53,13 @@ register("prioritized_learnability", prioritized_learnability)
 register("mopps", mopps)
 register("sec", sec)
 register("exp3", exp3)
+register("reward_gap", reward_gap)
+register("tscl", tscl)
 register("dapo_dynamic_sampling", dapo_dynamic_sampling)
 register("success_band", success_band)
 register("pods_max_variance", pods_max_variance)
 register("drop_all_wrong", drop_all_wrong)
+register("topk", topk_advantage)
 register("per_advantage", per_advantage)
 register("difficulty_band", difficulty_band)
 register("softmax_advantage", softmax_advantage)

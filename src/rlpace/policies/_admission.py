@@ -207,3 +207,55 @@ def drop_all_wrong() -> DataPolicy:
         return Admission(_group_mask(batch.success.any(axis=1), shape), 0)
 
     return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="drop_all_wrong")
+
+
+# ---- DataFlex-RL `topk` (appended; listed in __all__ here to keep the edit append-only) ----
+__all__ += ["topk_advantage"]
+
+
+def topk_advantage(fraction: float = 0.5) -> DataPolicy:
+    """Keep the top `fraction` of the batch's rollouts by |A|; refill 0 (DataFlex-RL `topk`).
+
+    Liang et al., "DataFlex-RL", arXiv 2609.06107 — methods-core.md card 3, config 9:
+    scorer `advantage_magnitude` (a sequence's mean |A| over its tokens, which for GRPO
+    is the rollout's |A|), selector `topk_fraction` with fraction 0.5, over all M = B·G
+    rollouts of the batch (not per group):
+
+        k    = max(1, round(fraction · M))          # Python round: half to even, as DataFlex
+        keep = the k rollouts with the largest |A|
+
+    Ties. DataFlex uses `torch.topk`, whose order among equal scores is unspecified. We
+    break ties by position: among equal |A| the rollout earlier in the batch (row-major:
+    lower prompt row, then lower rollout column) is kept — a stable sort of −|A|. With
+    binary rewards many |A| are equal (every success of a group shares one value), so
+    this rule decides which of them fill the last places; `Scheduler.propose` draws the
+    batch's rows i.i.d., so position carries no systematic preference.
+
+    Rollouts with A = 0 are kept when fewer than k have A ≠ 0 (DataFlex keeps exactly k).
+    DataFlex masks the dropped rollouts with weight 0 after the advantages are computed
+    on the full group; this mask is meant the same way (advantages are not recomputed).
+
+    >>> import numpy as np; from rlpace import Pool, Feedback
+    >>> from rlpace.types import Batch
+    >>> pool = Pool([0, 0]); p = topk_advantage()
+    >>> fb = Feedback([0, 1], [[1, 0], [1, 1]], advantages=[[0.5, -2.0], [1.0, 0.5]])
+    >>> b = Batch.from_feedback(fb, pool, 0.5)
+    >>> p.apply(p.init(pool), pool, b).keep.tolist()     # M = 4, k = 2: |A| 2.0 and 1.0
+    [[False, True], [True, False]]
+    """
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float, np.floating, np.integer))
+                                          and 0.0 < fraction <= 1.0):
+        raise ValueError(f"topk fraction must be a number in (0, 1] (DataFlex: 0.5); got {fraction!r}.")
+
+    def apply(state, pool, batch):
+        a = np.abs(batch.advantages)
+        shape = a.shape
+        if a.size == 0:
+            return Admission(np.zeros(shape, dtype=bool), 0)
+        k = max(1, int(round(fraction * a.size)))
+        order = np.argsort(-a.ravel(), kind="stable")             # largest first, ties by position
+        keep = np.zeros(a.size, dtype=bool)
+        keep[order[:k]] = True
+        return Admission(keep.reshape(shape), 0)
+
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="topk")
