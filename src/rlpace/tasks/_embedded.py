@@ -1,0 +1,244 @@
+"""The embedded task suite: short procedural string and arithmetic tasks with exact
+answers, small enough for a character-level model of ~0.1–1 M parameters on a CPU.
+
+A distribution is a (family, size) pair, e.g. `max4` = the largest of 4 digits. Its
+difficulty is the size. Prompts are plain text ending in "=", answers are the exact
+string after it. Each family also names a *typical mistake* — a plausible wrong rule —
+which the tiny base policy's warm-up corpus uses (see `rlpace.train.model`):
+
+| family | prompt       | answer | typical mistake      | size is                      |
+|--------|--------------|--------|----------------------|------------------------------|
+| max    | `x:3142=`    | `4`    | the smallest: `1`    | number of digits             |
+| sumd   | `d:787=`     | `22`   | units only: `2`      | number of digits summed      |
+| last   | `l:cabd=`    | `d`    | the first: `c`       | string length                |
+| add    | `47+85=`     | `132`  | no carry: `22`       | digits per operand           |
+| rev    | `r:cabd=`    | `dbac` | a copy: `cabd`       | string length                |
+| sort   | `s:3142=`    | `1234` | descending: `4321`   | number of digits             |
+| cnt    | `c:a:abca=`  | `2`    | one too many: `3`    | string length                |
+| mul    | `m:47*6=`    | `282`  | one b too many       | digits of the first factor   |
+| idx    | `i:b:cabd=`  | `3`    | from the end: `2`    | string length                |
+| next   | `n:a:cabd=`  | `b`    | the one before: `c`  | string length                |
+
+The default suite (`DEFAULT_SUITE`, 12 distributions) uses max, sumd and last: answers
+of one or two tokens, so a rollout's reward reflects one decision rather than the
+product of many per-character errors — what a 0.1 M-parameter policy can learn from in
+a hundred RL steps. The other families are there for larger models and custom suites.
+
+Items are drawn without repetition per distribution; held-out items are drawn first and
+never appear among the training items (compared by prompt text). Generation is
+deterministic in (seed, distribution name). Small spaces hold few items: add1 has 100
+prompts, so most of them go to the held-out set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Callable
+
+import numpy as np
+
+from ._types import Item, TaskSet
+from ._verify import exact_score
+
+__all__ = ["FAMILIES", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "embedded_suite", "parse_distribution",
+           "sample_items", "parse_mistakes"]
+
+LETTERS = "abcdefghij"
+
+
+def _digits(rng, n):
+    return "".join(str(d) for d in rng.integers(0, 10, size=n))
+
+
+def _letters(rng, n):
+    return "".join(LETTERS[i] for i in rng.integers(0, len(LETTERS), size=n))
+
+
+def _number(rng, n):
+    """A uniformly drawn number with exactly n digits (1-digit numbers include 0)."""
+    lo = 0 if n == 1 else 10 ** (n - 1)
+    return int(rng.integers(lo, 10 ** n))
+
+
+def _add(rng, n):
+    a, b = _number(rng, n), _number(rng, n)
+    no_carry = int("".join(str((int(x) + int(y)) % 10) for x, y in zip(f"{a:0{n}d}", f"{b:0{n}d}")))
+    return f"{a}+{b}=", str(a + b), str(no_carry)
+
+
+def _rev(rng, n):
+    s = _letters(rng, n)
+    return f"r:{s}=", s[::-1], s
+
+
+def _sort(rng, n):
+    s = _digits(rng, n)
+    return f"s:{s}=", "".join(sorted(s)), "".join(sorted(s, reverse=True))
+
+
+def _cnt(rng, n):
+    s = _letters(rng, n)
+    x = s[int(rng.integers(0, n))] if rng.random() < 0.75 else LETTERS[int(rng.integers(0, len(LETTERS)))]
+    return f"c:{x}:{s}=", str(s.count(x)), str(s.count(x) + 1)
+
+
+def _mul(rng, n):
+    a, b = _number(rng, n), int(rng.integers(2, 10))
+    return f"m:{a}*{b}=", str(a * b), str(a * b + b)
+
+
+def _max(rng, n):
+    s = _digits(rng, n)
+    return f"x:{s}=", max(s), min(s)
+
+
+def _idx(rng, n):
+    s = "".join(LETTERS[i] for i in rng.permutation(len(LETTERS))[:n])
+    k = int(rng.integers(0, n))
+    return f"i:{s[k]}:{s}=", str(k + 1), str(n - k)
+
+
+def _sumd(rng, n):
+    s = _digits(rng, n)
+    total = sum(int(c) for c in s)
+    return f"d:{s}=", str(total), str(total % 10)
+
+
+def _last(rng, n):
+    s = _letters(rng, n)
+    return f"l:{s}=", s[-1], s[0]
+
+
+def _next(rng, n):
+    s = "".join(LETTERS[i] for i in rng.permutation(len(LETTERS))[:n])
+    k = int(rng.integers(1, n - 1))
+    return f"n:{s[k]}:{s}=", s[k + 1], s[k - 1]
+
+
+# family -> (generator(rng, size) -> (prompt, answer, typical mistake), allowed sizes)
+FAMILIES: dict[str, tuple[Callable, range]] = {
+    "add": (_add, range(1, 6)),
+    "rev": (_rev, range(1, 9)),
+    "sort": (_sort, range(1, 9)),
+    "cnt": (_cnt, range(1, 11)),
+    "mul": (_mul, range(1, 5)),
+    "max": (_max, range(1, 11)),
+    "idx": (_idx, range(1, 11)),
+    "sumd": (_sumd, range(1, 9)),
+    "next": (_next, range(3, 11)),
+    "last": (_last, range(2, 11)),
+}
+
+#: The default suite: 12 distributions, three families at four sizes each, whose greedy
+#: accuracy under the tiny base policy spans ≈100% to ≈0% (see `DEFAULT_MISTAKES`).
+DEFAULT_SUITE = "max2,max3,max4,max5,sumd2,sumd3,sumd4,sumd5,last3,last5,last7,last9"
+
+#: Share of the tiny base's warm-up answers replaced by the family's typical mistake
+#: (`rlpace.train.model.warmup_corpus`): 0 / 0.5 / 0.75 / 0.97 from the smallest to the
+#: largest size of each family; distributions not listed get none.
+DEFAULT_MISTAKES = {"max3": 0.5, "max4": 0.75, "max5": 0.97,
+                    "sumd3": 0.5, "sumd4": 0.75, "sumd5": 0.97,
+                    "last5": 0.5, "last7": 0.75, "last9": 0.97}
+
+_NAME = re.compile(r"^([a-z]+)(\d+)$")
+
+
+def parse_distribution(name: str) -> tuple[str, int]:
+    """'add2' -> ('add', 2); ValueError naming the valid families and sizes otherwise."""
+    m = _NAME.match(name.strip())
+    fams = ", ".join(f"{f}{s.start}..{f}{s.stop - 1}" for f, (_, s) in FAMILIES.items())
+    if m is None or m.group(1) not in FAMILIES:
+        raise ValueError(f"unknown embedded distribution {name!r}; valid: {fams}.")
+    fam, size = m.group(1), int(m.group(2))
+    if size not in FAMILIES[fam][1]:
+        raise ValueError(f"embedded distribution {name!r}: size {size} is out of range; valid: {fams}.")
+    return fam, size
+
+
+def parse_mistakes(spec: str) -> dict[str, float]:
+    """'default' -> `DEFAULT_MISTAKES`; '' or 'none' -> {}; 'max3=0.5,last4=0.7' -> that
+    mapping. Names must be embedded distributions, rates in [0, 1] (ValueError otherwise).
+
+    >>> parse_mistakes("max3=0.5, last4=0.7")
+    {'max3': 0.5, 'last4': 0.7}
+    """
+    text = spec.strip()
+    if text == "default":
+        return dict(DEFAULT_MISTAKES)
+    if text in ("", "none"):
+        return {}
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, rate = part.partition("=")
+        try:
+            r = float(rate)
+        except ValueError:
+            r = -1.0
+        if not eq or not 0.0 <= r <= 1.0:
+            raise ValueError(f"warmup_mistakes item {part!r} is not name=rate with a rate in [0, 1] "
+                             f"(e.g. 'max3=0.5,last4=0.75', or 'default', or 'none').")
+        parse_distribution(name)
+        out[name.strip()] = r
+    return out
+
+
+def _stream(seed: int, name: str, purpose: str) -> np.random.Generator:
+    key = int.from_bytes(hashlib.sha256(f"{name}/{purpose}".encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), key])
+
+
+def sample_items(name: str, n: int, seed: int, purpose: str, exclude=frozenset(),
+                 with_mistakes: bool = False) -> list[tuple]:
+    """Up to n distinct (prompt, answer) pairs of distribution `name` not in `exclude`
+    (prompt texts); (prompt, answer, mistake) triples when `with_mistakes`. Fewer when the
+    distribution has fewer distinct prompts (add1 has 100)."""
+    fam, size = parse_distribution(name)
+    gen = FAMILIES[fam][0]
+    rng = _stream(seed, name, purpose)
+    out, seen = [], set(exclude)
+    tries = 0
+    while len(out) < n and tries < 20 * n + 100:
+        p, a, wrong = gen(rng, size)
+        tries += 1
+        if p not in seen:
+            seen.add(p)
+            out.append((p, a, wrong) if with_mistakes else (p, a))
+    return out
+
+
+def embedded_suite(distributions: str = DEFAULT_SUITE, *, train_per_domain: int = 256,
+                   heldout_per_domain: int = 32, seed: int = 0) -> TaskSet:
+    """Build the embedded suite.
+
+    Args:
+        distributions: comma-separated names, family + size (`add2`, `rev5`, ...).
+        train_per_domain: training prompts per distribution (fewer where the space is small).
+        heldout_per_domain: held-out prompts per distribution, drawn first.
+        seed: generation seed (items are a pure function of seed and names).
+
+    Returns:
+        A `TaskSet` whose items are scored by exact match (`exact_score`).
+
+    Example:
+        >>> ts = embedded_suite("add1,rev3", train_per_domain=8, heldout_per_domain=4)
+        >>> ts.domains, len(ts.train), ts.train[0].ability
+        (('add1', 'rev3'), 16, 'exact')
+    """
+    names = [s.strip() for s in distributions.split(",") if s.strip()]
+    if not names:
+        raise ValueError("embedded_suite needs at least one distribution, e.g. 'add1,rev3'.")
+    if len(set(names)) != len(names):
+        raise ValueError(f"embedded_suite: distribution names repeat in {distributions!r}.")
+    for nm in names:
+        parse_distribution(nm)
+    if train_per_domain < 1 or heldout_per_domain < 0:
+        raise ValueError("train_per_domain must be ≥ 1 and heldout_per_domain ≥ 0.")
+    train, heldout = [], []
+    for nm in names:
+        _, size = parse_distribution(nm)
+        held = sample_items(nm, heldout_per_domain, seed, "heldout")
+        tr = sample_items(nm, train_per_domain, seed, "train", exclude={p for p, _ in held})
+        heldout += [Item(p, a, nm, float(size), len(heldout) + j) for j, (p, a) in enumerate(held)]
+        train += [Item(p, a, nm, float(size), len(train) + j) for j, (p, a) in enumerate(tr)]
+    return TaskSet("embedded:" + ",".join(names), tuple(train), tuple(heldout), {"exact": exact_score})

@@ -1,0 +1,76 @@
+"""`make_taskset(spec)`: one string names a task set (what `TrainConfig.tasks` holds)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ._embedded import DEFAULT_SUITE, embedded_suite
+from ._parquet import read_taskset
+from ._rg import knights_knaves_suite, reasoning_gym_suite, rg_spec
+from ._types import TaskSet
+
+__all__ = ["make_taskset", "SPEC_HELP"]
+
+SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'embedded:add1,rev3,...', "
+             "'knights_knaves' (DUMP's 3…14 people via reasoning-gym), "
+             "'rg:NAME[:key=value;key=value]|rg:NAME2...' (reasoning-gym datasets, one "
+             "distribution each), or a path to a verl train .parquet (test.parquet beside it "
+             "is the held-out set)")
+
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_rg(spec: str) -> list:
+    """'rg:basic_arithmetic:max_terms=3;min_terms=2|rg:chain_sum' -> [RGSpec, ...]."""
+    out = []
+    for k, part in enumerate(p.strip() for p in spec.split("|") if p.strip()):
+        if not part.startswith("rg:"):
+            raise ValueError(f"reasoning-gym task spec parts start with 'rg:'; got {part!r}.")
+        name, _, cfg_text = part[3:].partition(":")
+        config = {}
+        for kv in (s.strip() for s in cfg_text.split(";") if s.strip()):
+            key, eq, val = kv.partition("=")
+            if not eq:
+                raise ValueError(f"reasoning-gym config item {kv!r} in {part!r} is not key=value.")
+            config[key.strip()] = _value(val.strip())
+        label = config.pop("label", None)
+        difficulty = float(config.pop("difficulty", k))
+        out.append(rg_spec(name.strip(), label, difficulty, **config))
+    return out
+
+
+def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
+                 heldout_per_domain: int = 32, seed: int = 0) -> TaskSet:
+    """Build the task set a spec string names (see `SPEC_HELP`). Raises ValueError for an
+    unknown name, dataset or config field before generating anything.
+
+    >>> make_taskset("embedded:add1,rev3", train_per_domain=4, heldout_per_domain=2).domains
+    ('add1', 'rev3')
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"tasks must be a non-empty string: {SPEC_HELP}.")
+    s = spec.strip()
+    if s == "embedded":
+        return embedded_suite(DEFAULT_SUITE, train_per_domain=train_per_domain,
+                              heldout_per_domain=heldout_per_domain, seed=seed)
+    if s.startswith("embedded:"):
+        return embedded_suite(s[len("embedded:"):], train_per_domain=train_per_domain,
+                              heldout_per_domain=heldout_per_domain, seed=seed)
+    if s == "knights_knaves":
+        return knights_knaves_suite(train_per_domain=train_per_domain,
+                                    heldout_per_domain=heldout_per_domain, seed=seed)
+    if s.startswith("rg:"):
+        return reasoning_gym_suite(parse_rg(s), train_per_domain, heldout_per_domain, seed, name=s)
+    if s.endswith(".parquet"):
+        path = Path(s)
+        if not path.is_file():
+            raise ValueError(f"tasks={s!r}: no such parquet file.")
+        test = path.with_name("test.parquet")
+        return read_taskset(path, test if test.is_file() and test != path else None, name=s)
+    raise ValueError(f"unknown task set {spec!r}; use {SPEC_HELP}.")

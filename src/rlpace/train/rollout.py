@@ -1,0 +1,180 @@
+"""Batched sampling with a KV cache, and the log-probabilities the loss needs.
+
+`generate` is a hand-written incremental decode loop: one forward over the left-padded
+prompts fills the KV cache, then one forward per new token. Two reasons over
+`model.generate`: it draws from an explicit `torch.Generator` seeded by (seed, step), so
+a resumed run samples exactly what the uninterrupted one did (HF `generate` uses the
+global RNG), and it skips the per-step logits-processor machinery — on the tiny policy
+(128 rollouts, ≤ 10 tokens, one thread) it took 28–38 ms against `generate`'s 42 ms.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["Rollout", "encode_prompts", "left_pad", "generate", "completion_logprobs",
+           "completion_logprobs_reference", "decode_completions"]
+
+
+class Rollout(NamedTuple):
+    """N sampled sequences (N = prompts × G), prompt left-padded, completion right-padded."""
+
+    prompt_ids: torch.Tensor       # int64[N, P]
+    prompt_mask: torch.Tensor      # int64[N, P]  1 = real token
+    completion_ids: torch.Tensor   # int64[N, T]  pad after EOS
+    completion_mask: torch.Tensor  # float32[N, T] 1 up to and including EOS
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
+    """Token ids of each prompt: the tokenizer's chat template with a generation prompt
+    when `chat`, else BOS (when the tokenizer has one) + the raw text."""
+    if chat:
+        return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                                   add_generation_prompt=True, tokenize=True,
+                                                   return_dict=False))
+                for t in texts]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [bos + tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int64[N, P], mask int64[N, P]) with each sequence right-aligned."""
+    p = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), p), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), p), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, p - len(s):] = s
+            mask[i, p - len(s):] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _prefill(model, ids, mask, repeats: int):
+    """Forward the (unique) prompts once, then repeat logits, cache and masks `repeats`
+    times row-wise: the G rollouts of a group share one prompt forward."""
+    from transformers import DynamicCache
+
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                past_key_values=DynamicCache(), use_cache=True)
+    last = out.logits[:, -1:, :]
+    cache = out.past_key_values
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+        last = last.repeat_interleave(repeats, dim=0)
+        mask, pos = mask.repeat_interleave(repeats, dim=0), pos.repeat_interleave(repeats, dim=0)
+    return last, cache, mask, pos
+
+
+def _shares_cache(model) -> bool:
+    """Whether the model's cache can be repeated row-wise. True for models that use a
+    plain `DynamicCache` (Llama, Qwen2/3, Mistral, Phi, GPT-2, ...); the listed types keep
+    sliding-window or recurrent state, for which we take the reference path."""
+    from transformers import DynamicCache
+    return hasattr(DynamicCache, "batch_repeat_interleave") and getattr(model.config, "model_type", "") not in (
+        "gemma2", "gemma3", "mamba", "falcon_mamba", "jamba", "zamba", "recurrent_gemma")
+
+
+@torch.no_grad()
+def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int,
+             pad_id: int, temperature: float = 1.0, greedy: bool = False,
+             generator: torch.Generator | None = None, repeats: int = 1) -> Rollout:
+    """Sample `repeats` completions for every prompt; rows are prompt-major (the G
+    rollouts of prompt i are rows i·G … i·G + G − 1).
+
+    The prompts are run through the model once and their KV cache is repeated G times
+    (the shared-prefix fast path), then one forward per new token over all rows. Tokens
+    are drawn from softmax(logits / temperature) with `generator` (so a run is
+    reproducible from its seed), or argmax when `greedy`. A row stops at its first EOS;
+    the loop stops when every row has, or after `max_new_tokens`.
+
+    Example:
+        >>> # rollout = generate(model, [[1, 5, 6]], repeats=8, max_new_tokens=6, eos_id=2, pad_id=0)
+    """
+    device = next(model.parameters()).device
+    if repeats > 1 and not _shares_cache(model):      # reference path: repeat the prompts
+        prompts, repeats = [p for p in prompts for _ in range(repeats)], 1
+    ids, mask = left_pad(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    last, cache, attn, pos = _prefill(model, ids, mask, repeats)
+    ids = ids.repeat_interleave(repeats, dim=0)
+    prompt_mask = attn
+    n = ids.shape[0]
+    next_pos = pos[:, -1:] + 1
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens, live = [], []
+    logits = last[:, -1, :].float()
+    for t in range(max_new_tokens):
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # generator on `device`
+        live.append(~done)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        tokens.append(tok)
+        done = done | (tok == eos_id)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+    comp = torch.stack(tokens, dim=1)                       # [N, T]
+    cmask = torch.stack(live, dim=1).float()                # [N, T]
+    return Rollout(ids, prompt_mask, comp, cmask)
+
+
+def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group_size: int = 1) -> torch.Tensor:
+    """float32[N, T] log π(o_t | q, o_<t) of each completion token (0 where masked).
+
+    Logits are divided by the sampling temperature so the ratio compares the
+    distribution the tokens were drawn from.
+
+    With `group_size` G > 1 the rows must come in groups of G sharing one prompt (as
+    `generate(..., repeats=G)` returns them): each prompt is then forwarded once with
+    gradients, its KV cache repeated G times, and the completions forwarded on top —
+    the same numbers as one forward over [prompt | completion] per row
+    (`completion_logprobs_reference`, tested to 1e-5), with G× fewer prompt tokens.
+    """
+    n = rollout.prompt_ids.shape[0]
+    if group_size <= 1 or not _shares_cache(model):
+        return completion_logprobs_reference(model, rollout, temperature)
+    if n % group_size:
+        raise ValueError(f"completion_logprobs: {n} rows are not whole groups of {group_size}.")
+    ids, mask = rollout.prompt_ids[::group_size], rollout.prompt_mask[::group_size]
+    b, p = ids.shape
+    if not torch.equal(rollout.prompt_ids.view(b, group_size, p), ids[:, None].expand(b, group_size, p)):
+        raise ValueError("completion_logprobs: rows of a group do not share their prompt; pass "
+                         "group_size=1 or order rows prompt-major.")
+    last, cache, pmask, pos = _prefill(model, ids, mask, group_size)                # [N, 1, V]
+    attn = torch.cat([pmask, rollout.completion_mask.long()], dim=1)                # [N, P+T]
+    cpos = pos[:, -1:] + 1 + torch.arange(rollout.completion_ids.shape[1], device=pos.device)[None]
+    out = model(input_ids=rollout.completion_ids, attention_mask=attn, position_ids=cpos,
+                past_key_values=cache, use_cache=True)
+    logits = torch.cat([last, out.logits[:, :-1, :]], dim=1).float() / temperature  # [N, T, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
+    return logp * rollout.completion_mask
+
+
+def completion_logprobs_reference(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:
+    """The plain path of `completion_logprobs`: one forward over [prompt | completion]."""
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)          # [N, P+T]
+    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits   # [N, P+T, V]
+    p, t = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    logits = logits[:, p - 1:p + t - 1, :].float() / temperature                  # [N, T, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
+    return logp * rollout.completion_mask
+
+
+def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
+    """Completion texts, special tokens (EOS, padding) removed."""
+    ids = (rollout.completion_ids * rollout.completion_mask.long()).tolist()
+    lens = rollout.completion_mask.sum(1).long().tolist()
+    return tokenizer.batch_decode([row[:n] for row, n in zip(ids, lens)], skip_special_tokens=True)
