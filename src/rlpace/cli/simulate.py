@@ -117,7 +117,8 @@ def _mean_reached(values):
     return None if any(v is None for v in values) or not values else float(np.mean(values))
 
 
-def print_summary(rows: list[dict], scenario, args, target: float, out=sys.stdout) -> None:
+def print_summary(rows: list[dict], scenario, args, target: float, out=None) -> None:
+    out = sys.stdout if out is None else out   # resolved per call: sys.stdout may be swapped
     steps = rows[0]["eval_step"]
     marks = sorted({0, steps[-1]} | {steps[int(round(f * (len(steps) - 1)))] for f in (0.25, 0.5, 0.75)})
     seeds = rows[0]["seeds"]
