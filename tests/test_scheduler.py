@@ -286,3 +286,32 @@ def test_dump_domain_prob_hand_value():
     assert m["domain_prob/a"] == pytest.approx(p[0], rel=1e-12)
     assert m["domain_prob/b"] == pytest.approx(p[1], rel=1e-12)
     assert p[0] == pytest.approx(0.520, abs=1e-3)                 # the docstring's hand value
+
+
+# ---- review fixes: validation at construction ------------------------------------------------
+def test_negative_seed_rejected_at_construction():
+    pool = Pool(["a"] * 4 + ["b"] * 4)
+    with pytest.raises(ValueError, match="seed must be an int in"):
+        Scheduler(pool, "uniform", seed=-1)
+    assert Scheduler(pool, "uniform", seed=0).propose(3).shape == (3,)
+
+
+def test_with_floor_hand_values_and_infeasible_floor_at_construction():
+    pool = Pool(["a"] * 4 + ["b"] * 4)
+    floored = policies.with_floor(fixed_mixture([3.0, 1.0]), 0.1)
+    s = Scheduler(pool, floored)
+    # p' = (1 − K·floor)·p + floor = 0.8·[0.75, 0.25] + 0.1
+    np.testing.assert_allclose(s.domain_probs(), [0.7, 0.3])
+    with pytest.raises(ValueError, match="infeasible for 2 arms"):
+        Scheduler(pool, policies.with_floor(fixed_mixture(), 0.6))
+
+
+def test_seed_and_threshold_types_rejected_with_value_error():
+    pool = Pool([0, 1])
+    for bad in (2**63, 1.5, "3", True):
+        with pytest.raises(ValueError, match="seed must be an int in"):
+            Scheduler(pool, "uniform", seed=bad)
+    with pytest.raises(ValueError, match="success_threshold must be a number"):
+        Scheduler(pool, "uniform", success_threshold="half")
+    assert Scheduler(pool, "uniform", success_threshold="0.25").success_threshold == 0.25
+    assert Scheduler(pool, "uniform", seed=np.int64(2**63 - 1)).seed == 2**63 - 1

@@ -92,8 +92,16 @@ class Scheduler:
         if not isinstance(pool, Pool):
             raise TypeError(f"pool must be an rlpace.Pool; got {type(pool).__name__}. "
                             f"Build one with Pool(domains, ...) or Pool.from_parquet(path).")
+        try:
+            success_threshold = float(success_threshold)
+        except (TypeError, ValueError):
+            raise ValueError(f"success_threshold must be a number; got {success_threshold!r}.") from None
         if not np.isfinite(success_threshold):
             raise ValueError(f"success_threshold must be finite; got {success_threshold}.")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
+            # numpy's PCG64 rejects negatives only at the first propose(), with a message that
+            # does not name the argument; ≥ 2**63 would not round-trip through an npz.
+            raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}.")
         self.pool = pool
         self.method: Method = make_method(policy, **policy_kwargs)
         self.seed = int(seed)

@@ -28,6 +28,7 @@ class Slot(NamedTuple):
     candidates: tuple       # registry names, exact DataFlex method first, then analogues
     note: str               # what DataFlex ran
     analogue: str = ""      # why the fallback candidates are close
+    kwargs: tuple = ()      # (name, value) pairs that make the exact candidate DataFlex's rule
 
 
 DATAFLEX_SLOTS: tuple[Slot, ...] = (
@@ -40,7 +41,10 @@ DATAFLEX_SLOTS: tuple[Slot, ...] = (
     Slot("per", "reweight", ("per_advantage",), "w = |A|^0.5, mean 1"),
     Slot("softmax", "reweight", ("softmax_advantage",), "w = softmax(|A|/T)·N, T=1"),
     Slot("diffband", "reweight", ("difficulty_band",), "weight 2 inside the [25%,75%] reward band"),
-    Slot("difffilter", "select", ("success_band",), "keep groups with solve rate in (0.2, 0.8)"),
+    # DataFlex keeps groups strictly inside the band; our success_band default is the closed
+    # band of issue 2, so the slot passes inclusive=False.
+    Slot("difffilter", "select", ("success_band",), "keep groups with solve rate in (0.2, 0.8)",
+         kwargs=(("inclusive", False),)),
     Slot("maxvar", "select", ("pods_max_variance",), "PODS: max-variance half of each group"),
     # GFPO ranks by reward/length; Feedback carries no response lengths, so only the
     # reward-filtering analogue can run.
@@ -92,6 +96,7 @@ def default_policies(available: Sequence[str] | None = None, size: int = 13) -> 
         available = names()
     avail = set(available)
     used: list[str] = []
+    slot_kwargs: dict[str, dict] = {}
     lines: list[str] = []
     missing: list[str] = []
     for slot in DATAFLEX_SLOTS:
@@ -103,7 +108,9 @@ def default_policies(available: Sequence[str] | None = None, size: int = 13) -> 
             continue
         used.append(pick)
         if pick == slot.candidates[0]:
-            lines.append(f"  {slot.dataflex:11s} -> {pick} (DataFlex: {slot.note})")
+            slot_kwargs[pick] = dict(slot.kwargs)
+            shown = pick + "".join(f" {k}={v}" for k, v in slot.kwargs)
+            lines.append(f"  {slot.dataflex:11s} -> {shown} (DataFlex: {slot.note})")
         else:
             lines.append(f"  {slot.dataflex:11s} -> {pick} (ANALOGUE: {slot.candidates[0]} is not "
                          f"registered; {slot.analogue}. DataFlex: {slot.note})")
@@ -113,4 +120,5 @@ def default_policies(available: Sequence[str] | None = None, size: int = 13) -> 
         if extra in avail and extra not in used:
             used.append(extra)
             lines.append(f"  {'(filler)':11s} -> {extra} (rlpace method outside DataFlex's list)")
-    return MatrixPlan(tuple(PolicyConfig(n) for n in used), tuple(lines), tuple(missing))
+    return MatrixPlan(tuple(PolicyConfig(n, slot_kwargs.get(n, {})) for n in used), tuple(lines),
+                      tuple(missing))

@@ -150,7 +150,13 @@ def _check_existing(spec: RunSpec, path: Path) -> dict:
                           f"Delete it to recompute run {spec.run_id!r}.")
     rec = recs[0]
     stored = (rec.get("config") or {}).get("grid_run")
-    if stored is not None and stored != spec.to_dict():
+    if stored is None:
+        # A record written by another tool (an adapter, a hand-made file) says nothing about
+        # the grid's steps or options: reusing it could pair runs of different budgets.
+        raise ValueError(f"{path} has no config.grid_run, so it was not written by this grid; "
+                         f"move it out of the runs folder, or write this grid to a new --out "
+                         f"folder.")
+    if stored != spec.to_dict():
         diff = sorted(k for k in set(stored) | set(spec.to_dict())
                       if stored.get(k) != spec.to_dict().get(k))
         raise ValueError(f"{path} was produced by a different configuration of run {spec.run_id!r} "

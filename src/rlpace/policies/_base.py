@@ -229,6 +229,14 @@ def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:
     if not 0.0 <= floor < 1.0:
         raise ValueError(f"floor must be in [0, 1); got {floor}.")
 
+    def init(pool):
+        # Checked here too, so an infeasible floor fails when the Scheduler is built,
+        # not at its first propose().
+        k = pool.n_arms(mixture.arms)
+        if k * floor > 1.0 + 1e-12:
+            raise ValueError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
+        return mixture.init(pool)
+
     def apply(state, pool):
         p = mixture.apply(state, pool)
         k = p.shape[0]
@@ -236,7 +244,7 @@ def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:
             raise ValueError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
         return (1.0 - k * floor) * p + floor
 
-    return mixture._replace(apply=apply, name=f"{mixture.name}|floor={floor:g}")
+    return mixture._replace(init=init, apply=apply, name=f"{mixture.name}|floor={floor:g}")
 
 
 def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:

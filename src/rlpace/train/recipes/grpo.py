@@ -181,7 +181,7 @@ def train(cfg: TrainConfig) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-    log = open(out / "metrics.jsonl", "a")
+    log_path = out / "metrics.jsonl"
 
     def evaluate(rec):
         acc = heldout_accuracy(model, tok, tasks, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
@@ -302,8 +302,7 @@ def train(cfg: TrainConfig) -> dict:
             "seconds_total": seconds,
         })
         rec.update({f"sched/{k}": v for k, v in sched.metrics().items()})
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
+        _append_jsonl(log_path, rec)
         step += 1
         bar.update(1)
         bar.set_postfix(acc=f"{last_acc['mean']:.2f}" if last_acc else "-", reward=f"{rec['reward_mean']:.2f}")
@@ -317,14 +316,20 @@ def train(cfg: TrainConfig) -> dict:
     # ---- 3. final evaluation, checkpoint, summary --------------------------------------
     final = {"step": step, "final": True}
     evaluate(final)
-    log.write(json.dumps(final) + "\n")
-    log.close()
+    _append_jsonl(log_path, final)
     save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
                     counters={"step": step, "rollouts": spent, "seconds": seconds})
     summary = summarize(out / "metrics.jsonl")
     summary.update({"policy": sched.name, "model_dir": str(model_dir), "config": cfg.to_dict()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _append_jsonl(path: Path, rec: dict) -> None:
+    """One record per line, the file opened per write: no handle outlives an exception, and
+    a crash leaves every finished step on disk (resume truncates to the checkpoint)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def _truncate_log(path: Path, step: int) -> None:
