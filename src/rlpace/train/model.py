@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .rollout import Rollout, completion_logprobs, encode_prompts, left_pad
+from .rollout import Rollout, completion_logprobs, encode_prompts, left_pad, right_pad
 
 __all__ = ["SPECIALS", "train_char_tokenizer", "tiny_causal_lm", "warmup_corpus", "supervised_warmup",
            "base_policy_dir", "build_base_policy", "check_model_dir", "load_policy", "default_cache_dir"]
@@ -148,7 +148,7 @@ def supervised_warmup(model, tokenizer, items, weights, *, steps: int, batch: in
     for _ in bar:
         idx = rng.choice(len(items), size=batch, p=weights)
         p_ids, p_mask = left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
-        c_ids, c_mask = _right_pad([answers[i] for i in idx], tokenizer.pad_token_id)
+        c_ids, c_mask = right_pad([answers[i] for i in idx], tokenizer.pad_token_id)
         logp = completion_logprobs(model, Rollout(p_ids, p_mask, c_ids, c_mask))
         loss = -(logp.sum() / c_mask.sum())
         opt.zero_grad(set_to_none=True)
@@ -161,16 +161,6 @@ def supervised_warmup(model, tokenizer, items, weights, *, steps: int, batch: in
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
     model.eval()
     return losses
-
-
-def _right_pad(seqs, pad_id):
-    t = max(len(s) for s in seqs)
-    ids = np.full((len(seqs), t), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), t), dtype=np.float32)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = s
-        mask[i, :len(s)] = 1.0
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def _taskset_key(taskset) -> str:

@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Rollout", "encode_prompts", "left_pad", "generate", "completion_logprobs",
+__all__ = ["Rollout", "encode_prompts", "left_pad", "right_pad", "generate", "completion_logprobs",
            "completion_logprobs_reference", "decode_completions"]
 
 
@@ -49,6 +49,18 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
         if len(s):
             ids[i, p - len(s):] = s
             mask[i, p - len(s):] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int64[N, T], mask float32[N, T]) with each sequence left-aligned (T ≥ 1, so a
+    batch of empty completions still has one padded column)."""
+    t = max(1, max(len(s) for s in seqs))
+    ids = np.full((len(seqs), t), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), t), dtype=np.float32)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+        mask[i, :len(s)] = 1.0
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 

@@ -35,7 +35,7 @@ from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
-from ..rollout import Rollout, completion_logprobs, decode_completions, encode_prompts, generate, left_pad
+from ..rollout import Rollout, completion_logprobs, decode_completions, encode_prompts, generate, left_pad, right_pad
 
 __all__ = ["train", "check_config", "base_policy", "Groups", "sample_groups", "lilo_select", "summarize"]
 
@@ -132,16 +132,6 @@ def base_policy(cfg: TrainConfig, tasks, progress: bool | None = None):
         warmup_batch=cfg.warmup_batch, warmup_lr=cfg.warmup_lr, warmup_decay=cfg.warmup_decay,
         warmup_mistakes=parse_mistakes(cfg.warmup_mistakes),
         seed=cfg.seed, cache_dir=cfg.cache_dir or None, progress=cfg.progress if progress is None else progress)
-
-
-def _right_pad(seqs, pad_id):
-    t = max(1, max(len(s) for s in seqs))
-    ids = np.full((len(seqs), t), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), t), dtype=np.float32)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = s
-        mask[i, :len(s)] = 1.0
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -247,7 +237,7 @@ def train(cfg: TrainConfig) -> dict:
             dev = cfg.device
             n = len(comps)
             p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
-            c_ids, c_mask = _right_pad(comps, tok.pad_token_id)
+            c_ids, c_mask = right_pad(comps, tok.pad_token_id)
             adv_t = torch.tensor(np.concatenate(adv_list), dtype=torch.float32, device=dev)   # [N]
             w_t = torch.tensor(np.concatenate(w_list), dtype=torch.float32, device=dev)       # [N]
             mb = cfg.micro_batch or n                    # a multiple of G: whole groups per chunk
