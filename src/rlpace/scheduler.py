@@ -164,7 +164,13 @@ class Scheduler:
 
     def observe(self, feedback: Feedback) -> None:
         """Update history and every policy's state from one step's feedback (all groups,
-        including those admission will drop: ADS's window needs the all-wrong ones)."""
+        including those admission will drop: ADS's window needs the all-wrong ones).
+
+        All input is validated before anything changes, so a rejected batch leaves the state
+        exactly as it was. Built-in policies never raise on validated input; a user policy
+        whose `update` raises leaves the history and the policies before it updated (no
+        snapshot is taken: copying 10⁷-entry arrays every step would cost more than the step).
+        """
         batch, wins, informative = self._batch_and_counts(feedback)  # validates; nothing changed
         b = batch.prompt_ids.shape[0]
         if b == 0:
