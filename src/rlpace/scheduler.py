@@ -301,8 +301,7 @@ def _cluster_to_domain(pool: Pool) -> np.ndarray:
     """float64[K, C]: column k is the domain make-up of cluster k (sums to 1)."""
     key = "cluster_to_domain"
     if key not in pool._cache:
-        m = np.zeros((pool.n_domains, pool.n_clusters))
-        np.add.at(m, (pool.domains, pool.clusters), 1.0)
+        m = pool.domain_cluster_counts()
         pool._cache[key] = m / np.maximum(m.sum(axis=0, keepdims=True), 1.0)
     return pool._cache[key]
 

@@ -198,6 +198,16 @@ class Pool:
         self.by_rank()
         return self._cache["by_rank"][2]
 
+    def domain_cluster_counts(self) -> np.ndarray:
+        """float64[K, C] number of prompts of domain k in cluster c (cached): what turns a
+        cluster distribution into a domain one and back."""
+        if "domain_cluster_counts" not in self._cache:
+            m = np.zeros((self.n_domains, self.n_clusters))
+            np.add.at(m, (self.domains, self.clusters), 1.0)
+            m.setflags(write=False)
+            self._cache["domain_cluster_counts"] = m
+        return self._cache["domain_cluster_counts"]
+
     def domain_share(self) -> np.ndarray:
         """float64[K] fraction of the pool in each domain."""
         return np.bincount(self.domains, minlength=self.n_domains) / len(self)

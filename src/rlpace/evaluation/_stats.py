@@ -219,13 +219,20 @@ def paired_differences(method: np.ndarray, baseline: np.ndarray) -> np.ndarray:
     >>> paired_differences(np.array([0.5, 0.7, np.nan]), np.array([0.4, 0.4, 0.4])).round(6).tolist()
     [0.1, 0.3]
     """
+    x, y = _aligned_pair(method, baseline, "paired_differences")
+    ok = ~(np.isnan(x) | np.isnan(y))
+    return x[ok] - y[ok]
+
+
+def _aligned_pair(method, baseline, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) float64[S] per-seed scores of the method and the baseline, checked to be 1-D and
+    aligned by seed (the precondition of every paired statistic here)."""
     x = np.asarray(method, dtype=np.float64)
     y = np.asarray(baseline, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"paired scores must be two 1-D arrays aligned by seed; got shapes "
-                         f"{x.shape} and {y.shape}. Pair runs by seed first.")
-    ok = ~(np.isnan(x) | np.isnan(y))
-    return x[ok] - y[ok]
+        raise ValueError(f"{who} needs two 1-D arrays aligned by seed; got shapes {x.shape} and "
+                         f"{y.shape}. Pair runs by seed first.")
+    return x, y
 
 
 def _need_pairs(d: np.ndarray, what: str) -> None:
@@ -362,11 +369,7 @@ def poi_bootstrap_interval(method: np.ndarray, baseline: np.ndarray, *, confiden
     """
     c = _check_confidence(confidence)
     rng = as_rng(random_state)
-    x = np.asarray(method, dtype=np.float64)
-    y = np.asarray(baseline, dtype=np.float64)
-    if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"poi_bootstrap_interval needs two 1-D arrays aligned by seed; got {x.shape} "
-                         f"and {y.shape}.")
+    x, y = _aligned_pair(method, baseline, "poi_bootstrap_interval")
     ok = ~(np.isnan(x) | np.isnan(y))
     x, y = x[ok], y[ok]
     _need_pairs(x, "a probability-of-improvement interval")
@@ -403,11 +406,7 @@ def ratio_to_target(method: np.ndarray, baseline: np.ndarray, *, budget: float,
     """
     c = _check_confidence(confidence)
     rng = as_rng(random_state)
-    x = np.asarray(method, dtype=np.float64)
-    y = np.asarray(baseline, dtype=np.float64)
-    if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"ratio_to_target needs two 1-D arrays aligned by seed; got {x.shape} and "
-                         f"{y.shape}.")
+    x, y = _aligned_pair(method, baseline, "ratio_to_target")
     if not np.isfinite(budget) or budget <= 0:
         raise ValueError(f"budget must be a positive number (steps or rollouts of a run); got {budget}.")
     n = x.shape[0]

@@ -232,8 +232,7 @@ def _cluster_weights(pool, probs, arms) -> np.ndarray:
         return p
     key = "ads/domain_to_cluster"                      # float64[K, C], rows sum to 1
     if key not in pool._cache:
-        m = np.zeros((pool.n_domains, c))
-        np.add.at(m, (pool.domains, pool.clusters), 1.0)
+        m = pool.domain_cluster_counts()
         pool._cache[key] = m / m.sum(axis=1, keepdims=True)
     return p @ pool._cache[key]
 
