@@ -23,7 +23,9 @@ def _evals(recs):
     return [r for r in recs if "eval/mean" in r]
 
 
-def _rollouts_before(recs, step):
+def rollouts_before(recs, step) -> int:
+    """Rollouts spent before `step` started (what the evaluation at `step` had seen), from
+    per-step log records (the final evaluation record is skipped)."""
     before = [r["rollouts_total"] for r in recs if not r.get("final") and r["step"] < step]
     return int(before[-1]) if before else 0
 
@@ -33,7 +35,7 @@ def first_reach(recs, target: float) -> tuple[float, float]:
     (nan, nan) when never reached."""
     for r in _evals(recs):
         if r["eval/mean"] >= target - 1e-12:
-            return float(r["step"]), float(_rollouts_before(recs, r["step"]))
+            return float(r["step"]), float(rollouts_before(recs, r["step"]))
     return math.nan, math.nan
 
 

@@ -35,6 +35,7 @@ from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
+from ..report import rollouts_before
 from ..rollout import Rollout, completion_logprobs, decode_completions, encode_prompts, generate, left_pad, right_pad
 
 __all__ = ["train", "check_config", "base_policy", "Groups", "sample_groups", "lilo_select", "summarize"]
@@ -336,7 +337,7 @@ def summarize(metrics_path) -> dict:
     recs = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     evals = [r for r in recs if "eval/mean" in r]
     steps = [r for r in recs if not r.get("final")]
-    curve = [{"step": r["step"], "rollouts": _rollouts_before(steps, r["step"]),
+    curve = [{"step": r["step"], "rollouts": rollouts_before(steps, r["step"]),
               **{k[5:]: v for k, v in r.items() if k.startswith("eval/")}} for r in evals]
     groups = sum(1 for _ in steps)
     return {
@@ -348,9 +349,3 @@ def summarize(metrics_path) -> dict:
         "informative_fraction": float(np.mean([r["informative_groups"] for r in steps])) if steps else math.nan,
         "seconds_total": steps[-1]["seconds_total"] if steps else 0.0,
     }
-
-
-def _rollouts_before(steps, step) -> int:
-    """Rollouts spent before `step` started (what the eval at `step` had seen)."""
-    before = [r["rollouts_total"] for r in steps if r["step"] < step]
-    return int(before[-1]) if before else 0
