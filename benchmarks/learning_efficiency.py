@@ -4,11 +4,16 @@ Each policy trains the tiny base policy with the built-in GRPO recipe under one 
 budget (uniform's steps × B × G rollouts), for S seeds (the seed sets the base policy,
 the Scheduler and the sampling; runs with the same seed are paired). For each policy:
 
-* steps (and rollouts) to reach uniform's final held-out accuracy, as a ratio to
+* rollouts (training, refills and probes) and generated tokens to reach 80% of uniform's
+  gain — target_s = base_s + 0.8·(final_s − base_s), base_s the seed's first evaluation,
+  final_s the mean of uniform's last 3 evaluations (one eval is noisy) — as a ratio to
   uniform's, with a paired 95% bootstrap CI over seeds (ratio of means; seeds resampled
-  as pairs). "Uniform's final accuracy" is the mean of its last 3 evaluations (one eval
-  is noisy); a run that never reaches it counts as the whole budget and the ratio is
-  flagged censored (≥). Goal of the project: best ratio ≤ 0.33.
+  as pairs); linear interpolation between evaluations. A run that never reaches it counts
+  as its own budget and the ratio is flagged as a bound (≥). Steps to the target are a
+  secondary column; the area under accuracy vs rollouts (up to the smallest budget) is a
+  ratio to uniform's (> 1 = better). Definitions: `rlpace.evaluation.efficiency_vs_baseline`.
+  The target used to be uniform's *final* accuracy, which sits on its late plateau and
+  made the ratio measure noise (issue 10).
 * the fraction of informative groups (non-zero advantage) over training. Goal ≥ 0.9.
 * final mean held-out accuracy and its paired difference to uniform (95% bootstrap CI).
 
@@ -20,6 +25,7 @@ Usage:
     python benchmarks/learning_efficiency.py               # 8 seeds, 100-step budget
     python benchmarks/learning_efficiency.py --quick       # 2 seeds, 60 steps
     python benchmarks/learning_efficiency.py --policies uniform,dump,mopps --seeds 4
+    python benchmarks/learning_efficiency.py --fraction 0.5       # rollouts to 50% of uniform's gain
 
 Runs are cached under --out (a finished run with the same config is not rerun), so the
 matrix can be grown seed by seed. Each run uses one torch thread; --jobs runs in parallel.
@@ -48,6 +54,8 @@ def proposal_policies() -> list[str]:
 
     out = []
     for n in names():
+        if n.startswith("oracle_"):      # measurement tools (benchmarks/headroom.py), not methods
+            continue
         m = make_method(n)
         if n == "uniform" or m.mixture is not None or m.selection.name not in ("uniform_pool",):
             out.append(n)
@@ -97,68 +105,65 @@ def build_bases(seeds, args) -> None:
 
 # ---- statistics over the run logs (pure) --------------------------------------------------
 def curve(recs):
-    """[(step, rollouts spent before it, mean held-out accuracy)] of the evaluations."""
-    steps = [r for r in recs if not r.get("final")]
-    out = []
+    """`rlpace.evaluation.Curve` of a run's evaluations: rollouts spent before each one
+    (training + refills + probes; an oracle's measurement rollouts are logged apart and not
+    included), generated tokens before it, its step, and the mean held-out accuracy."""
+    from rlpace.evaluation import Curve
+    steps = [r for r in recs if not r.get("final") and "rollouts_total" in r]
+    ro, tok, st, acc = [], [], [], []
     for r in recs:
         if "eval/mean" in r:
-            before = [x["rollouts_total"] for x in steps if x["step"] < r["step"]]
-            out.append((r["step"], before[-1] if before else 0, r["eval/mean"]))
-    return out
+            before = [x for x in steps if x["step"] < r["step"]]
+            ro.append(before[-1]["rollouts_total"] if before else 0)
+            tok.append(sum(x.get("tokens", 0) for x in before))
+            st.append(r["step"])
+            acc.append(r["eval/mean"])
+    f = (lambda v: np.asarray(v, dtype=np.float64))
+    return Curve(f(ro), f(acc), f(st), f(tok))
 
 
-def to_target(cv, target):
-    for step, ro, acc in cv:
-        if acc >= target - 1e-12:
-            return float(step), float(ro)
-    return math.nan, math.nan
+def analyse(runs: dict, policies, seeds, fraction: float = 0.8, tail: int = 3):
+    """{policy: row} with the ratios to uniform (`efficiency_vs_baseline`), final accuracy
+    and its paired difference, and the informative fraction; and the per-seed targets."""
+    from rlpace.evaluation import efficiency_vs_baseline
 
-
-def analyse(runs: dict, policies, seeds, budget_steps, budget_rollouts):
-    from rlpace.evaluation import paired_bootstrap_interval, ratio_to_target
-
-    curves = {(p, s): curve(runs[(p, s)]) for p in policies for s in seeds}
-    target = {s: float(np.mean([a for _, _, a in curves[("uniform", s)][-3:]])) for s in seeds}
-    final = {(p, s): curves[(p, s)][-1][2] for p in policies for s in seeds}
+    curves = {p: {s: curve(runs[(p, s)]) for s in seeds} for p in policies}
+    eff = efficiency_vs_baseline(curves, baseline="uniform", fraction=fraction, tail=tail,
+                                 n_boot=10_000 if len(seeds) > 1 else 100, random_state=0)
     rows = {}
-    u_steps = np.array([to_target(curves[("uniform", s)], target[s])[0] for s in seeds])
-    u_ro = np.array([to_target(curves[("uniform", s)], target[s])[1] for s in seeds])
     for p in policies:
-        st = np.array([to_target(curves[(p, s)], target[s])[0] for s in seeds])
-        ro = np.array([to_target(curves[(p, s)], target[s])[1] for s in seeds])
-        # ratio_to_target(method=a, baseline=b) = mean(b)/mean(a): passing uniform as the
-        # "method" gives mean(policy)/mean(uniform), the ratio the goal is stated in.
-        r_steps = ratio_to_target(u_steps, st, budget=budget_steps, random_state=0) if len(seeds) > 1 else None
-        r_ro = ratio_to_target(u_ro, ro, budget=budget_rollouts, random_state=1) if len(seeds) > 1 else None
-        fin = np.array([final[(p, s)] for s in seeds])
-        ufin = np.array([final[("uniform", s)] for s in seeds])
-        diff = paired_bootstrap_interval(fin, ufin, random_state=2) if len(seeds) > 1 else None
+        e = eff.get(p)
         inf = np.array([np.mean([r["informative_groups"] for r in runs[(p, s)] if not r.get("final")]) for s in seeds])
-        rows[p] = {"steps_ratio": r_steps, "rollouts_ratio": r_ro, "reached": int(np.sum(~np.isnan(st))),
-                   "steps_to_target": np.nanmean(st) if np.any(~np.isnan(st)) else math.nan,
-                   "final": float(fin.mean()), "final_diff": diff, "informative": float(inf.mean()),
-                   "base": float(np.mean([curves[(p, s)][0][2] for s in seeds])),
+        rows[p] = {"rollouts_ratio": e.rollouts if e else None, "tokens_ratio": e.tokens if e else None,
+                   "steps_ratio": e.steps if e else None, "auc_ratio": e.auc if e else None,
+                   "reached": int(e.reached.sum()) if e else len(seeds),
+                   "final": float(np.mean([curves[p][s].accuracy[-1] for s in seeds])),
+                   "final_diff": e.final_diff if e else None, "informative": float(inf.mean()),
+                   "base": float(np.mean([curves[p][s].accuracy[0] for s in seeds])),
                    "steps_run": float(np.mean([len([r for r in runs[(p, s)] if not r.get('final')]) for s in seeds]))}
+    target = {s: float(t) for s, t in zip(seeds, next(iter(eff.values())).target)} if eff else {}
     return target, rows
 
 
 def fmt_ratio(r):
     if r is None:
-        return "n/a"
-    ge = "≥" if r.censored else ""         # a policy that missed the target counts as the budget
-    return f"{ge}{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]"
+        return "–"
+    ci = f" [{r.low:.2f}, {r.high:.2f}]" if math.isfinite(r.low) else ""
+    return f"{r.bound}{r.estimate:.2f}{ci}"       # ≥: the policy missed the target on some seed
 
 
-def table(rows, n_seeds) -> str:
-    head = (f"{'policy':26s} {'steps/uniform [95% CI]':>26s} {'rollouts/uniform [95% CI]':>26s} "
-            f"{'reached':>8s} {'inform.':>8s} {'final acc':>9s} {'Δ vs uniform [95% CI]':>24s} {'steps':>6s}")
+def table(rows, n_seeds, fraction: float = 0.8) -> str:
+    pct = f"{fraction:.0%}"
+    head = (f"{'policy':26s} {f'rollouts to {pct} gain /unif':>30s} {'tokens /unif':>22s} {'AUC /unif':>20s} "
+            f"{'reached':>8s} {'inform.':>8s} {'final acc':>9s} {'Δ vs uniform [95% CI]':>24s} "
+            f"{'steps /unif':>22s}")
     lines = [head, "-" * len(head)]
     for p, r in sorted(rows.items(), key=lambda kv: (kv[0] != "uniform", -kv[1]["final"])):
         d = r["final_diff"]
         dtxt = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" if d is not None else "n/a"
-        lines.append(f"{p:26s} {fmt_ratio(r['steps_ratio']):>26s} {fmt_ratio(r['rollouts_ratio']):>26s} "
-                     f"{r['reached']:>5d}/{n_seeds:<2d} {r['informative']:8.2f} {r['final']:9.3f} {dtxt:>24s} "
-                     f"{r['steps_run']:6.0f}")
+        lines.append(f"{p:26s} {fmt_ratio(r['rollouts_ratio']):>30s} {fmt_ratio(r['tokens_ratio']):>22s} "
+                     f"{fmt_ratio(r['auc_ratio']):>20s} {r['reached']:>5d}/{n_seeds:<2d} {r['informative']:8.2f} "
+                     f"{r['final']:9.3f} {dtxt:>24s} {fmt_ratio(r['steps_ratio']):>22s}")
     return "\n".join(lines)
 
 
@@ -175,6 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="embedded", help="TrainConfig.tasks (default: the embedded suite)")
     ap.add_argument("--mistakes", default="default", help="TrainConfig.warmup_mistakes")
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--fraction", type=float, default=0.8, help="target = base + fraction·(uniform final − base)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default="runs/bench/learning_efficiency")
     args = ap.parse_args(argv)
@@ -196,12 +202,12 @@ def main(argv=None) -> int:
             path = Path(run_config(p, s, args).out) / "metrics.jsonl"
             runs[(p, s)] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     budget = args.steps * args.batch_prompts * args.group_size
-    target, rows = analyse(runs, policies, seeds, args.steps, budget)
-    text = table(rows, len(seeds))
+    target, rows = analyse(runs, policies, seeds, fraction=args.fraction)
+    text = table(rows, len(seeds), args.fraction)
     wall = time.perf_counter() - t0
     print(f"\n{args.tasks} suite, {len(seeds)} seeds, budget {budget} rollouts ({args.steps} uniform steps of "
-          f"{args.batch_prompts}×{args.group_size}); target = uniform's final accuracy per seed "
-          f"(mean {np.mean(list(target.values())):.3f}); ratios < 1 are faster than uniform.")
+          f"{args.batch_prompts}×{args.group_size}); target = {args.fraction:.0%} of uniform's gain per seed "
+          f"(mean {np.mean(list(target.values())):.3f}); cost ratios < 1 are cheaper than uniform, AUC > 1 better.")
     print(text)
     print(f"\n{len(cfgs)} runs in {wall / 60:.1f} min wall (cached runs are not rerun).")
     out = Path(args.out)

@@ -29,6 +29,8 @@ from verl import DataProto
 from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
 from verl.utils.dataset.rl_dataset import collate_fn
 
+from rlpace.adapters.verl import load_data_pt
+
 G = 4  # rollouts per prompt (actor_rollout_ref.rollout.n)
 
 
@@ -92,7 +94,7 @@ def main() -> None:
     ds2 = create_rl_dataset(cfg.train_files, cfg, tokenizer=None, processor=None)
     loader2 = StatefulDataLoader(ds2, batch_size=cfg.train_batch_size, num_workers=0, drop_last=True,
                                  collate_fn=collate_fn, sampler=create_rl_sampler(cfg, ds2))
-    loader2.load_state_dict(torch.load(tmp / "data.pt", weights_only=False))
+    loader2.load_state_dict(load_data_pt(str(tmp / "data.pt")))   # weights_only, numpy allow-list
     resumed = [e["index"] for e in next(iter(loader2))["extra_info"]]
     print(f"next batch {nxt}\nresumed    {resumed}\nidentical: {nxt == resumed}")
 

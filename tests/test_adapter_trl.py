@@ -14,11 +14,10 @@ import pytest
 pytest.importorskip("trl")
 
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from _tiny_lm import build_tiny_lm  # noqa: E402
+from _trl_common import dataset, lm, outcome  # noqa: E402,F401 (fixtures)
 from rlpace import Scheduler, compose  # noqa: E402
 from rlpace.adapters.trl import STATE_FILE, RlpaceGRPOTrainer, pool_from_dataset  # noqa: E402
 from rlpace.policies import make_policy  # noqa: E402
@@ -26,23 +25,6 @@ from rlpace.policies._base import REWEIGHTING, DataPolicy, EmptyState  # noqa: E
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.slow]
 G, B = 2, 2
-
-
-def outcome(index: int, g: int, step: int) -> float:
-    return float((index * 7 + g * 3 + step) % 5 < 2)
-
-
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    torch.set_num_threads(1)
-    return build_tiny_lm(tmp_path_factory.mktemp("lm"), [f"what is {i} plus 3?" for i in range(8)])
-
-
-@pytest.fixture(scope="module")
-def dataset():
-    # 8 prompts → 4 chunks per epoch: 6 steps cross an epoch boundary
-    return Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
-                               "data_source": ["math", "logic"][i % 2]} for i in range(8)])
 
 
 def pass_rate_weights():
@@ -92,9 +74,11 @@ def test_scheduler_gets_what_the_reward_function_saw(lagged):
         assert fb.step == step
         assert index == [i for i in pool.ids[fb.prompt_ids] for _ in range(G)]   # G in a row
         np.testing.assert_array_equal(fb.rewards, np.reshape(r, (-1, G)))
-        rr = torch.tensor(r).view(-1, G)                                       # TRL's GRPO formula
-        want = (rr - rr.mean(1, keepdim=True)) / (rr.std(1, keepdim=True) + 1e-4)
-        np.testing.assert_allclose(fb.advantages, want.numpy(), rtol=1e-6, atol=1e-6)
+        # rlpace's one definition (population std, eps 1e-6), not TRL's (unbiased std, 1e-4):
+        # for rewards (1, 0) that is ±0.999998, where TRL trains on ±0.99986
+        want = [[(x - np.mean(row)) / (np.std(row) + 1e-6) if np.std(row) > 0 else 0.0 for x in row]
+                for row in np.reshape(r, (-1, G))]
+        np.testing.assert_allclose(fb.advantages, want, rtol=1e-12)
 
 
 def test_trained_chunks_are_the_proposals_and_the_lag_is_one(lagged):
@@ -153,3 +137,67 @@ def test_checkpoint_of_another_pool_is_rejected(lagged, lm, dataset, tmp_path):
     shifted = dataset.map(lambda r: {"index": r["index"] + 1})
     with pytest.raises(ValueError, match="different pool"):
         run(lm, shifted, tmp_path, resume=ckpt)
+
+
+def _admission(keep_fn):
+    from rlpace.policies._base import ADMISSION, Admission
+    return DataPolicy(ADMISSION, lambda pool: EmptyState(), lambda s, p, b: s,
+                      lambda s, p, b: Admission(keep_fn(b), 0), name="test_admission")
+
+
+def test_admission_drops_rollouts_and_thinned_groups_train_on_kept_advantages(lm, dataset, tmp_path):
+    """G = 4. Groups whose rewards are all equal are dropped; groups of even pool position are
+    kept whole (TRL's advantages stay); the others keep rollouts 0–2 (PODS): those train on
+    GRPO advantages of the three kept rewards, rollout 3 on nothing (mask row 0)."""
+    g4 = 4
+
+    def keep_fn(b):
+        keep = np.ones(b.rewards.shape, bool)
+        keep[b.prompt_ids % 2 == 1, 3] = False
+        keep[b.rewards.std(axis=1) == 0] = False
+        return keep
+
+    seen, outs = [], []
+
+    def reward(prompts, completions, index, trainer_state, **kw):
+        r = [0.0 if i % 3 == 0 else outcome(i, j % g4, trainer_state.global_step) for j, i in enumerate(index)]
+        seen.append((list(index), r))
+        return r
+
+    class Probe(RlpaceGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            outs.append({k: out[k].clone() for k in ("advantages", "completion_mask", "num_items_in_batch")})
+            return out
+
+    sched = Scheduler(pool_from_dataset(dataset), compose(make_policy("uniform"), _admission(keep_fn)), seed=2)
+    cfg = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", seed=0,
+                     per_device_train_batch_size=2 * g4, num_generations=g4, max_completion_length=3,
+                     max_steps=4, beta=0.0, save_strategy="no", dataloader_num_workers=0, logging_steps=100,
+                     gradient_checkpointing=False, learning_rate=1e-3)
+    Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg, train_dataset=dataset,
+          processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched).train()
+    kinds = set()
+    for (index, r), out in zip(seen, outs):
+        want, kept = [], []
+        for b in range(len(index) // g4):
+            rr = np.array(r[b * g4:(b + 1) * g4])
+            pos = int(sched.pool.index_of([index[b * g4]])[0])
+            if rr.std() == 0:
+                kinds.add("dropped")
+                want += [0.0] * g4
+                kept += [False] * g4
+            elif pos % 2 == 0:                                   # TRL's own formula, untouched
+                kinds.add("whole")
+                want += ((rr - rr.mean()) / (rr.std(ddof=1) + 1e-4)).tolist()
+                kept += [True] * g4
+            else:
+                kinds.add("thinned")
+                k = rr[:3]
+                want += [(x - k.mean()) / (k.std() + 1e-6) if k.std() > 0 else 0.0 for x in k] + [0.0]
+                kept += [True, True, True, False]
+        np.testing.assert_allclose(out["advantages"].double().numpy(), want, rtol=1e-5, atol=1e-6)
+        rows = out["completion_mask"].sum(-1)
+        assert (rows[~torch.tensor(kept)] == 0).all() and (rows[torch.tensor(kept)] > 0).all()
+        assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
+    assert kinds == {"dropped", "whole", "thinned"}

@@ -112,7 +112,7 @@ def test_resume_from_data_pt_replays_next_batches(files, tok, tmp_path):
     first, _ = run(ds_b, loader_b, 3)
     torch.save(loader_b.state_dict(), tmp_path / "data.pt")          # what verl writes
     ds_c, loader_c = build(cfg, tok)
-    loader_c.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
+    loader_c.load_state_dict(rv.load_data_pt(str(tmp_path / "data.pt")))    # weights_only=True
     rest, _ = run(ds_c, loader_c, 5, start=3)
     assert first + rest == full
     assert len({tuple(b) for b in full}) > 1                          # not a constant draw
@@ -360,3 +360,162 @@ def test_legacy_entry_point_swaps_in_the_mixin(monkeypatch):
     runner = m.RlpaceTaskRunner.__ray_actor_class__
     built = runner.run(runner.__new__(runner), config=None)             # what the Ray actor executes
     assert built.__mro__[1] is rv.RlpaceTrainerMixin and built.__mro__[2] is original
+
+
+# ---- issue 9: admission in the legacy mixin, safe data.pt, V1 without the buffer -------------
+def test_mixin_applies_admission_with_kept_subset_advantages(files, tok):
+    """G = 3. Groups at pool positions divisible by 3 are dropped; others at even positions are
+    kept whole (verl's advantages stay); the rest keep their first two rollouts in engine
+    order (PODS): those train on GRPO advantages of the two kept rewards, the third on nothing."""
+    from rlpace.policies._base import ADMISSION, Admission
+    train, val, cache = files
+    ds, loader = build(data_config(train, val, cache_dir=cache), tok)
+
+    def keep_fn(b):
+        keep = np.ones(b.rewards.shape, bool)
+        keep[b.prompt_ids % 2 == 1, 2] = False
+        keep[b.prompt_ids % 3 == 0] = False
+        return keep
+
+    ds.rlpace = rv.VerlFeedback(Scheduler(ds.scheduler.pool, compose(make_policy("uniform"), DataPolicy(
+        ADMISSION, lambda pool: EmptyState(), lambda s, p, b: s, lambda s, p, b: Admission(keep_fn(b), 0),
+        name="test_admission"))))
+    received = {}
+
+    class Base:
+        def _update_actor(self, batch):
+            received["adv"] = batch.batch["advantages"].clone()
+            received["mask"] = batch.batch["response_mask"].clone()
+            return DataProto.from_dict(tensors={}, meta_info={"metrics": {}})
+
+    t = type("T", (rv.RlpaceTrainerMixin, Base), {})()
+    t.train_dataset, t.train_dataloader, t.global_steps = ds, loader, 1
+    kinds = set()
+    for step, batch_dict in zip(range(3), loader):
+        proto, positions, rew, adv, rows, order = rollout_batch(batch_dict, step, pool=ds.scheduler.pool)
+        adv_in, mask_in = proto.batch["advantages"].clone(), proto.batch["response_mask"].clone()
+        t._update_actor(proto)
+        want_adv, want_mask = adv_in.clone(), mask_in.clone()
+        for p in order:                                   # plain loop over groups, rows in engine order
+            rr = [r for r, (q, _) in enumerate(rows) if q == p]
+            idx = batch_dict["extra_info"][p]["index"]
+            v = np.array([float(outcome(idx, g, step)) for _, g in (rows[r] for r in rr)])
+            pos = int(ds.scheduler.pool.index_of([idx])[0])
+            if pos % 3 == 0:
+                kinds.add("dropped")
+                for r in rr:
+                    want_adv[r], want_mask[r] = 0.0, 0.0
+            elif pos % 2 == 1:
+                kinds.add("thinned")
+                k = v[:2]
+                for r, x in zip(rr[:2], k):
+                    a = (x - k.mean()) / (k.std() + 1e-6) if k.std() > 0 else 0.0
+                    want_adv[r] = float(a) * mask_in[r]
+                want_adv[rr[2]], want_mask[rr[2]] = 0.0, 0.0
+            else:
+                kinds.add("whole")
+        torch.testing.assert_close(received["adv"], want_adv)
+        torch.testing.assert_close(received["mask"], want_mask)
+    assert kinds == {"dropped", "thinned", "whole"}
+
+
+class _Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import pathlib
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def _resume_trainer(ds, folder, step=3):
+    from omegaconf import OmegaConf
+
+    class Base:
+        def _load_checkpoint(self):
+            return None
+
+    t = type("T", (rv.RlpaceTrainerMixin, Base), {})()
+    t.train_dataset, t.global_steps = ds, step
+    t.config = OmegaConf.create({"trainer": {"resume_mode": "resume_path", "resume_from_path": str(folder),
+                                             "default_local_dir": str(folder)}})
+    return t
+
+
+def test_data_pt_is_loaded_without_running_code(files, tok, tmp_path):
+    train, val, cache = files
+    ds, loader = build(data_config(train, val, cache_dir=cache), tok)
+    it = iter(loader)
+    for step in range(2):
+        ds.on_batch_end(rollout_batch(next(it), step, pool=ds.scheduler.pool)[0])
+    good = tmp_path / "good"
+    good.mkdir()
+    torch.save(loader.state_dict(), good / "data.pt")                 # what verl writes
+    ds2, _ = build(data_config(train, val, cache_dir=cache), tok)
+    _resume_trainer(ds2, good)._load_checkpoint()                     # weights_only=True + numpy allow-list
+    want = ds.scheduler.state_dict()
+    for k, v in ds2.scheduler.state_dict().items():
+        np.testing.assert_array_equal(v, want[k], err_msg=k)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    marker = tmp_path / "pwned"
+    torch.save({"_dataset_state": {"rlpace": _Evil(str(marker))}}, bad / "data.pt")
+    with pytest.raises(ValueError, match="refuses to unpickle"):
+        _resume_trainer(ds2, bad)._load_checkpoint()
+    assert not marker.exists()
+
+
+def _v1_trainer(cfg, tok, replay_buffer):
+    """verl's real PPOTrainerSync, without __init__ (no Ray), ready for `_init_dataloader`."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    t = object.__new__(PPOTrainerSync)
+    t.config = OmegaConf.create({"data": OmegaConf.to_container(cfg), "algorithm": {},
+                                 "trainer": {"v1": {"sampler": {}}, "total_epochs": 1, "total_training_steps": None},
+                                 "actor_rollout_ref": {}})
+    t.config.data.val_batch_size = None
+    t.tokenizer, t.processor, t.trainer_mode, t.parameter_sync_step = tok, None, "sync", 1
+    t.replay_buffer = replay_buffer
+    return t
+
+
+def test_v1_trainer_without_rlpace_replay_buffer_is_refused(files, tok, monkeypatch):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from rlpace.adapters import _verl_v1
+    train, val, cache = files
+    cfg = data_config(train, val, cache_dir=cache, gen_batch_size=1)
+    kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+              max_off_policy_strategy="drop", refill_fn=lambda n: None)
+    plain = ReplayBuffer(sampler_kwargs={}, train_batch_size=4, gen_batch_size=1, **kw)
+    with pytest.raises(ValueError, match="custom_sampler.name=RlpaceReplayBuffer"):
+        _v1_trainer(cfg, tok, plain)._init_dataloader()
+    ours = _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1}, **kw)
+    t = _v1_trainer(cfg, tok, ours)
+    t._init_dataloader()
+    assert isinstance(t.train_dataset, rv.RlpaceDataset) and ours.rlpace is t.train_dataset.rlpace
+    ds, _ = build(cfg, tok)                     # outside a V1 trainer (legacy, tests): no check
+    assert ds.scheduler is not None
+
+
+def test_v1_buffer_without_rewards_at_sampling_time_names_the_fix(v1):
+    fake, make = v1
+    buf, sched, _ = make(lambda b: np.ones(b.rewards.shape, bool), batch=1)
+    fake.add_group("uA", 100, [1.0, 0.0], 1)
+    for v in fake.values["train"].values():            # a colocated reward model has not scored yet
+        del v["rm_scores"]
+    with pytest.raises(ValueError, match="enable_resource_pool=True"):
+        buf.sample(global_steps=1, partition_id="train", batch_size=1)
+    assert sched.history.attempts.sum() == 0
+
+
+def test_v1_feedback_carries_grpo_advantages_of_the_rewards(v1):
+    fake, make = v1
+    got = []
+    buf, sched, _ = make(lambda b: np.ones(b.rewards.shape, bool), batch=1)
+    observe = sched.observe
+    sched.observe = lambda fb: got.append(fb) or observe(fb)
+    fake.add_group("uA", 100, [1.0, 0.0, 0.0, 0.0], 1)
+    buf.sample(global_steps=1, partition_id="train", batch_size=1)
+    # (r − 0.25) / (sqrt(0.1875) + 1e-6), by hand
+    s = np.sqrt(0.1875) + 1e-6
+    np.testing.assert_allclose(got[0].advantages, [[0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s]], rtol=1e-12)

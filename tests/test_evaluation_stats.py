@@ -119,6 +119,39 @@ def test_probability_of_improvement_hand_computed():
     assert iv.low <= iv.estimate <= iv.high
 
 
+def test_poi_interval_resamples_pairs_hand_computed():
+    # x = [0, 10], y = [-1, 9]: PoI = (1 + 0 + 1 + 1) / 4 = 0.75. A paired replicate holds one
+    # seed twice (PoI 1; probability 1/2) or both seeds (PoI 0.75), so the CI is [0.75, 1].
+    # Independent resampling (rliable's) would draw x = {0, 0} against y = {9, 9} (PoI 0) with
+    # probability 1/16 > 2.5 % and put the lower bound at 0.
+    iv = ev.poi_bootstrap_interval(np.array([0.0, 10.0]), np.array([-1.0, 9.0]), n_boot=2000,
+                                   random_state=0)
+    assert (iv.estimate, iv.low, iv.high) == (0.75, 0.75, 1.0)
+
+
+def test_poi_interval_matches_an_independent_paired_loop():
+    x = np.array([0.3, 0.5, 0.5, 0.9, 0.1])
+    y = np.array([0.2, 0.6, 0.5, 0.4, 0.4])
+    n_boot = 300
+    idx = np.random.default_rng(7).integers(0, 5, size=(n_boot, 5))   # the draws seed 7 makes
+    reps = []
+    for row in idx:
+        xs, ys = [x[i] for i in row], [y[i] for i in row]   # the same indices for both
+        wins = 0.0
+        for a in xs:
+            for b in ys:
+                wins += 1.0 if a > b else (0.5 if a == b else 0.0)
+        reps.append(wins / 25)
+    reps.sort()
+    lo, hi = np.quantile(reps, [0.05, 0.95])
+    iv = ev.poi_bootstrap_interval(x, y, confidence=0.9, n_boot=n_boot, random_state=7)
+    # PoI by hand, each x against the five y (a tie counts 1/2):
+    # x=0.3: > 0.2         -> 1      x=0.5: > 0.2, 0.4, 0.4, = 0.5 -> 3.5 (twice)
+    # x=0.9: > all five    -> 5      x=0.1: none             -> 0     total 13 / 25
+    assert iv.estimate == pytest.approx(13 / 25)
+    assert (iv.low, iv.high) == (pytest.approx(lo), pytest.approx(hi))
+
+
 def test_ratio_to_target_hand_computed_and_censoring():
     r = ev.ratio_to_target(np.array([50.0, 100.0]), np.array([100.0, 200.0]), budget=300, random_state=0)
     assert r.estimate == 2.0 and not r.censored and r.reached_method == 2

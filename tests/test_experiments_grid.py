@@ -223,8 +223,8 @@ def test_default_matrix_with_the_registry_maps_dataflex_methods_exactly():
     by_slot = {line.split()[0]: line for line in plan.lines if not line.lstrip().startswith("(filler)")}
     for slot, name in (("topk", "topk"), ("reward_gap", "reward_gap"), ("tscl", "tscl")):
         assert f"-> {name} (DataFlex:" in by_slot[slot], by_slot[slot]
-    # only ar (token log-probs) stays missing and only gfpo (response lengths) an analogue
-    assert plan.missing == ("ar",) and "Feedback does not carry" in by_slot["ar"]
-    assert "ANALOGUE" in by_slot["gfpo"] and "response lengths" in by_slot["gfpo"]
-    assert sum("ANALOGUE" in line for line in plan.lines) == 1
-    assert len(plan.policies) == 13
+    # all 13 DataFlex configurations run exactly: ar (token weights) and gfpo (lengths) included
+    assert plan.missing == () and "-> ar (DataFlex:" in by_slot["ar"]
+    assert "-> gfpo (DataFlex:" in by_slot["gfpo"]
+    assert sum("ANALOGUE" in line for line in plan.lines) == 0
+    assert len(plan.policies) == 13 and not any(line.lstrip().startswith("(filler)") for line in plan.lines)

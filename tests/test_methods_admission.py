@@ -1,5 +1,6 @@
-"""Admission policies: DAPO dynamic sampling (card A5), success band (card A10 / DataFlex
-difffilter), PODS max-variance subsets (card A6) against brute force, ADS drop-all-wrong."""
+"""Admission policies: DAPO dynamic sampling (arXiv 2503.14476), success band (arXiv
+2504.03380 / DataFlex difffilter), PODS max-variance subsets (arXiv 2504.13818) against brute
+force, ADS drop-all-wrong."""
 
 import itertools
 import pickle
@@ -46,16 +47,26 @@ def test_dapo_float_constant_group_is_dropped():
 def test_success_band_inclusive_and_strict():
     # G = 5: pass rates 0, 0.2, 0.4, 0.8, 1.
     rewards = [[0] * 5, [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1] * 5]
-    out = apply(success_band(), rewards)
+    out = apply(success_band(inclusive=True), rewards)
     assert out.keep[:, 0].tolist() == [False, True, True, True, False] and out.refill == 2
     out = apply(success_band(inclusive=False), rewards)        # DataFlex threshold_band
     assert out.keep[:, 0].tolist() == [False, False, True, False, False] and out.refill == 4
-    out = apply(success_band(low=0.0, high=0.4), rewards)
+    out = apply(success_band(low=0.0, high=0.4, inclusive=True), rewards)
     assert out.keep[:, 0].tolist() == [True, True, True, False, False] and out.refill == 2
+    out = apply(success_band(low=0.0, high=0.4), rewards)      # open band (0, 0.4)
+    assert out.keep[:, 0].tolist() == [False, True, False, False, False] and out.refill == 4
+
+
+def test_success_band_default_is_dataflex_strict_band():
+    # DataFlex-RL difffilter keeps 0.2 < rate < 0.8: with G = 5 only 0.4 and 0.6 survive.
+    rewards = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
+    out = apply(success_band(), rewards)
+    assert out.keep[:, 0].tolist() == [False, True, True, False] and out.refill == 2
 
 
 def test_success_band_uses_threshold():
-    out = apply(success_band(low=0.5, high=0.5), [[0.7, 0.3], [0.7, 0.9]], threshold=0.6)
+    out = apply(success_band(low=0.5, high=0.5, inclusive=True), [[0.7, 0.3], [0.7, 0.9]],
+                threshold=0.6)
     assert out.keep[:, 0].tolist() == [True, False]
 
 

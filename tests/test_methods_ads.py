@@ -1,4 +1,4 @@
-"""ADS online part (methods-core.md card 1): window moves, cluster EMA, epoch reset,
+"""ADS online part (arXiv 2606.22305; docs/methods/ads.md): window moves, cluster EMA, epoch reset,
 selection of windows, admission, and the registered "ads" method end to end."""
 
 import pickle
@@ -180,11 +180,21 @@ def test_window_draws_clusters_in_proportion_without_replacement():
 
 def test_window_uses_domain_mixture_via_cluster_shares():
     # Domains a, a, b, b; clusters 0, 1, 1, 2: domain a = {cluster 0, half of cluster 1}.
+    # Domain probs [1, 0] become cluster weights [1/2, 1/2, 0]; each window is the easiest
+    # prompt of its cluster: cluster 0 → prompt 0, cluster 1 → prompt 1 (rank by position),
+    # cluster 2 → prompt 3. propose(2) draws both clusters of weight > 0 without
+    # replacement, so every batch is exactly {0, 1}; the order is 0 first with prob 1/2.
     pool = Pool(["a", "a", "b", "b"], clusters=[0, 1, 1, 2])
     method = compose(fixed_mixture([1.0, 0.0]), ads_boundary_window(mini_cluster_size=1))
     s = Scheduler(pool, method, seed=0)
-    seen = np.concatenate([s.propose(2) for _ in range(50)])
-    assert 3 not in seen                                   # cluster 2 is all domain b
+    draws = np.stack([s.propose(2) for _ in range(2000)])
+    assert np.bincount(draws.ravel(), minlength=4).tolist() == [2000, 2000, 0, 0]
+    assert (np.sort(draws, axis=1) == [0, 1]).all()
+    first_is_0 = float((draws[:, 0] == 0).mean())
+    assert abs(first_is_0 - 0.5) < 0.035                   # 3.1 binomial sd of 0.011
+    # n = 3 > the two width-1 windows: the draw order repeats, so one of 0, 1 appears twice.
+    ids = s.propose(3)
+    assert sorted(ids.tolist()) in ([0, 0, 1], [0, 1, 1]) and ids[2] == ids[0]
 
 
 def test_window_degenerate_probs_fall_back_to_uniform():
@@ -276,9 +286,45 @@ def test_ads_end_to_end_resume():
     assert s.metrics() == fresh.metrics()
 
 
+def _reference_move(window: set, dirs: dict, size: int) -> set:
+    """The ADS window move written from the paper's description (arXiv 2606.22305, Eq. 5–7
+    as the reference sampler applies them), independently of `move_window`: stayers keep
+    their slot; easier-movers in ascending order, then harder-movers in descending order,
+    each take pos ∓ 1 clamped to the cluster, or else the nearest free slot, looking in
+    the requested direction first at each distance."""
+    if size <= len(window):
+        return set(window)
+    taken = {p for p in window if dirs.get(p, 0) == 0}
+    movers = [(p, -1) for p in sorted(p for p in window if dirs.get(p, 0) < 0)]
+    movers += [(p, +1) for p in sorted((p for p in window if dirs.get(p, 0) > 0), reverse=True)]
+    for p, d in movers:
+        want = min(max(p + d, 0), size - 1)
+        slot = None
+        for radius in range(size):
+            for cand in ((want,) if radius == 0 else (want + d * radius, want - d * radius)):
+                if 0 <= cand < size and cand not in taken:
+                    slot = cand
+                    break
+            if slot is not None:
+                break
+        taken.add(slot)
+    return taken
+
+
+def test_reference_move_hand_cases():
+    # the reference itself, on cases worked by hand
+    assert _reference_move({3, 4, 5}, {3: -1, 4: -1, 5: +1}, 10) == {2, 3, 6}
+    assert _reference_move({0, 1, 2}, {0: -1, 1: -1, 2: -1}, 10) == {0, 1, 2}
+    # 4 wants 5, taken by the stayer 5: nearest free in its direction is 6.
+    assert _reference_move({4, 5}, {4: +1}, 10) == {5, 6}
+    # 9 wants 9 (clamped) → taken by nobody; 8 then wants 9, taken → 10 is outside, so 8.
+    assert _reference_move({8, 9}, {8: +1, 9: +1}, 10) == {8, 9}
+
+
 def test_ads_update_equals_reference_loop():
     """The vectorised update against a per-group loop in the style of the reference
-    sampler (sets of positions, a per-position dict, lists of ρ per cluster)."""
+    sampler (sets of positions, a per-position dict, lists of ρ per cluster), with the
+    window move re-implemented in the test (`_reference_move`)."""
     rng = np.random.default_rng(7)
     n_clusters, alpha, eps, b = 5, 0.3, 0.17, 4
     clusters = rng.integers(0, n_clusters, 120)
@@ -309,7 +355,7 @@ def test_ads_update_equals_reference_loop():
         for k, r in rhos.items():
             ref_rate[k] = np.mean(r)
         for k, d in dirs.items():
-            ref_windows[k] = set(move_window(sorted(ref_windows[k]), d, int(sizes[k])))
+            ref_windows[k] = _reference_move(ref_windows[k], d, int(sizes[k]))
         target = ref_rate / ref_rate.sum() if ref_rate.sum() > 0 else np.full(n_clusters, 1 / n_clusters)
         ref_prob = (1 - alpha) * ref_prob + alpha * target
         ref_prob /= ref_prob.sum()

@@ -1,6 +1,7 @@
-"""MoPPS (card A1), SEC (card A2), EXP3/ODM (card A13), and the learnability selectors
-(card 9 SFL buffer, card A15 PER sum tree): hand-computed updates, reference loops, and
-each registered name end to end through the Scheduler."""
+"""MoPPS (arXiv 2507.04632), SEC (arXiv 2505.14970), EXP3/ODM (arXiv 2312.02406), and the
+learnability selectors (SFL buffer, arXiv 2408.15099; PER sum tree, arXiv 1511.05952):
+hand-computed updates, reference loops, and each registered name end to end through the
+Scheduler."""
 
 import math
 import pickle
@@ -194,9 +195,9 @@ def test_exp3_huge_rewards_stay_finite():
 # ---- learnability buffer (SFL) -----------------------------------------------------------
 def test_learnability_buffer_refresh_hand_computed():
     pool = Pool([0] * 10)
-    p = learnability_buffer(buffer_size=2, refresh_every=3, mix=0.5, max_candidates=100)
+    p = learnability_buffer(buffer_size=2, refresh_every=3, mix=0.5, max_candidates=100, decay=1.0)
     s = p.init(pool)
-    # Update 1: 0 → 2/4 (0.25), 1 → 4/4 (0), 2 → 1/4 (0.1875). Buffer not full → refresh.
+    # Cumulative counts (decay 1). Update 1: 0 → 2/4 (0.25), 1 → 4/4 (0), 2 → 1/4 (0.1875). Buffer not full → refresh.
     s = p.update(s, pool, batch(pool, [0, 1, 2], [wins(2, 4), wins(4, 4), wins(1, 4)]))
     assert s.buffer.tolist() == [0, 2] and int(s.buffer_len) == 2
     # Full: the next refresh comes 3 updates later.
@@ -228,7 +229,81 @@ def test_learnability_buffer_ring_keeps_latest_and_counts_duplicates():
     s = p.update(p.init(pool), pool, batch(pool, [0, 1, 2], [wins(2, 4)] * 3))
     assert sorted(s.buffer[:int(s.buffer_len)].tolist()) == [1, 2]   # 0 fell out of the ring
     s = p.update(s, pool, batch(pool, [4, 4], [wins(1, 4), wins(3, 4)]))
-    assert int(s.attempts[4]) == 8 and int(s.successes[4]) == 4
+    # Two groups of prompt 4 in one batch, in order, λ = 0.5: s = 0.5·1 + 3, a = 0.5·4 + 4.
+    assert s.successes[4] == 3.5 and s.attempts[4] == 6.0
+
+
+# ---- forgetting (issue 9 item 4) -----------------------------------------------------------
+def test_learnability_buffer_forgets_a_mastered_prompt():
+    pool = Pool([0] * 2)
+    p = learnability_buffer(buffer_size=1, refresh_every=1, mix=0.0)    # default decay 0.5
+    s = p.init(pool)
+    s = p.update(s, pool, batch(pool, [0], [wins(2, 4)]))             # 0: 2/4 → 1/4
+    s = p.update(s, pool, batch(pool, [1], [wins(1, 4)]))             # 1: 1/4 → 3/16
+    assert s.buffer.tolist() == [0]
+    # 0 is now mastered; 1 is seen again at 1/4. Both are candidates of this refresh.
+    s = p.update(s, pool, batch(pool, [0, 1], [wins(4, 4), wins(1, 4)]))
+    # 0: s = 0.5·2 + 4 = 5, a = 0.5·4 + 4 = 6: p̂ = 5/6, score 5/36 = 0.1389.
+    # 1: s = 0.5·1 + 1 = 1.5, a = 6: p̂ = 1/4, score 3/16 = 0.1875 > 5/36.
+    assert (s.successes[0], s.attempts[0]) == (5.0, 6.0)
+    assert (s.successes[1], s.attempts[1]) == (1.5, 6.0)
+    assert s.buffer.tolist() == [1]
+    ids = p.apply(s, pool, 6, None, None, np.random.default_rng(0))
+    assert ids.tolist() == [1] * 6                                    # mix 0: all from the buffer
+    # One more mastered group: s = 0.5·5 + 4 = 6.5, a = 7, score 6.5·0.5/49 = 0.0663.
+    s = p.update(s, pool, batch(pool, [0], [wins(4, 4)]))
+    assert (s.successes[0], s.attempts[0]) == (6.5, 7.0)
+
+
+def test_learnability_buffer_without_decay_keeps_the_stale_score():
+    # decay 1 (cumulative, the behaviour before forgetting): 0 sits at 6/8 → 3/16, ties
+    # prompt 1 (2/8 → 3/16) and keeps its place by the smaller id.
+    pool = Pool([0] * 2)
+    p = learnability_buffer(buffer_size=1, refresh_every=1, mix=0.0, decay=1.0)
+    s = p.init(pool)
+    for ids, r in (([0], [wins(2, 4)]), ([1], [wins(1, 4)]), ([0, 1], [wins(4, 4), wins(1, 4)])):
+        s = p.update(s, pool, batch(pool, ids, r))
+    assert (s.successes[0], s.attempts[0]) == (6.0, 8.0) and s.buffer.tolist() == [0]
+
+
+def test_prioritized_learnability_forgets_a_mastered_prompt():
+    pool = Pool([0] * 3)
+    eps = 1e-6
+    p = prioritized_learnability(alpha=1.0, eps=eps)                   # default decay 0.5
+    s = p.update(p.init(pool), pool, batch(pool, [0, 1], [wins(2, 4), wins(1, 4)]))
+    cap = s.tree.tree.shape[0] // 2
+    np.testing.assert_allclose(s.tree.tree[cap:cap + 3], [0.25 + eps, 0.1875 + eps, 0.25 + eps])
+    s = p.update(s, pool, batch(pool, [0], [wins(4, 4)]))
+    np.testing.assert_allclose(s.tree.tree[cap:cap + 3], [5 / 36 + eps, 0.1875 + eps, 0.25 + eps],
+                               rtol=1e-12)
+    # draws follow the new priorities: P(0) = (5/36 + eps) / total
+    total = 5 / 36 + 0.1875 + 0.25 + 3 * eps
+    assert sumtree_total(s.tree) == pytest.approx(total, rel=1e-12)
+    ids = p.apply(s, pool, 40_000, None, None, np.random.default_rng(1))
+    assert abs(np.mean(ids == 0) - (5 / 36 + eps) / total) < 0.01
+    never = prioritized_learnability(alpha=1.0, eps=eps, decay=1.0)
+    s = never.update(never.init(pool), pool, batch(pool, [0, 1], [wins(2, 4), wins(1, 4)]))
+    s = never.update(s, pool, batch(pool, [0], [wins(4, 4)]))
+    np.testing.assert_allclose(s.tree.tree[cap], 0.1875 + eps, rtol=1e-12)   # 6/8 → 3/16
+
+
+def test_decay_equals_sequential_reference_loop():
+    rng = np.random.default_rng(5)
+    n, lam = 11, 0.5
+    pool = Pool([0] * n)
+    p = prioritized_learnability(alpha=0.6, eps=1e-3, decay=lam)
+    s = p.init(pool)
+    suc, att = [0.0] * n, [0.0] * n
+    for _ in range(20):
+        ids = rng.integers(0, n, 7)                                   # duplicates on purpose
+        g = int(rng.integers(1, 5))
+        rew = rng.random((7, g))
+        s = p.update(s, pool, batch(pool, ids, rew))
+        for i, row in zip(ids.tolist(), rew):
+            suc[i] = lam * suc[i] + float((row >= 0.5).sum())
+            att[i] = lam * att[i] + g
+    np.testing.assert_allclose(s.successes, suc, rtol=1e-12)
+    np.testing.assert_allclose(s.attempts, att, rtol=1e-12)
 
 
 # ---- prioritized learnability (PER sum tree) -------------------------------------------
@@ -259,7 +334,7 @@ def test_prioritized_tree_equals_reference_loop():
     rng = np.random.default_rng(3)
     n = 37
     pool = Pool([0] * n)
-    p = prioritized_learnability(alpha=0.6, eps=1e-3)
+    p = prioritized_learnability(alpha=0.6, eps=1e-3, decay=1.0)
     s = p.init(pool)
     att, suc = [0] * n, [0] * n
     for _ in range(25):
@@ -316,7 +391,9 @@ def test_end_to_end_resume(name, kw):
     (mopps, {"ratio": 0}), (mopps, {"decay": 1.5}), (mopps, {"prior_alpha": 0}),
     (sec, {"temperature": 0}), (sec, {"alpha": 0}), (exp3, {"scale": 0}), (exp3, {"arms": "x"}),
     (learnability_buffer, {"mix": 2}), (learnability_buffer, {"buffer_size": 0}),
-    (prioritized_learnability, {"eps": 0}),
+    (prioritized_learnability, {"eps": 0}), (learnability_buffer, {"decay": 0}),
+    (learnability_buffer, {"decay": float("nan")}), (prioritized_learnability, {"decay": 1.5}),
+    (prioritized_learnability, {"alpha": float("inf")}),
 ])
 def test_bad_hyperparameters_rejected(factory, kw):
     with pytest.raises(ValueError):

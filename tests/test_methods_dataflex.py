@@ -1,7 +1,8 @@
-"""DataFlex-RL's `topk`, `reward_gap` and `tscl` (methods-core.md card 3, configs 9, 11, 13):
+"""DataFlex-RL's `topk`, `reward_gap` and `tscl` (arXiv 2609.06107, configs 9, 11, 13):
 hand-computed values, plain-Python references of DataFlex's own rules, exact resume."""
 
 import math
+import warnings
 from collections import deque
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_reward_gap_window_counts_rollouts():
 
 class _DataFlexRewardGap:
     """DataFlex's DomainStatsTracker (deque per domain, one value per rollout) and
-    RewardGapMixer.act, as plain Python (card 3; mixers.py)."""
+    RewardGapMixer.act, as plain Python (DataFlex-RL mixers.py)."""
 
     def __init__(self, domains, window, temperature, floor):
         self.domains, self.t, self.floor = list(domains), temperature, floor
@@ -265,6 +266,43 @@ def test_tscl_zero_slope_cases_give_uniform():
     s = m.update(s, pool, _batch(pool, [0], [[1.0, 1.0]], step=4))         # same step again
     assert s.filled.tolist() == [2, 0]
     np.testing.assert_allclose(m.apply(s, pool), [0.5, 0.5], atol=1e-15)   # Σ(t − t̄)² = 0
+
+
+def test_tscl_warns_once_when_every_feedback_has_the_same_step():
+    # A trainer that never sets Feedback.step (default 0): slopes are 0 and the mixture is
+    # uniform. The 8th entry of an arm at one step triggers one warning naming the fix.
+    pool = Pool(["a", "b"])
+    s = Scheduler(pool, "tscl", seed=0)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(7):
+            s.observe(Feedback([0, 1], (rng.random((2, 4)) < 0.5).astype(float)))
+        assert [w for w in caught if "tscl" in str(w.message)] == []
+        s.observe(Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]]))
+        s.observe(Feedback([0, 1], [[1.0, 1.0], [0.0, 0.0]]))
+    msgs = [str(w.message) for w in caught if "tscl" in str(w.message)]
+    assert len(msgs) == 1 and issubclass(caught[-1].category, UserWarning)
+    assert "step=0" in msgs[0] and "Feedback(..., step=" in msgs[0]
+    np.testing.assert_allclose(s.domain_probs(), [0.5, 0.5], atol=1e-15)
+
+
+def test_tscl_does_not_warn_with_real_steps_or_a_few_repeats():
+    # Gradient accumulation: two batches per step, steps advance: no warning.
+    pool = Pool(["a", "b"])
+    m = tscl()
+    s = m.init(pool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in range(20):
+            for _ in range(2):
+                s = m.update(s, pool, _batch(pool, [0, 1], [[1.0, 0.0], [1.0, 1.0]], step=t))
+    assert s.filled.tolist() == [40, 40]
+
+
+def test_tscl_window_below_two_refused():
+    with pytest.raises(ValueError, match=r"tscl window must be an int in \[2, inf\)"):
+        tscl(window=1)
 
 
 def test_windowed_slopes_precise_at_large_steps():

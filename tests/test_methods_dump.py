@@ -1,4 +1,5 @@
-"""DUMP (methods-core.md card 10): hand-computed scores and a per-rollout reference loop."""
+"""DUMP (arXiv 2504.09710; docs/methods/dump.md): hand-computed scores and a per-rollout
+reference loop."""
 
 import math
 
@@ -54,6 +55,37 @@ def test_window_units_hand_values():
         mean0 = s.window.values[0, :s.window.filled[0]].mean()
         assert mean0 == pytest.approx(a0.mean(), abs=1e-9)
         assert mean0 == pytest.approx(0.866025, abs=1e-5)
+
+
+def test_window_units_differ_with_two_groups_per_arm():
+    # Arm 0 gets two groups in one step (mean |A| 1 and 3), arm 1 one group (mean |A| 2).
+    # rollouts: 8 and 4 entries; prompts: one entry per group, [1, 3] and [2];
+    # steps: one entry per arm per update, the mean of its groups, [2] and [2].
+    pool = Pool([0, 0, 1, 1])
+    adv = [[1, -1, 1, -1], [3, -3, 3, -3], [2, -2, 2, -2]]
+    b = _batch(pool, [0, 1, 2], [[1, 0, 1, 0]] * 3, adv=adv)
+    got = {}
+    for unit in ("rollouts", "prompts", "steps"):
+        p = dump_ucb(window_unit=unit)
+        s = p.update(p.init(pool), pool, b)
+        got[unit] = (s.count.tolist(), [s.window.values[a, :s.window.filled[a]].tolist() for a in (0, 1)],
+                     p.apply(s, pool))
+    assert got["rollouts"][:2] == ([8, 4], [[1, 1, 1, 1, 3, 3, 3, 3], [2, 2, 2, 2]])
+    assert got["prompts"][:2] == ([2, 1], [[1.0, 3.0], [2.0]])
+    assert got["steps"][:2] == ([1, 1], [[2.0], [2.0]])
+
+    def probs(n0, n1):                          # both window means are 2: only the bonus differs
+        total = n0 + n1
+        score = np.array([2 + math.sqrt(2 * math.log(total + 1) / (n0 + 1)),
+                          2 + math.sqrt(2 * math.log(total + 1) / (n1 + 1))])
+        e = np.exp((score - score.max()) / 0.1)
+        return e / e.sum()
+    np.testing.assert_allclose(got["steps"][2], [0.5, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(got["prompts"][2], probs(2, 1), rtol=1e-12)
+    np.testing.assert_allclose(got["rollouts"][2], probs(8, 4), rtol=1e-12)
+    # prompts: p0 = 1 / (1 + exp((sqrt(2 ln 4 / 2) − sqrt(2 ln 4 / 3)) / 0.1))
+    #             = 1 / (1 + exp((1.177410 − 0.961352) / 0.1)) = 1 / (1 + 8.6763) = 0.103346
+    assert got["prompts"][2][0] == pytest.approx(0.103346, abs=1e-6)
 
 
 def test_windowed_counting_uses_filled_slots():

@@ -1,4 +1,4 @@
-"""Reweighting policies (DataFlex-RL, methods-core.md card 3 configs 3–5): hand-computed
+"""Reweighting policies (DataFlex-RL, arXiv 2609.06107, configs 3–5): hand-computed
 weights, mean-one normalisation, degenerate batches, and the Scheduler path."""
 
 import math

@@ -441,3 +441,46 @@ def test_verl_adapter_reads_prepared_output(prepared, out_table):
     assert pool.ranks.tolist() == out_table.column("rank_in_cluster").to_pylist()
     np.testing.assert_array_equal(pool.difficulty, out_table.column("difficulty").to_pylist())
     assert pool.ids.tolist() == list(range(1000, 1060))
+
+
+# ---- default k scales with N; CLI errors are one line (issue 9 items 17, 21) -----------------
+
+def test_default_k_rule_by_hand():
+    from rlpace.prepare import default_k
+    # round(sqrt(N/2)) clamped to [2, 64] and to N: sqrt(100) = 10, sqrt(1000) = 31.6, sqrt(4032) = 63.498
+    assert [default_k(n) for n in (1, 2, 7, 60, 200, 2000, 8064, 8065, 100_000)] == \
+        [1, 2, 2, 5, 10, 32, 63, 64, 64]
+
+
+def test_prepare_without_k_uses_the_rule(tmp_path, data_parquet, prepared, capsys):
+    # 60 rows: round(sqrt(30)) = round(5.48) = 5 clusters (a fixed 64 would exceed N and fail)
+    out = tmp_path / "auto.parquet"
+    rc = cli_main(["prepare", str(data_parquet), "--out", str(out), "--pca-dim", "16", "--seed", "7",
+                   "--reuse-embeddings", str(prepared.embeddings_path), "--no-progress", "--no-plot"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "60 rows, 5 clusters" in printed and "clamp(round(sqrt(N/2)), 2, 64) with N = 60" in printed
+    s = json.loads((tmp_path / "auto.summary.json").read_text())
+    assert s["k"] == 5 and s["n_clusters"] == 5 and s["k_rule"].startswith("default")
+    assert len(set(pq.read_table(out).column("cluster_id").to_pylist())) == 5
+
+
+@pytest.mark.parametrize("make, argv, needle", [
+    (None, ["--k", "abc"], "argument --k: --k takes an integer ≥ 1 or 'auto'; got 'abc'"),
+    (None, ["--k", "0"], "--k takes an integer ≥ 1"),
+    (None, ["--k", "61"], "k must be an integer in [1, N=60]"),
+    ("missing", [], "does not exist"),
+    ("badline", [], "line 2 is not valid JSON"),
+])
+def test_prepare_cli_user_errors_are_one_line(tmp_path, data_parquet, capsys, make, argv, needle):
+    src = str(data_parquet)
+    if make == "missing":
+        src = str(tmp_path / "nope.jsonl")
+    elif make == "badline":
+        src = str(tmp_path / "bad.jsonl")
+        (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "data_source": "x"}\n{"prompt": \n')
+    rc = cli_main(["prepare", src, "--out", str(tmp_path / "o.parquet"), "--no-progress", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and err.startswith("rlpace prepare: error: ")
+    assert "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "o.parquet").exists()

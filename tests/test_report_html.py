@@ -176,3 +176,43 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         coloured = int(np.sum(rgb.max(axis=-1) - rgb.min(axis=-1) > 60))
         assert ink > 0.03, f"plot at rows {a}-{b} is nearly blank ({ink:.3f} ink)"
         assert coloured > 300, f"plot at rows {a}-{b} has no coloured marks ({coloured})"
+
+
+def test_zero_verdict_agrees_with_the_holm_p():
+    from types import SimpleNamespace as NS
+
+    from rlpace.evaluation._report import zero_verdict
+
+    def cp(t_lo, b_lo, p_holm):
+        return NS(t=NS(excludes_zero=t_lo > 0, confidence=0.95), boot=NS(excludes_zero=b_lo > 0), p_holm=p_holm)
+    # the case seen in a real report: both CIs exclude 0, Holm p = 0.0514 -> not "yes"
+    assert zero_verdict(cp(0.012, 0.016, 0.0514)) == "unadjusted only (both)"
+    assert zero_verdict(cp(0.012, 0.016, 0.0207)) == "yes (both)"
+    assert zero_verdict(cp(0.012, -0.1, 0.03)) == "t only"
+    assert zero_verdict(cp(-0.1, 0.016, 0.2)) == "unadjusted only (bootstrap)"
+    assert zero_verdict(cp(-0.1, -0.1, 0.9)) == "no"
+    assert zero_verdict(cp(0.012, 0.016, 0.05)) == "unadjusted only (both)"     # p = α is not < α
+
+
+def test_rankings_plot_names_methods_in_a_legend_in_rank_order():
+    from rlpace.evaluation.plots import plot_rankings
+    labels = [f"method_{i}" for i in range(12)]
+    first = np.array([3, 1, 2, 12, 11, 10, 9, 8, 7, 6, 5, 4], dtype=float)
+    fig, ax = plot_rankings(labels, {"primary": first, "other": first[::-1].copy()})
+    leg = ax.get_legend()
+    assert [t.get_text() for t in leg.get_texts()] == [labels[i] for i in np.argsort(first, kind="stable")]
+    assert len(ax.texts) == 0                              # no end-of-line labels to overlap
+    styles = {(ln.get_marker(), ln.get_linestyle()) for ln in ax.get_lines()}
+    assert len(styles) >= 8                                # 12 methods: markers vary as well as colours
+
+
+def test_report_shows_rollouts_to_a_fraction_of_the_baseline_gain(report):
+    from rlpace.evaluation._analysis import efficiency_table
+    a = report.analysis
+    head, rows = efficiency_table(a)
+    assert rows, a.efficiency_note
+    md, html = report.markdown.read_text(), report.html.read_text()
+    assert "## Rollouts to 80% of uniform's gain" in md
+    for row in rows:                                       # every method's ratios, as computed
+        assert "| " + " | ".join(row) + " |" in md
+        assert row[2] in html

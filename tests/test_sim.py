@@ -247,6 +247,8 @@ KNOWN_NOT_FASTER_ON_LADDER = {
     **KNOWN_SLOWER,
     "tscl": "tscl at DataFlex's T = 1 stays uniform (|slope| ~ 0.002 reward/step): 350 steps "
             "on seeds 0-2, equal to uniform's 350",
+    "epiplexity": "epiplexity learns from held-out loss curves (Scheduler.observe_losses), which the "
+                  "simulator does not produce: it stays uniform (350 steps on seeds 0-2, as uniform)",
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _tiny_train import read_log, tiny_config  # noqa: E402
 from rlpace.scheduler import Scheduler  # noqa: E402
 from rlpace.tasks import make_taskset  # noqa: E402
 from rlpace.train import TrainConfig, check_config, from_overrides, train  # noqa: E402
@@ -23,10 +24,6 @@ from rlpace.train.rollout import decode_completions, Rollout  # noqa: E402
 
 torch.set_num_threads(1)
 
-TINY = dict(tasks="embedded:max2,last3", train_per_domain=16, heldout_per_domain=8, hidden=32, layers=1,
-            heads=2, warmup_steps=200, warmup_batch=32, warmup_mistakes="last3=0.5", batch_prompts=4,
-            group_size=4, max_new_tokens=3, eval_every=2, checkpoint_every=0, progress=False, lr=1e-3,
-            lr_warmup=0, steps=4)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +32,11 @@ def cache(tmp_path_factory):
 
 
 def cfg_for(tmp_path, cache, **kw):
-    return TrainConfig(**{**TINY, "cache_dir": cache, "out": str(tmp_path / "run"), **kw})
+    return tiny_config(tmp_path / "run", cache, **kw)
 
 
 def records(cfg):
-    return [json.loads(x) for x in Path(cfg.out, "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return read_log(cfg.out)
 
 
 @pytest.fixture
@@ -47,13 +44,15 @@ def policy_module(tmp_path, monkeypatch):
     """User policies importable by dotted path (what `policy=pkg.module:factory` names)."""
     (tmp_path / "mypolicies.py").write_text(textwrap.dedent("""
         import numpy as np
-        from rlpace.policies import DataPolicy, Admission
+        from rlpace.policies import DataPolicy, Admission, policy_factory
         from rlpace.policies._base import _empty_init, _no_update
 
+        @policy_factory
         def zero_weights():
             return DataPolicy("reweighting", _empty_init, _no_update,
                               lambda s, pool, b: np.zeros(b.rewards.shape), name="zero_weights")
 
+        @policy_factory
         def keep_last3_only():
             def apply(s, pool, b):
                 keep = np.asarray(pool.domain_names)[b.domains] == "last3"
@@ -100,7 +99,8 @@ def test_zero_loss_weights_leave_the_model_unchanged(tmp_path, cache, policy_mod
     trained = torch.load(Path(cfg.out, "checkpoint", "model.pt"))
     for k, v in base.state_dict().items():
         assert torch.equal(v, trained[k]), k
-    assert all(r["groups_trained"] == 0 for r in records(cfg) if not r.get("final"))
+    # admission keeps every group (zero weights are not admission): they are trained, with loss 0
+    assert all(r["groups_trained"] == 4 and r["pg_loss"] == 0.0 for r in records(cfg) if not r.get("final"))
     # the same run with weight 1 does change it
     cfg1 = cfg_for(tmp_path / "b", cache, steps=2)
     train(cfg1)
@@ -111,7 +111,7 @@ def test_zero_loss_weights_leave_the_model_unchanged(tmp_path, cache, policy_mod
 def test_admission_mask_reaches_the_loss(tmp_path, cache, policy_module, monkeypatch):
     seen = []
     real = grpo.policy_loss
-    monkeypatch.setattr(grpo, "policy_loss", lambda *a, **k: seen.append(a[5].clone()) or real(*a, **k))
+    monkeypatch.setattr(grpo, "policy_loss", lambda *a, **k: seen.append((a[5].clone(), a[6].clone())) or real(*a, **k))
     cfg = cfg_for(tmp_path, cache, steps=3, policy=f"uniform+{policy_module}:keep_last3_only")
     train(cfg)
     tasks = make_taskset(cfg.tasks, train_per_domain=16, heldout_per_domain=8)
@@ -121,8 +121,13 @@ def test_admission_mask_reaches_the_loss(tmp_path, cache, policy_module, monkeyp
         n_last3 = sum(tasks.train[i].domain == "last3" for i in r["prompt_ids"])
         assert r["groups_trained"] == n_last3          # max2 groups never enter the loss
     assert len(seen) == len(trained)                    # one loss call per step with a batch
-    for w, r in zip(seen, trained):
-        assert w.shape == (4 * r["groups_trained"],) and torch.all(w == 1)
+    for (keep, w), r in zip(seen, trained):
+        assert keep.shape == (4 * r["groups_trained"],) and torch.all(keep == 1)
+        assert torch.all(w[r_mask(w)] == 1)                     # unit loss weights on real tokens
+
+
+def r_mask(w):
+    return w != 0
 
 
 def test_exact_resume(tmp_path, cache):
@@ -324,3 +329,155 @@ def test_micro_batches_give_the_same_training(tmp_path, cache):
     ma = torch.load(Path(whole.out, "checkpoint", "model.pt"))
     mb = torch.load(Path(parts.out, "checkpoint", "model.pt"))
     assert all(torch.allclose(ma[k], mb[k], atol=1e-5) for k in ma)
+
+
+# ---- issue 9 items 1, 2, 3, 28: what reaches the Scheduler and the loss ----------------------
+def _loss_calls(monkeypatch):
+    """Record (adv, mask, keep, weight, old_logp) of every policy_loss call."""
+    seen = []
+    real = grpo.policy_loss
+
+    def spy(objective, logp, old, adv, mask, keep, weight=None, **k):
+        seen.append(dict(adv=adv.clone(), mask=mask.clone(), keep=keep.clone(),
+                         weight=None if weight is None else weight.clone(), old=old.detach().clone()))
+        return real(objective, logp, old, adv, mask, keep, weight, **k)
+    monkeypatch.setattr(grpo, "policy_loss", spy)
+    return seen
+
+
+def _spy_scheduler(monkeypatch):
+    observed, admitted = [], []
+    real_observe, real_admission = Scheduler.observe, Scheduler.admission
+    monkeypatch.setattr(Scheduler, "observe", lambda self, fb: observed.append(fb) or real_observe(self, fb))
+    monkeypatch.setattr(Scheduler, "admission",
+                        lambda self, fb: admitted.append(real_admission(self, fb)) or admitted[-1])
+    return observed, admitted
+
+
+def _grpo_loop(rewards, eps=1e-6):
+    """Independent GRPO advantages of one row: (r − mean) / (population std + eps), 0 if std = 0."""
+    n = len(rewards)
+    m = sum(rewards) / n
+    sd = (sum((x - m) ** 2 for x in rewards) / n) ** 0.5
+    return [0.0 if sd == 0 else (x - m) / (sd + eps) for x in rewards]
+
+
+def test_scheduler_sees_normalised_advantages_under_dr_grpo(tmp_path, cache, monkeypatch):
+    observed, _ = _spy_scheduler(monkeypatch)
+    seen = _loss_calls(monkeypatch)
+    cfg = cfg_for(tmp_path, cache, steps=2, objective="dr_grpo")
+    train(cfg)
+    assert len(observed) == 2
+    for fb in observed:
+        for row_r, row_a in zip(fb.rewards.tolist(), fb.advantages.tolist()):
+            assert row_a == pytest.approx(_grpo_loop(row_r), abs=1e-9)        # normalised, not r − mean
+    # while the loss keeps Dr. GRPO's own advantages r − mean (no std)
+    for fb, call in zip(observed, seen):
+        want = [x - sum(row) / len(row) for row in fb.rewards.tolist() for x in row]
+        assert call["adv"].tolist() == pytest.approx(want, abs=1e-6)
+    assert any(np.ptp(fb.rewards, axis=1).any() for fb in observed)       # some group had a spread
+
+
+def test_pods_advantages_are_recomputed_on_the_kept_rollouts(tmp_path, cache, monkeypatch):
+    observed, admitted = _spy_scheduler(monkeypatch)
+    seen = _loss_calls(monkeypatch)
+    cfg = cfg_for(tmp_path, cache, steps=3, policy="uniform+pods_max_variance", group_size=4)
+    train(cfg)
+    differs = 0
+    for fb, adm, call in zip(observed, admitted, seen):
+        assert adm.keep.sum(axis=1).tolist() == [2] * 4                   # m = round(0.5·4) = 2 per group
+        assert call["keep"].tolist() == adm.keep.ravel().astype(float).tolist()
+        want = []
+        for r, k in zip(fb.rewards.tolist(), adm.keep.tolist()):
+            sub = _grpo_loop([x for x, kk in zip(r, k) if kk])
+            it = iter(sub)
+            row = [next(it) if kk else 0.0 for kk in k]
+            want += row
+            differs += row != [a if kk else 0.0 for a, kk in zip(_grpo_loop(r), k)]
+        assert call["adv"].tolist() == pytest.approx(want, abs=1e-5)
+    assert differs > 0                      # some group's subset advantages differ from the full group's
+
+
+def test_loss_gets_admission_and_reweighter_weights_apart(tmp_path, cache, monkeypatch):
+    observed, _ = _spy_scheduler(monkeypatch)
+    seen = _loss_calls(monkeypatch)
+    cfg = cfg_for(tmp_path, cache, steps=2, policy="uniform+per_advantage")
+    train(cfg)
+    for fb, call in zip(observed, seen):
+        assert torch.all(call["keep"] == 1)                               # kept: admission only
+        a = np.array([abs(x) for row in fb.rewards.tolist() for x in _grpo_loop(row)]) ** 0.5
+        w_rollout = a / a.mean() if a.mean() > 0 else np.ones_like(a)    # mean 1 over the B·G rollouts
+        want = torch.tensor(w_rollout, dtype=torch.float32)[:, None] * call["mask"]
+        assert torch.allclose(call["weight"], want, atol=1e-5)
+
+
+def test_ar_token_weights_reach_the_loss(tmp_path, cache, monkeypatch):
+    seen = _loss_calls(monkeypatch)
+    cfg = cfg_for(tmp_path, cache, steps=2, policy="ar")
+    train(cfg)
+    assert len(seen) == 2
+    for call in seen:
+        m = call["mask"]
+        w_raw = (0.5 * torch.exp(call["old"].double()) + 0.5) * m          # α·π_old + (1 − α), α = 0.5
+        want = w_raw * (m.sum() / w_raw.sum())                            # mean 1 over real tokens
+        assert torch.allclose(call["weight"].double(), want, atol=1e-6)
+        assert float((call["weight"] * m).sum() / m.sum()) == pytest.approx(1.0, abs=1e-6)
+        assert call["weight"][m > 0].std() > 0                            # really per token
+    # micro-batched: π_old comes from one no-grad pass before the update, same weights
+    seen.clear()
+    train(dataclasses.replace(cfg, out=str(tmp_path / "mb"), micro_batch=8))
+    assert len(seen) == 4
+    for a, b in zip(seen[0::2], seen[1::2]):
+        m = torch.cat([a["mask"], b["mask"]])
+        w_raw = (0.5 * torch.exp(torch.cat([a["old"], b["old"]]).double()) + 0.5) * m
+        want = w_raw * (m.sum() / w_raw.sum())
+        assert torch.allclose(torch.cat([a["weight"], b["weight"]]).double(), want, atol=1e-6)
+
+
+def test_gfpo_keeps_the_top3_by_reward_per_token(tmp_path, cache, monkeypatch):
+    observed, admitted = _spy_scheduler(monkeypatch)
+    seen = _loss_calls(monkeypatch)
+    sampled = []
+    real_sample = grpo.sample_groups
+    monkeypatch.setattr(grpo, "sample_groups", lambda *a, **k: sampled.append(real_sample(*a, **k)) or sampled[-1])
+    cfg = cfg_for(tmp_path, cache, steps=2, policy="gfpo", group_size=5)
+    train(cfg)
+    for fb, adm, grp, call in zip(observed, admitted, sampled, seen):
+        lens = [[len(c) for c in grp.completions[i * 5:(i + 1) * 5]] for i in range(4)]
+        assert fb.lengths.tolist() == lens                                # lengths reach the Scheduler
+        for r, ln, k in zip(fb.rewards.tolist(), lens, adm.keep.tolist()):
+            score = [x / max(n, 1) for x, n in zip(r, ln)]
+            top = sorted(range(5), key=lambda j: (-score[j], j))[:3]       # ties: earlier rollout
+            assert [j for j in range(5) if k[j]] == sorted(top)
+        assert call["keep"].tolist() == adm.keep.ravel().astype(float).tolist()
+
+
+def test_topk_keeps_full_group_advantages(tmp_path, cache, monkeypatch):
+    # DataFlex-RL's topk masks after computing advantages on the whole group (docs/methods/topk.md)
+    observed, admitted = _spy_scheduler(monkeypatch)
+    seen = _loss_calls(monkeypatch)
+    train(cfg_for(tmp_path, cache, steps=4, policy="topk"))
+    partial = 0
+    for fb, adm, call in zip(observed, admitted, seen):
+        rows = [i for i in range(4) if adm.keep[i].any()]
+        want = [x for i in rows for x in _grpo_loop(fb.rewards[i].tolist())]
+        assert call["adv"].tolist() == pytest.approx(want, abs=1e-5)
+        assert call["keep"].tolist() == adm.keep[rows].ravel().astype(float).tolist()
+        for i in rows:     # a kept subset whose own advantages differ from the group's
+            r, k = fb.rewards[i].tolist(), adm.keep[i].tolist()
+            sub = iter(_grpo_loop([x for x, kk in zip(r, k) if kk]))
+            partial += [next(sub) if kk else 0.0 for kk in k] != [a if kk else 0.0 for a, kk in zip(_grpo_loop(r), k)]
+    assert partial > 0
+
+
+def test_resume_of_a_checkpoint_that_predates_a_config_field(tmp_path):
+    """A field missing from the saved config means the run had its default: resuming with the
+    default is allowed, with another value it is refused naming the field."""
+    from rlpace.train.checkpoint import check_resumable
+    cfg = TrainConfig(out=str(tmp_path / "run"))
+    saved = cfg.to_dict()
+    del saved["optimizer"]                           # written before `optimizer` existed
+    (tmp_path / "state.json").write_text(json.dumps({"config": saved}))
+    assert check_resumable(tmp_path, cfg)["config"] == saved
+    with pytest.raises(ValueError, match="optimizer: saved 'adamw', now 'iso_adamw'"):
+        check_resumable(tmp_path, dataclasses.replace(cfg, optimizer="iso_adamw"))

@@ -147,7 +147,9 @@ def test_loader_top_level_columns_and_difficulty(tmp_path):
 def test_loader_optional_columns_absent_and_missing_required(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"data_source": "a"}) + "\n" + json.dumps({"data_source": "b"}))
-    pool = Pool.from_jsonl(path)
+    with pytest.raises(ValueError, match=r"extra_info.index is missing in 2 of 2 rows .*id_key=None"):
+        Pool.from_jsonl(path)                      # refused, as the verl adapter refuses it
+    pool = Pool.from_jsonl(path, id_key=None)      # row positions, asked for explicitly
     assert pool.ids.tolist() == [0, 1] and np.isnan(pool.difficulty).all()
     path.write_text(json.dumps({"data_source": "a"}) + "\n" + json.dumps({"prompt": "no source"}))
     with pytest.raises(ValueError, match="data_source"):

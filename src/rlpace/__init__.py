@@ -1,15 +1,16 @@
 """rlpace: adaptive data scheduling for RL post-training of LLMs.
 
 The public API: records (`Pool`, `Feedback`), the `Scheduler` that trainers and engine
-adapters drive, and the `policies` registry and algebra.
+adapters drive, the `policies` registry and algebra, and `recommended()` — the composition
+the project's headroom benchmark supports (docs/methods/recommended.md).
 """
 
 from . import policies
-from .policies import compose
+from .policies import compose, policy_factory, recommended
 from .scheduler import Scheduler
-from .types import Batch, Feedback, Pool, group_advantages
+from .types import Batch, Feedback, LossFeedback, Pool, group_advantages, kept_group_advantages
 
 __version__ = "0.1.0"
 
-__all__ = ["Pool", "Feedback", "Batch", "Scheduler", "policies", "compose", "group_advantages",
-           "__version__"]
+__all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "Scheduler", "policies", "compose",
+           "policy_factory", "recommended", "group_advantages", "kept_group_advantages", "__version__"]

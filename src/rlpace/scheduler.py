@@ -8,7 +8,12 @@ policy's state, and a shared per-prompt history. Each training step:
     sched.observe(fb)                  # learn from the outcome (all groups)
     keep = sched.admit(fb)             # bool[B, G]: which rollouts enter the loss
     w    = sched.loss_weights(fb)      # float64[B, G]: per-rollout loss weights
+    w_t  = sched.token_weights(fb, token_probs, token_mask)   # float64[B, G, T] per token
     log(sched.metrics())
+
+Policies that learn from held-out loss curves (`epiplexity`) are fed, every k steps, with
+
+    sched.observe_losses({domain: (tokens_seen, loss)})   # probe-set NLL per domain
 
 Randomness comes from `np.random.default_rng([seed, proposal_index, stream])`, so the
 same seed gives the same batches, and `state_dict()` → `load_state_dict()` on a fresh
@@ -28,18 +33,22 @@ Defined behaviour for awkward input (documented, not errors):
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .policies._base import MIXTURE, Admission, Method
-from .policies._registry import make_method
+from .policies._registry import hyperparameters, make_method
+from .policies._state_checks import bad, check_tree
 from .stats._window import window_init, window_mean, window_push
-from .types import Batch, Feedback, Pool, _batch_and_counts
+from .types import Batch, Feedback, LossFeedback, Pool, _batch_and_counts
 
 __all__ = ["Scheduler", "STATE_VERSION"]
 
-STATE_VERSION = 1
+# 2: the pool fingerprint covers ranks and difficulty; meta/pool_parts, meta/success_threshold
+# and meta/hyperparameters are recorded and checked; values are validated on load.
+STATE_VERSION = 2
 _STREAM_PROPOSE = 0x5EED
 
 
@@ -67,8 +76,11 @@ class Scheduler:
     Args:
         pool: the prompts (`rlpace.Pool`).
         policy: a registry name (`rlpace.policies.names()`), several joined with '+'
-            ("dump+dapo_dynamic_sampling"), a dotted path to a user factory, a
-            `DataPolicy`, or a `Method` from `rlpace.policies.compose`.
+            ("dump+dapo_dynamic_sampling"), a dotted path to a user factory marked with
+            `@rlpace.policy_factory` ("my_pkg.policies:my_factory"), or, from Python, a
+            factory callable, a `DataPolicy`, or a `Method` from `rlpace.policies.compose`.
+            A string never reaches anything but a registered or marked factory: see
+            `rlpace.policies._registry` on the trust boundary.
         seed: base of all randomness.
         success_threshold: a rollout succeeds when reward ≥ this (default 0.5 for
             binary rewards).
@@ -104,6 +116,8 @@ class Scheduler:
             raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}.")
         self.pool = pool
         self.method: Method = make_method(policy, **policy_kwargs)
+        # Recorded in state_dict and compared on load (None for a prebuilt policy object).
+        self.hyperparameters = hyperparameters(policy, **policy_kwargs)
         self.seed = int(seed)
         self.success_threshold = float(success_threshold)
         n, k = len(pool), pool.n_domains
@@ -192,16 +206,53 @@ class Scheduler:
         c.informative[...] += n_informative
         c.last_informative[...] = n_informative / b
 
+    def observe_losses(self, losses: dict | LossFeedback, step: int = 0) -> None:
+        """Feed held-out loss points to the policies that learn from loss curves.
+
+        Args:
+            losses: `{domain label: (tokens_seen, loss)}` — for each domain measured, the tokens
+                (or rollouts: one unit, used consistently) of that domain trained on so far, and
+                the mean teacher-forced NLL per token of reference answers on its fixed probe
+                set. Domains not measured this time are simply left out. A prebuilt
+                `rlpace.types.LossFeedback` is accepted as is.
+            step: trainer step of the measurement.
+
+        Each policy with a `DataPolicy.update_losses` (`epiplexity`, docs/methods/epiplexity.md)
+        gets the validated `LossFeedback`; for the others this is a no-op, so a trainer can call
+        it whatever the method. The points are Scheduler state (`state_dict`, exact resume).
+        Bad input (unknown domain, a value that is not a (tokens_seen, loss) pair of finite
+        numbers in [0, 2**62) × [0, 1e4]) raises a ValueError naming the domain and the field,
+        before anything changes.
+
+        >>> from rlpace import Pool, Scheduler
+        >>> s = Scheduler(Pool(["a", "b"]), "epiplexity")
+        >>> for t in (100, 200, 400, 800, 1600):
+        ...     s.observe_losses({"a": (t, 1 + 40 / t), "b": (t, 1 + 4 / t)}, step=t)
+        >>> round(s.metrics()["epiplexity/a/alpha"], 3), s.domain_probs().round(3).tolist()   # v ∝ A: 10 : 1
+        (1.0, [0.94, 0.06])
+        """
+        if not isinstance(losses, LossFeedback):
+            losses = LossFeedback.from_mapping(self.pool, losses, step)   # validates; nothing changed
+        elif losses.domains.size and losses.domains.max() >= self.pool.n_domains:
+            raise ValueError(f"LossFeedback.domains has codes ≥ {self.pool.n_domains} (the pool's "
+                             f"domain count); codes are positions in Pool.domain_names.")
+        for kind, policy in self.method.policies().items():
+            if policy.update_losses is not None:
+                self.states[kind] = policy.update_losses(self.states[kind], self.pool, losses)
+
     def admission(self, feedback: Feedback) -> Admission:
-        """`Admission(keep bool[B, G], refill int)`: rollouts that enter the loss, and how
-        many replacement prompts to request (DAPO dynamic sampling)."""
+        """`Admission(keep bool[B, G], refill int, full_group_advantages bool)`: rollouts that
+        enter the loss, how many replacement prompts to request (DAPO dynamic sampling), and
+        whether a partly kept group trains on its full-group advantages (True: `topk`) or on
+        advantages recomputed over its kept rollouts (False: PODS, GFPO; see
+        `rlpace.kept_group_advantages`)."""
         batch = self._batch(feedback)
         out = self.method.admission.apply(self.states["admission"], self.pool, batch)
         keep = np.asarray(out.keep, dtype=bool)
         if keep.shape != batch.rewards.shape:
             raise RuntimeError(f"admission policy {self.method.admission.name!r} returned a mask of "
                                f"shape {keep.shape}, expected {batch.rewards.shape}.")
-        return Admission(keep, int(out.refill))
+        return Admission(keep, int(out.refill), bool(out.full_group_advantages))
 
     def admit(self, feedback: Feedback) -> np.ndarray:
         """bool[B, G]: which rollouts enter the loss."""
@@ -216,6 +267,67 @@ class Scheduler:
             raise RuntimeError(f"reweighting policy {self.method.reweighting.name!r} returned invalid "
                                f"weights (shape {w.shape}, expected {batch.rewards.shape}, finite ≥ 0).")
         return w
+
+    def token_weights(self, feedback: Feedback, token_probs, token_mask) -> np.ndarray:
+        """float64[B, G, T] per-token loss weights, 0 on padding.
+
+        Args:
+            feedback: the groups of the training batch (as for `loss_weights`).
+            token_probs: float[B, G, T] π_old(o_t | q, o_<t), the sampling policy's
+                probability of each generated token (exp of the old log-probs), in [0, 1].
+            token_mask: bool (or 0/1)[B, G, T], True on real completion tokens.
+
+        The reweighting policy sees a `Batch` whose `token_probs` / `token_mask` are set. A
+        token-level policy (`ar`, docs/methods/ar.md) returns float64[B, G, T]; a rollout-level
+        one returns float64[B, G], broadcast here over each rollout's tokens — so for a method
+        without a token-level reweighter this equals `loss_weights(feedback)` on every real
+        token, and a trainer can always call this one entry. Without token statistics
+        (`loss_weights`), a token-level policy returns weights 1. A token-level reweighter
+        cannot yet be `chain`ed with a rollout-level one (chain multiplies same-shaped outputs).
+
+        Validation: ValueError naming `token_probs` / `token_mask` for a wrong shape, values
+        outside [0, 1] or NaN, or a mask that is not boolean; nothing changes (this call never
+        changes state).
+
+        >>> import numpy as np
+        >>> from rlpace import Pool, Feedback, Scheduler
+        >>> s = Scheduler(Pool(["a"] * 4), "ar")
+        >>> fb = Feedback([0], [[1.0, 0.0]])
+        >>> probs = np.array([[[0.2, 1.0], [0.6, 0.0]]]); mask = np.array([[[1, 1], [1, 0]]], bool)
+        >>> s.token_weights(fb, probs, mask).round(6).tolist()   # 0.5π + 0.5 = .6, 1, .8; mean 1 over 3 tokens
+        [[[0.75, 1.25], [1.0, 0.0]]]
+        """
+        batch = self._batch(feedback)
+        shape = batch.rewards.shape
+        probs = np.asarray(token_probs, dtype=np.float64)
+        if probs.ndim != 3 or probs.shape[:2] != shape:
+            raise ValueError(f"token_probs must be float[B, G, T] with [B, G] = {shape} (the rewards' "
+                             f"shape); got shape {probs.shape}.")
+        if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
+            raise ValueError("token_probs must be probabilities in [0, 1] (exp of the old log-probs), "
+                             "with no NaN; pass exp(old_logp), not the log-probs.")
+        mask_in = np.asarray(token_mask)
+        if mask_in.shape != probs.shape:
+            raise ValueError(f"token_mask must have token_probs' shape {probs.shape}; got {mask_in.shape}.")
+        if mask_in.dtype != bool and not np.isin(mask_in, (0, 1)).all():
+            raise ValueError("token_mask must be boolean (or 0/1): True on real completion tokens.")
+        mask = mask_in.astype(bool)
+        tb = batch._replace(token_probs=probs, token_mask=mask)
+        policy = self.method.reweighting
+        try:
+            w = np.asarray(policy.apply(self.states["reweighting"], self.pool, tb), dtype=np.float64)
+        except ValueError as e:
+            if ">" not in policy.name:
+                raise
+            raise RuntimeError(f"reweighting chain {policy.name!r} failed on token statistics ({e}); a "
+                               f"token-level reweighter (ar) cannot yet be chained with a rollout-level "
+                               f"one. Use one reweighter.") from e
+        if w.shape == shape:
+            w = np.broadcast_to(w[:, :, None], probs.shape)
+        if w.shape != probs.shape or not np.isfinite(w).all() or (w < 0).any():
+            raise RuntimeError(f"reweighting policy {policy.name!r} returned invalid token weights "
+                               f"(shape {w.shape}, expected {shape} or {probs.shape}, finite ≥ 0).")
+        return np.where(mask, w, 0.0)
 
     # ---- logging -----------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -254,29 +366,78 @@ class Scheduler:
         """A flat `{key: np.ndarray}` copy of all state: `np.savez(path, **sd)` and pickle
         both work. Includes the pool fingerprint and method name, checked on load."""
         sd = {"meta/version": np.array(STATE_VERSION), "meta/pool": np.array(self.pool.fingerprint()),
-              "meta/method": np.array(self.method.name), "meta/seed": np.array(self.seed)}
+              "meta/pool_parts": np.array(json.dumps(self.pool.fingerprint_parts(), sort_keys=True)),
+              "meta/method": np.array(self.method.name), "meta/seed": np.array(self.seed, np.int64),
+              "meta/success_threshold": np.array(self.success_threshold, np.float64),
+              "meta/hyperparameters": np.array(json.dumps(self.hyperparameters, sort_keys=True))}
         _flatten(self._tree(), "", sd)
         return sd
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from `state_dict()` output (or an `np.load`ed npz). Validates everything
-        first: a state from another pool, method or version is rejected and the current
-        state is left unchanged."""
+        first, and leaves the current state unchanged when anything is wrong:
+
+        * identity: the state's version, pool (size, labels, clusters, ranks, difficulty,
+          ids — the message names what differs), method name, success threshold and every
+          hyperparameter of the policy (defaults included: a `dump` state saved with `c=5`
+          does not load into a default `dump`) must match this Scheduler;
+        * structure: the same keys, shapes and dtype kinds as this Scheduler's own state;
+        * values: `meta/seed` an integer in [0, 2**63); every float finite; counts ≥ 0,
+          prompt ids inside the pool, distributions summing to 1, Beta parameters > 0,
+          ring cursors inside their ring (`rlpace.policies._state_checks`); then each
+          policy's own `DataPolicy.check_state`.
+        """
+        seed, tree = self._validated(state)
+        self.seed = seed
+        self.history, self.domain_window = tree["history"], tree["domain_window"]
+        self.counters, self.states = tree["counters"], tree["policy"]
+
+    def check_state_dict(self, state: dict) -> None:
+        """Run every check of `load_state_dict` without changing anything: a ValueError
+        when `state` would be rejected. What a checkpoint loader calls before it restores
+        anything else (model weights, optimizer), so a bad file changes nothing."""
+        self._validated(state)
+
+    def _validated(self, state: dict) -> tuple[int, dict]:
+        """(seed, state tree) from a state dict, after every check; nothing changes here."""
         state = dict(state)
         for key in ("meta/version", "meta/pool", "meta/method"):
             if key not in state:
                 raise ValueError(f"not a Scheduler state: key {key!r} is missing.")
-        if int(np.asarray(state["meta/version"])) != STATE_VERSION:
-            raise ValueError(f"state version {int(np.asarray(state['meta/version']))} is not "
-                             f"{STATE_VERSION}; it was written by another rlpace release.")
+        version = _meta_int(state, "meta/version")
+        if version != STATE_VERSION:
+            raise ValueError(f"state version {version} is not {STATE_VERSION}; it was written by "
+                             f"another rlpace release.")
+        for key in ("meta/pool_parts", "meta/success_threshold", "meta/hyperparameters", "meta/seed"):
+            if key not in state:
+                raise ValueError(f"not a Scheduler state of version {STATE_VERSION}: key {key!r} is missing.")
         fp = str(np.asarray(state["meta/pool"]))
         if fp != self.pool.fingerprint():
-            raise ValueError(f"the state belongs to a different pool (fingerprint {fp}, this pool "
-                             f"{self.pool.fingerprint()}); restore it with the pool it was saved with.")
+            try:
+                saved = json.loads(str(np.asarray(state["meta/pool_parts"])))
+            except ValueError:
+                saved = {}
+            now = self.pool.fingerprint_parts()
+            differ = [k for k in now if saved.get(k) != now[k]] or ["fingerprint"]
+            raise ValueError(f"the state belongs to a different pool (its {', '.join(differ)} differ; "
+                             f"fingerprint {fp}, this pool {self.pool.fingerprint()}); restore it with "
+                             f"the pool it was saved with.")
         method = str(np.asarray(state["meta/method"]))
         if method != self.method.name:
             raise ValueError(f"the state belongs to method {method!r}, this Scheduler runs "
                              f"{self.method.name!r}; build the Scheduler with the same policy.")
+        threshold = np.asarray(state["meta/success_threshold"])
+        if threshold.shape != () or threshold.dtype.kind != "f":
+            raise ValueError(f"state['meta/success_threshold'] is {threshold!r}; it must be one float. The "
+                             f"state is corrupt or was edited: restore one written by Scheduler.state_dict().")
+        if float(threshold) != self.success_threshold:
+            raise ValueError(f"the state was saved with success_threshold={float(threshold)}, this "
+                             f"Scheduler has {self.success_threshold}; build it with the saved threshold.")
+        self._check_hyperparameters(state["meta/hyperparameters"])
+        seed = _meta_int(state, "meta/seed")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"state['meta/seed'] is {seed}; a seed is an int in [0, 2**63). The state "
+                             f"is corrupt or was edited: restore one written by Scheduler.state_dict().")
         template = self._tree()
         expected: dict[str, np.ndarray] = {}
         _flatten(template, "", expected)
@@ -291,9 +452,44 @@ class Scheduler:
                 raise ValueError(f"state[{key!r}] has shape {got.shape} dtype {got.dtype}, expected "
                                  f"{ref.shape} {ref.dtype}; was it saved with other hyperparameters?")
         tree = _unflatten(template, "", state)
-        self.seed = int(np.asarray(state.get("meta/seed", self.seed)))
-        self.history, self.domain_window = tree["history"], tree["domain_window"]
-        self.counters, self.states = tree["counters"], tree["policy"]
+        # NaN is a policy's own "unknown" marker where its fresh state holds NaN; elsewhere corrupt.
+        fresh: dict[str, np.ndarray] = {}
+        _flatten({"policy": {kind: p.init(self.pool) for kind, p in self.method.policies().items()}},
+                 "", fresh)
+        nan_ok = frozenset(k for k, v in fresh.items() if v.dtype.kind == "f" and np.isnan(v).any())
+        check_tree(tree, "", self.pool, nan_ok)            # ValueError naming the key
+        h = tree["history"]
+        if (h.successes > h.attempts).any():
+            raise bad("history/successes", "exceeds history/attempts", h.successes, h.successes > h.attempts)
+        for kind, policy in self.method.policies().items():
+            if policy.check_state is not None:
+                policy.check_state(tree["policy"][kind], self.pool)
+        return seed, tree
+
+    def _check_hyperparameters(self, recorded) -> None:
+        try:
+            saved = json.loads(str(np.asarray(recorded)))
+        except ValueError:
+            raise ValueError("state['meta/hyperparameters'] is not the JSON a Scheduler writes; the "
+                             "state is corrupt or was edited.") from None
+        now = json.loads(json.dumps(self.hyperparameters, sort_keys=True))
+        if saved is None or now is None or saved == now:
+            return      # a prebuilt policy object records none: the key/shape checks still apply
+        diff = []
+        try:
+            if len(saved) != len(now):
+                raise ValueError
+            for (part, old), (_, new) in zip(saved, now):
+                old, new = dict(old), dict(new)
+                for k in sorted(set(old) | set(new)):
+                    if old.get(k, "<absent>") != new.get(k, "<absent>"):
+                        diff.append(f"{part}.{k}: saved {old.get(k, '<absent>')!r}, now "
+                                    f"{new.get(k, '<absent>')!r}")
+        except (TypeError, ValueError):
+            diff = [f"saved {saved!r}, now {now!r}"]
+        diff = diff or [f"saved {saved!r}, now {now!r}"]
+        raise ValueError(f"the state was saved with other hyperparameters ({'; '.join(diff)}); build "
+                         f"the Scheduler with the saved values.")
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -304,6 +500,15 @@ def _cluster_to_domain(pool: Pool) -> np.ndarray:
         m = pool.domain_cluster_counts()
         pool._cache[key] = m / np.maximum(m.sum(axis=0, keepdims=True), 1.0)
     return pool._cache[key]
+
+
+def _meta_int(state: dict, key: str) -> int:
+    """state[key] as an int: a 0-d integer array (a float such as 1.9 is refused, not cut)."""
+    val = np.asarray(state[key])
+    if val.shape != () or val.dtype.kind not in "iu":
+        raise ValueError(f"state[{key!r}] is {val!r}; it must be one integer. The state is corrupt or "
+                         f"was edited: restore one written by Scheduler.state_dict().")
+    return int(val)
 
 
 def _flatten(node: Any, prefix: str, out: dict) -> None:

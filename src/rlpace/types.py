@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Pool", "Feedback", "Batch", "group_advantages"]
+__all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "group_advantages", "kept_group_advantages"]
 
 
 def _as_1d(name: str, values: Any, n: int | None, dtype=None) -> np.ndarray:
@@ -61,6 +62,66 @@ def _group_index(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, offsets
 
 
+_FEATURE_CHUNK = 1 << 16   # rows per pass over a (memory-mapped) feature matrix
+
+
+def _pool_features(features: Any, n: int) -> np.ndarray:
+    """float32[N, f] read-only features, or a ValueError naming Pool.features and the fix.
+
+    A str / Path is a `.npy` file (`rlpace prepare`'s `<stem>.embeddings.npy`), opened
+    memory-mapped; a float32 array (or memmap) is kept without a copy, other real arrays are
+    converted. Finiteness is checked in row chunks, so a memory-mapped 10⁶-row file is never
+    loaded whole."""
+    import os
+    if isinstance(features, (str, os.PathLike)):
+        path = os.fspath(features)
+        if not path.endswith(".npy") or not os.path.isfile(path):
+            raise ValueError(f"Pool.features path {path!r} is not a .npy file; pass the "
+                             f"<stem>.embeddings.npy that `rlpace prepare` wrote, or an array.")
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            raise ValueError(f"Pool.features file {path!r} could not be read as a numeric .npy ({e}).") from None
+    else:
+        arr = features if isinstance(features, np.ndarray) else np.asarray(features)
+    if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
+        raise ValueError(f"Pool.features must hold real numbers; got dtype {arr.dtype}. Pass float32[N, f].")
+    if arr.ndim != 2:
+        raise ValueError(f"Pool.features must be 2-D [N, f] (one row per prompt); got shape {arr.shape}.")
+    if arr.shape[0] != n:
+        raise ValueError(f"Pool.features has {arr.shape[0]} rows but the pool has {n} prompts; give "
+                         f"one feature row per prompt, in pool order.")
+    if arr.shape[1] == 0:
+        raise ValueError("Pool.features has 0 columns; pass at least one feature per prompt or None.")
+    if arr.dtype != np.float32:
+        with np.errstate(over="ignore"):      # too large for float32 → inf, reported just below
+            arr = np.array(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():    # values beyond float32's range became inf
+            bad = np.argwhere(~np.isfinite(arr))[0].tolist()
+            raise ValueError(f"Pool.features has NaN or inf values (or values beyond float32; first "
+                             f"at [{bad[0]}, {bad[1]}]); fix or drop those prompts.")
+    else:
+        for start in range(0, n, _FEATURE_CHUNK):
+            chunk = np.asarray(arr[start:start + _FEATURE_CHUNK])
+            if not np.isfinite(chunk).all():
+                bad = np.argwhere(~np.isfinite(chunk))[0].tolist()
+                raise ValueError(f"Pool.features has NaN or inf values (first at [{bad[0] + start}, "
+                                 f"{bad[1]}]); fix or drop those prompts.")
+        if not isinstance(arr, np.memmap):
+            arr = np.array(arr, copy=True)          # never share memory with the caller
+    if arr.flags.writeable:
+        arr.setflags(write=False)
+    return arr
+
+
+def _features_digest(features: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(str(features.shape).encode())
+    for start in range(0, features.shape[0], _FEATURE_CHUNK):
+        h.update(np.ascontiguousarray(features[start:start + _FEATURE_CHUNK]).tobytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass(frozen=True, eq=False)
 class Pool:
     """The prompt pool: what a scheduler may propose, with its static annotations.
@@ -75,6 +136,11 @@ class Pool:
         difficulty: float64[N] offline difficulty score (higher = harder); NaN when not given.
         ids: int64[N] or object[N] stable external id of each prompt (verl `extra_info.index`);
             `arange(N)` when not given. Must be unique.
+        features: float32[N, f] or None — per-prompt features for the pass-rate predictor
+            (`rlpace.predict`): an array, or the path of a `.npy` file such as the
+            `<stem>.embeddings.npy` that `rlpace prepare` writes (opened memory-mapped, so a
+            10⁶-row file is not read into memory). Must be finite with one row per prompt;
+            part of the fingerprint when given. Read-only.
 
     Positions 0..N-1 are what `Feedback.prompt_ids` and `Scheduler.propose` speak in.
     """
@@ -86,11 +152,12 @@ class Pool:
     ranks: np.ndarray
     difficulty: np.ndarray
     ids: np.ndarray
+    features: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __init__(self, domains: Sequence, *, clusters: Sequence | None = None,
                  ranks: Sequence | None = None, difficulty: Sequence | None = None,
-                 ids: Sequence | None = None):
+                 ids: Sequence | None = None, features: Any = None):
         dom = _as_1d("domains", domains, None)
         n = dom.shape[0]
         if n == 0:
@@ -145,6 +212,7 @@ class Pool:
         object.__setattr__(self, "ranks", rk)
         object.__setattr__(self, "difficulty", diff)
         object.__setattr__(self, "ids", id_arr)
+        object.__setattr__(self, "features", None if features is None else _pool_features(features, n))
         object.__setattr__(self, "_cache", {})
 
     # ---- sizes -------------------------------------------------------------------------
@@ -212,20 +280,48 @@ class Pool:
         """float64[K] fraction of the pool in each domain."""
         return np.bincount(self.domains, minlength=self.n_domains) / len(self)
 
+    def fingerprint_parts(self) -> dict[str, str]:
+        """{part: short hash} for each part of what identifies the pool: `size`, `domains`
+        (labels and codes), `clusters` (labels and codes), `ranks`, `difficulty`, `ids`, and
+        `features` when the pool has them. Stored in checkpoints beside `fingerprint()`, so a
+        mismatch can name what differs."""
+        if "fp_parts" not in self._cache:
+            def digest(*chunks: bytes) -> str:
+                h = hashlib.sha256()
+                for c in chunks:
+                    h.update(len(c).to_bytes(8, "little"))     # unambiguous concatenation
+                    h.update(c)
+                return h.hexdigest()[:16]
+
+            def arr(a: np.ndarray) -> bytes:
+                return np.ascontiguousarray(a).tobytes()
+
+            diff = self.difficulty
+            nan = np.isnan(diff)
+            ids = ("\x00".join(map(str, self.ids)).encode() if self.ids.dtype == object
+                   else arr(self.ids))
+            self._cache["fp_parts"] = {
+                "size": digest(str(len(self)).encode()),
+                "domains": digest(json.dumps([str(x) for x in self.domain_names]).encode(), arr(self.domains)),
+                "clusters": digest(json.dumps([str(x) for x in self.cluster_names]).encode(), arr(self.clusters)),
+                "ranks": digest(arr(self.ranks)),
+                # NaN (unknown) by mask: NaN payload bits are not part of the pool's identity
+                "difficulty": digest(arr(nan), arr(np.where(nan, 0.0, diff))),
+                "ids": digest(str(self.ids.dtype.kind).encode(), ids),
+            }
+            if self.features is not None:
+                # Only when given, so pools without features keep their fingerprints.
+                self._cache["fp_parts"]["features"] = _features_digest(self.features)
+        return dict(self._cache["fp_parts"])
+
     def fingerprint(self) -> str:
-        """A short hash of what identifies the pool (size, labels, ids), stored in
-        checkpoints so that state is never restored onto a different pool."""
+        """A short hash of what identifies the pool (size, domain and cluster labels,
+        ranks, difficulty, ids), stored in checkpoints so that state is never restored onto
+        a different pool — a re-ranked pool, for instance, would make ADS propose other
+        prompts. `fingerprint_parts()` holds the hash of each part."""
         if "fp" not in self._cache:
-            h = hashlib.sha256()
-            h.update(str(len(self)).encode())
-            h.update(json.dumps([str(x) for x in self.domain_names]).encode())
-            h.update(np.ascontiguousarray(self.domains).tobytes())
-            h.update(np.ascontiguousarray(self.clusters).tobytes())
-            if self.ids.dtype == object:
-                h.update("\x00".join(map(str, self.ids)).encode())
-            else:
-                h.update(np.ascontiguousarray(self.ids).tobytes())
-            self._cache["fp"] = h.hexdigest()[:16]
+            parts = self.fingerprint_parts()
+            self._cache["fp"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
         return self._cache["fp"]
 
     def index_of(self, ids: Sequence) -> np.ndarray:
@@ -252,10 +348,22 @@ class Pool:
     @classmethod
     def from_records(cls, records: Sequence[dict], *, domain_key: str = "data_source",
                      id_key: str = "extra_info.index", cluster_key: str = "cluster_id",
-                     rank_key: str = "rank_in_cluster", difficulty_key: str = "difficulty") -> "Pool":
+                     rank_key: str = "rank_in_cluster", difficulty_key: str = "difficulty",
+                     features: Any = None) -> "Pool":
         """Build from row dicts in the verl schema. Dotted keys reach into nested dicts
         (`extra_info.index`). Optional columns are used when every row has them; the
-        cluster, rank and difficulty columns are also looked up inside `extra_info`."""
+        cluster, rank and difficulty columns are also looked up inside `extra_info`.
+
+        The stable id (`id_key`, default `extra_info.index`) is required in every row, as
+        the verl adapter requires it: feedback, checkpoints and run records name prompts by
+        it, and verl silently defaults a missing index to 0. `id_key=None` uses row
+        positions 0..N-1 instead (they change when the file is filtered or reordered).
+
+        >>> Pool.from_records([{"data_source": "a", "extra_info": {"index": 7}}]).ids.tolist()
+        [7]
+        >>> Pool.from_records([{"data_source": "a"}], id_key=None).ids.tolist()
+        [0]
+        """
         if len(records) == 0:
             raise ValueError("the dataset has no rows: a pool needs at least one prompt.")
 
@@ -282,9 +390,18 @@ class Pool:
             return vals
 
         domains = column(domain_key, required=True)
-        ids = column(id_key, required=False)
+        ids = None
+        if id_key is not None:
+            ids = [get(r, id_key) for r in records]
+            missing = [i for i, v in enumerate(ids) if v is _MISSING or v is None]
+            if missing:
+                raise ValueError(
+                    f"{id_key} is missing in {len(missing)} of {len(records)} rows (first rows: {missing[:5]}); "
+                    f"rlpace names prompts by a stable id (verl would default a missing index to 0). Write a "
+                    f"unique {id_key} per row (`rlpace prepare` adds one), pass id_key=... naming the column "
+                    f"that holds it, or id_key=None to use row positions.")
         return cls(domains, clusters=column(cluster_key, False), ranks=column(rank_key, False),
-                   difficulty=column(difficulty_key, False), ids=ids)
+                   difficulty=column(difficulty_key, False), ids=ids, features=features)
 
     @classmethod
     def from_jsonl(cls, path, **keys) -> "Pool":
@@ -312,8 +429,131 @@ class _Missing:
 _MISSING = _Missing()
 
 
+# Feedback.step lies in [0, STEP_MAX): far beyond any trainer's step count, and small enough
+# that step arithmetic (lags, differences, int64 history) cannot overflow.
+STEP_MAX = 2**62
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _numeric(name: str, values: Any) -> np.ndarray:
+    """`values` as an array of real numbers (bool, int or float), or a ValueError naming
+    `Feedback.<name>` and the fix: numpy would otherwise parse strings as floats, drop the
+    imaginary part of complex numbers, or fail on ragged rows with its own message."""
+    try:
+        raw = np.asarray(values)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Feedback.{name} could not be read as an array ({e}); rows of different "
+                         f"lengths are not allowed: give every prompt the same number G of rollouts "
+                         f"(one Feedback per G), as a numpy array or a list of equal-length lists.") from None
+    kind = raw.dtype.kind
+    if kind in "biuf":
+        return raw
+    if kind == "c":
+        why = "complex numbers; pass real rewards (np.real(x) if the imaginary part is 0)"
+    elif kind in "USa":
+        why = "strings; convert them to numbers first (float(x))"
+    else:
+        why = (f"values of dtype {raw.dtype} (ragged rows, None, or non-numbers); give every prompt "
+               f"the same number G of rollouts, as real numbers")
+    raise ValueError(f"Feedback.{name} holds {why}.")
+
+
+def _feedback_ids(prompt_ids: Any) -> np.ndarray:
+    """int64[B] pool positions, or a ValueError naming Feedback.prompt_ids and the fix."""
+    ids = _numeric("prompt_ids", prompt_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"Feedback.prompt_ids must be 1-D [B]; got shape {ids.shape}.")
+    if ids.size == 0:
+        return np.zeros(0, np.int64)
+    if ids.dtype.kind == "f":
+        if not (np.all(np.isfinite(ids)) and np.all(ids == np.round(ids))):
+            raise ValueError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
+                             f"{ids.dtype} with non-integer values. Map stable ids with Pool.index_of(...).")
+    elif ids.dtype.kind not in "iu":
+        raise ValueError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
+                         f"{ids.dtype}. Map stable ids with Pool.index_of(...).")
+    # Range before the cast: 1e20 or uint64 2**63 would wrap to negative int64 values.
+    too_big = ids >= 2.0**63 if ids.dtype.kind == "f" else ids > _INT64_MAX
+    if too_big.any():
+        raise ValueError(f"Feedback.prompt_ids has values beyond the int64 range (first: "
+                         f"{ids[too_big][0]!r}); ids are pool positions 0..N-1 (map stable ids with "
+                         f"Pool.index_of(...)).")
+    if (ids < 0).any():
+        raise ValueError(f"Feedback.prompt_ids has negative values (first: {ids[ids < 0][0]!r}); "
+                         f"ids are pool positions 0..N-1.")
+    return ids.astype(np.int64)         # astype copies, also when ids already is int64
+
+
+def _feedback_step(step: Any) -> int:
+    """`step` as a Python int in [0, STEP_MAX), or a ValueError naming Feedback.step."""
+    if isinstance(step, (bool, np.bool_)) or isinstance(step, (float, np.floating, str, bytes)):
+        raise ValueError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
+                         f"({type(step).__name__}). Pass the trainer's integer step.")
+    try:
+        step_i = operator.index(step)   # int, numpy integers, 0-d integer arrays and tensors
+    except TypeError:
+        raise ValueError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
+                         f"({type(step).__name__}). Pass the trainer's integer step.") from None
+    if not 0 <= step_i < STEP_MAX:
+        raise ValueError(f"Feedback.step must be in [0, 2**62); got {step_i}. Pass the trainer's "
+                         f"step count (0 for the first step).")
+    return int(step_i)
+
+
+def _feedback_lengths(values: Any, shape: tuple) -> np.ndarray:
+    """int64[B, G] response lengths (a copy), or a ValueError naming Feedback.lengths."""
+    arr = np.array(_numeric("lengths", values))
+    if arr.shape != shape and not (arr.size == 0 and shape[0] == 0):
+        raise ValueError(f"Feedback.lengths has shape {arr.shape} but rewards has {shape}; give one "
+                         f"response length (in tokens) per rollout.")
+    if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise ValueError("Feedback.lengths must be whole numbers of tokens; got non-integer values.")
+    if arr.dtype.kind == "b":
+        raise ValueError("Feedback.lengths must be integers (tokens per response); got booleans.")
+    bad = (arr < 0) | (arr >= 2.0**62)
+    if bad.any():
+        raise ValueError(f"Feedback.lengths must be non-negative integers (tokens per response) below "
+                         f"2**62; got {arr[bad][0]!r}.")
+    return arr.astype(np.int64).reshape(shape)
+
+
+def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
+    """float32[B, G, d] per-rollout gradient features (a copy), or a ValueError naming
+    Feedback.grads."""
+    arr = np.array(_numeric("grads", values), dtype=np.float64)
+    if shape[0] == 0 and arr.size == 0:
+        return np.zeros((0, shape[1], arr.shape[-1] if arr.ndim == 3 else 0), np.float32)
+    if arr.ndim != 3 or arr.shape[:2] != shape or arr.shape[2] == 0:
+        raise ValueError(f"Feedback.grads has shape {arr.shape} but must be [B, G, d] = [{shape[0]}, "
+                         f"{shape[1]}, d ≥ 1] (rewards has {shape}): one d-dim gradient feature per "
+                         f"rollout (rlpace.train.gradfeatures computes them).")
+    # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused.
+    if not (np.isfinite(arr).all() and (np.abs(arr) <= np.finfo(np.float32).max).all()):
+        bad = np.argwhere(~(np.abs(arr) <= np.finfo(np.float32).max))[0].tolist()
+        raise ValueError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
+                         f"check the loss for overflow or drop those rollouts.")
+    return arr.astype(np.float32)
+
+
+def _feedback_ref_grad(values: Any, grads: np.ndarray | None) -> np.ndarray:
+    """float32[d] reference direction (a copy), or a ValueError naming Feedback.ref_grad."""
+    arr = np.array(_numeric("ref_grad", values), dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"Feedback.ref_grad must be 1-D [d] with d ≥ 1 (a gradient feature of a "
+                         f"held-out loss, projected like Feedback.grads); got shape {arr.shape}.")
+    if grads is not None and grads.shape[2] not in (0, arr.shape[0]):
+        raise ValueError(f"Feedback.ref_grad has d = {arr.shape[0]} but Feedback.grads has d = "
+                         f"{grads.shape[2]}; project both with the same sketch (same grad_dim and seed).")
+    if not (np.abs(arr) <= np.finfo(np.float32).max).all():
+        raise ValueError("Feedback.ref_grad has NaN, inf or values beyond float32 range; recompute the "
+                         "reference gradient.")
+    return arr.astype(np.float32)
+
+
 def _finite_2d(name: str, values: Any, b: int) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float64)
+    # np.array copies: a Feedback never shares memory with the caller's arrays, so changing
+    # them after construction cannot bypass this validation (stored read-only, see Feedback).
+    arr = np.array(_numeric(name, values), dtype=np.float64)
     if b == 0 and arr.size == 0:
         return arr.reshape(0, arr.shape[-1] if arr.ndim == 2 else 0)
     if arr.ndim != 2:
@@ -342,32 +582,45 @@ class Feedback:
         advantages: float64[B, G] or None — advantages as the trainer computed them; when
             None, policies that need them use GRPO group-normalised advantages of `rewards`.
         step: int — the trainer step the rollouts were generated at (for recency and lag).
+        lengths: int64[B, G] or None — response length of each rollout in tokens (GFPO's
+            reward per token, docs/methods/gfpo.md); None when the trainer does not report it.
+        grads: float32[B, G, d] or None — per-rollout gradient features: the gradient of
+            rollout (i, j)'s term of the policy-gradient loss, restricted to a parameter subset
+            and/or projected to d dims by a seeded random sketch
+            (`rlpace.train.gradfeatures`); rows sum to the batch gradient's feature. Read
+            by gradient-informed policies (`diem`, `dvc`); others ignore it.
+        ref_grad: float32[d] or None — a reference direction in the same feature space,
+            e.g. the gradient of a held-out loss refreshed every k steps (`diem`, `dvc`).
 
-    Validation (each a ValueError naming the field): ids must be non-negative integers,
-    rewards 2-D with G ≥ 1 and finite, advantages the rewards' shape and finite. An empty
-    batch (B = 0) is valid and is a no-op for the Scheduler. Range of ids is checked by the
-    Scheduler against its pool.
+    Validation (each a ValueError naming the field and the fix): ids must be non-negative
+    integers (integral floats are accepted) within int64; rewards and advantages real
+    numbers (bool, int or float — not strings, complex numbers or ragged rows), 2-D with
+    G ≥ 1 and finite, advantages of the rewards' shape; step a Python or numpy integer
+    (not bool, float or str) in [0, 2**62); lengths non-negative integers of the rewards'
+    shape; grads real and finite within float32 range, of shape [B, G, d ≥ 1]; ref_grad
+    the same, of shape [d] (grads' d when both are given). An empty batch (B = 0) is valid and is a no-op
+    for the Scheduler. Range of ids is checked by the Scheduler against its pool.
+
+    The arrays are copies, stored read-only: changing the caller's arrays after
+    construction cannot bypass this validation, and a policy cannot write into them.
+
+    >>> r = np.array([[1.0, 0.0]]); fb = Feedback([0], r, step=2)
+    >>> r[0, 0] = np.nan; fb.rewards.tolist(), fb.rewards.flags.writeable
+    ([[1.0, 0.0]], False)
     """
 
     prompt_ids: np.ndarray
     rewards: np.ndarray
     advantages: np.ndarray | None = None
     step: int = 0
+    lengths: np.ndarray | None = None
+    grads: np.ndarray | None = None
+    ref_grad: np.ndarray | None = None
 
-    def __init__(self, prompt_ids, rewards, advantages=None, step: int = 0):
-        ids = np.asarray(prompt_ids)
-        if ids.ndim != 1:
-            raise ValueError(f"Feedback.prompt_ids must be 1-D [B]; got shape {ids.shape}.")
-        if ids.size and ids.dtype.kind not in "iu":
-            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
-                pass
-            else:
-                raise ValueError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
-                                 f"{ids.dtype}. Map stable ids with Pool.index_of(...).")
-        ids = ids.astype(np.int64)
-        if (ids < 0).any():
-            raise ValueError(f"Feedback.prompt_ids has negative values (first: {int(ids[ids < 0][0])}); "
-                             f"ids are pool positions 0..N-1.")
+    def __init__(self, prompt_ids, rewards, advantages=None, step: int = 0, lengths=None,
+                 grads=None, ref_grad=None):
+        step_i = _feedback_step(step)       # first: checks never depend on a bad step
+        ids = _feedback_ids(prompt_ids)
         b = ids.shape[0]
         rew = _finite_2d("rewards", rewards, b)
         adv = None
@@ -376,16 +629,19 @@ class Feedback:
             if adv.shape != rew.shape:
                 raise ValueError(f"Feedback.advantages has shape {adv.shape} but rewards has "
                                  f"{rew.shape}; give one advantage per rollout.")
-        try:
-            step_i = int(step)
-        except (TypeError, ValueError):
-            raise ValueError(f"Feedback.step must be an int; got {step!r}.") from None
-        if step_i < 0:
-            raise ValueError(f"Feedback.step must be ≥ 0; got {step_i}.")
+        lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
+        grd = None if grads is None else _feedback_grads(grads, rew.shape)
+        ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
+        for arr in (ids, rew, adv, lens, grd, ref):
+            if arr is not None:
+                arr.setflags(write=False)
         object.__setattr__(self, "prompt_ids", ids)
         object.__setattr__(self, "rewards", rew)
         object.__setattr__(self, "advantages", adv)
         object.__setattr__(self, "step", step_i)
+        object.__setattr__(self, "lengths", lens)
+        object.__setattr__(self, "grads", grd)
+        object.__setattr__(self, "ref_grad", ref)
 
     @property
     def batch_size(self) -> int:
@@ -411,6 +667,13 @@ class Batch(NamedTuple):
     domains: np.ndarray     # int64[B]       domain code of each prompt
     clusters: np.ndarray    # int64[B]       cluster code of each prompt
     step: int               # trainer step of the rollouts
+    lengths: np.ndarray | None = None      # int64[B, G]    response lengths (Feedback.lengths)
+    # Only inside `Scheduler.token_weights` (None elsewhere): the sampling policy's token
+    # probabilities π_old(o_t) and which tokens are real (docs/methods/ar.md).
+    token_probs: np.ndarray | None = None  # float64[B, G, T] in [0, 1]
+    token_mask: np.ndarray | None = None   # bool[B, G, T]
+    grads: np.ndarray | None = None        # float32[B, G, d] per-rollout gradient features (Feedback.grads)
+    ref_grad: np.ndarray | None = None     # float32[d] reference direction (Feedback.ref_grad)
 
     @property
     def informative(self) -> np.ndarray:
@@ -440,7 +703,8 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     domains, clusters = pool.domains[fb.prompt_ids], pool.clusters[fb.prompt_ids]
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
-        batch = Batch(fb.prompt_ids, r, success, np.zeros(0), adv, domains, clusters, fb.step)
+        batch = Batch(fb.prompt_ids, r, success, np.zeros(0), adv, domains, clusters, fb.step, fb.lengths,
+                      grads=fb.grads, ref_grad=fb.ref_grad)
         return batch, np.zeros(0, np.int64), np.zeros(0, bool)
     g = r.shape[1]
     # r == success (as 0/1) everywhere ⟺ every reward is 0 or 1; then success ⟺ r == 1
@@ -460,7 +724,8 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
         informative = (wins > 0) & (wins < g)
     else:
         informative = np.abs(adv).max(axis=1, initial=0.0) > 1e-12
-    batch = Batch(fb.prompt_ids, r, success, rate, adv, domains, clusters, fb.step)
+    batch = Batch(fb.prompt_ids, r, success, rate, adv, domains, clusters, fb.step, fb.lengths,
+                  grads=fb.grads, ref_grad=fb.ref_grad)
     return batch, wins, informative
 
 
@@ -502,17 +767,162 @@ def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
     A group whose rewards are all equal (or G = 1) has A = 0. For binary rewards with pass
     rate p the mean |A| is 2·sqrt(p(1−p)) / (1 + eps/σ) ≈ 2·sqrt(p(1−p))
-    (methods-core.md, "one identity").
+    (E|A| of a two-valued group; see docs/methods/README.md).
+
+    Rewards of any finite size are safe: a row whose |r| exceeds 1e150 (where r² or the row
+    sum would overflow) is computed on x = r / max|r| as (x − mean x) / (std x + eps / max|r|),
+    the same value in exact arithmetic; other rows keep the plain formula bit for bit.
 
     >>> group_advantages(np.array([[1.0, 0.0, 1.0, 0.0]])).round(3).tolist()
     [[1.0, -1.0, 1.0, -1.0]]
+    >>> group_advantages(np.array([[1e308, -1e308]])).round(3).tolist()
+    [[1.0, -1.0]]
     """
     r = np.asarray(rewards, dtype=np.float64)
     if r.size == 0:
         return np.zeros_like(r)
+    r, eps = _tame_huge_rows(r, eps)
     # The arithmetic of r.mean / r.std (population), spelled out so the centred values are
     # computed once: bit-identical results, ~40% less time on the hot path.
     g = r.shape[1]
     centred = r - r.sum(axis=1, keepdims=True) / g
     std = np.sqrt((centred * centred).sum(axis=1, keepdims=True) / g)
     return np.where(std > 0, centred / (std + eps), 0.0)
+
+
+_HUGE = 1e150
+
+
+def _tame_huge_rows(r: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray | float]:
+    """(r', eps') with rows holding |r| > 1e150 divided by their max |r| and their eps by the
+    same factor — advantages are invariant to that rescaling — so no square or sum overflows.
+    Returns the inputs unchanged (same objects) when no row is that large: the hot path pays one
+    max over the batch."""
+    big = np.abs(r).max(axis=1, keepdims=True)                                   # [B, 1]
+    if not (big > _HUGE).any():
+        return r, eps
+    scale = np.where(big > _HUGE, big, 1.0)
+    return r / scale, eps / scale
+
+
+def kept_group_advantages(rewards: np.ndarray, keep: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """float64[B, G] GRPO advantages recomputed on each group's *kept* rollouts only:
+    A_ij = (r_ij − mean_{k kept} r_ik) / (std_{k kept} r_ik + eps) where keep[i, j], else 0.
+
+    This is PODS's rule (Xu et al. 2025, arXiv 2504.13818, §3: the policy update sees the
+    down-sampled group as if it were the whole group), and the one place rlpace computes it:
+    the built-in trainer, the simulator and the verl/TRL adapters all call it. A row whose
+    kept rollouts all share one reward (or that keeps ≤ 1) gets A = 0. With `keep` all True
+    it equals `group_advantages` bit for bit.
+
+    >>> r = np.array([[1.0, 1.0, 0.0, 0.0]]); keep = np.array([[True, False, True, False]])
+    >>> kept_group_advantages(r, keep).round(3).tolist()
+    [[1.0, 0.0, -1.0, 0.0]]
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    k = np.asarray(keep, dtype=bool)
+    if k.shape != r.shape:
+        raise ValueError(f"kept_group_advantages: keep has shape {k.shape} but rewards has {r.shape}; "
+                         f"give one flag per rollout.")
+    if r.size == 0:
+        return np.zeros_like(r)
+    if k.all():
+        return group_advantages(r, eps)
+    r, eps = _tame_huge_rows(np.where(k, r, 0.0), eps)
+    n = k.sum(axis=1, keepdims=True)
+    safe_n = np.maximum(n, 1)
+    mean = np.where(k, r, 0.0).sum(axis=1, keepdims=True) / safe_n
+    centred = np.where(k, r - mean, 0.0)
+    std = np.sqrt((centred * centred).sum(axis=1, keepdims=True) / safe_n)
+    return np.where(k & (std > 0), centred / (std + eps), 0.0)
+
+
+# A held-out NLL per token above this is not a language model's loss (uniform over a 10⁶-token
+# vocabulary is 13.8 nats); the bound keeps curve areas (tokens × loss ≤ 2**62 · 1e4) finite.
+LOSS_MAX = 1e4
+
+
+def _loss_number(domain, what: str, value: Any, high: float, high_open: bool) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    x = float(value) if ok else float("nan")
+    ok = ok and np.isfinite(x) and x >= 0 and (x < high if high_open else x <= high)
+    if not ok:
+        bound = f"[0, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"observe_losses: {what} of domain {domain!r} must be a finite number in "
+                         f"{bound}; got {value!r}. Pass {{domain: (tokens_seen, loss)}} with the "
+                         f"tokens of that domain trained on so far and its mean held-out NLL per token.")
+    return x
+
+
+@dataclass(frozen=True)
+class LossFeedback:
+    """Held-out loss of some domains at one point of training: a second kind of feedback,
+    beside `Feedback`, for policies that learn from loss curves (`epiplexity`,
+    docs/methods/epiplexity.md). Built and validated by `Scheduler.observe_losses`, which
+    passes it to each policy's `DataPolicy.update_losses`.
+
+    Attributes:
+        domains: int64[M] domain codes (positions in `Pool.domain_names`), one per point.
+        tokens: float64[M] tokens (or rollouts: any unit, used consistently) of that domain
+            trained on so far, in [0, 2**62).
+        losses: float64[M] mean teacher-forced NLL per token of reference answers on that
+            domain's fixed probe set, in [0, 1e4].
+        step: int — trainer step at which the losses were measured.
+
+    Validation (`from_mapping`; each a ValueError naming the domain and the field): keys are
+    domain labels of the pool; values are (tokens_seen, loss) pairs of real numbers (not
+    bools), finite and in range. An empty mapping is valid (no points).
+
+    >>> pool = Pool(["math", "code", "math"])
+    >>> lf = LossFeedback.from_mapping(pool, {"math": (1000, 2.5)}, step=3)
+    >>> lf.domains.tolist(), lf.tokens.tolist(), lf.losses.tolist()
+    ([1], [1000.0], [2.5])
+    """
+
+    domains: np.ndarray
+    tokens: np.ndarray
+    losses: np.ndarray
+    step: int = 0
+
+    def __init__(self, domains, tokens, losses, step: int = 0):
+        d = np.array(domains, dtype=np.int64).reshape(-1)
+        t = np.array(tokens, dtype=np.float64).reshape(-1)
+        loss = np.array(losses, dtype=np.float64).reshape(-1)
+        if not d.shape == t.shape == loss.shape:
+            raise ValueError(f"LossFeedback: domains, tokens and losses must have one entry per point; "
+                             f"got shapes {d.shape}, {t.shape}, {loss.shape}.")
+        if not (np.isfinite(t).all() and (t >= 0).all() and (t < float(STEP_MAX)).all()):
+            raise ValueError("LossFeedback.tokens must be finite numbers in [0, 2**62).")
+        if not (np.isfinite(loss).all() and (loss >= 0).all() and (loss <= LOSS_MAX).all()):
+            raise ValueError(f"LossFeedback.losses must be finite numbers in [0, {LOSS_MAX:g}] (nats per token).")
+        if (d < 0).any():
+            raise ValueError("LossFeedback.domains must be domain codes ≥ 0.")
+        step_i = _feedback_step(step)
+        for arr in (d, t, loss):
+            arr.setflags(write=False)
+        object.__setattr__(self, "domains", d)
+        object.__setattr__(self, "tokens", t)
+        object.__setattr__(self, "losses", loss)
+        object.__setattr__(self, "step", step_i)
+
+    @classmethod
+    def from_mapping(cls, pool: "Pool", losses: Any, step: int = 0) -> "LossFeedback":
+        """From `{domain label: (tokens_seen, loss)}`, validated against `pool` (see class doc)."""
+        if not isinstance(losses, dict):
+            raise ValueError(f"observe_losses takes a dict {{domain: (tokens_seen, loss)}}; got "
+                             f"{type(losses).__name__}.")
+        step_i = _feedback_step(step)
+        by_label = {str(name): i for i, name in enumerate(pool.domain_names)}
+        codes, tokens, values = [], [], []
+        for key, pair in losses.items():
+            code = by_label.get(str(key))
+            if code is None:
+                raise ValueError(f"observe_losses: unknown domain {key!r}; the pool's domains are "
+                                 f"{[str(x) for x in pool.domain_names]}.")
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise ValueError(f"observe_losses: the value for domain {key!r} must be a pair "
+                                 f"(tokens_seen, loss); got {pair!r}.")
+            tokens.append(_loss_number(key, "tokens_seen", pair[0], float(STEP_MAX), True))
+            values.append(_loss_number(key, "loss", pair[1], LOSS_MAX, False))
+            codes.append(code)
+        return cls(np.array(codes, np.int64), np.array(tokens), np.array(values), step_i)

@@ -72,6 +72,8 @@ def rollout_batch(batch_dict, step, *, G=3, acc=True, seed=0, pool=None):
     """A post-`compute_advantage` DataProto for the prompts of one loader batch, and the
     reference (prompt positions, rewards[B,G], advantages[B,G]) built by a plain loop in
     the adapter's documented order (groups by first appearance, rows in engine order).
+    The batch's `advantages` are 3·A_GRPO + 0.25; the reference advantages are GRPO's
+    (r − mean) / (population std + 1e-6) of the rewards, what the Feedback must carry.
 
     Score = 0.7 − 0.5·acc, so success read from `acc` and from the score disagree.
     """
@@ -99,7 +101,9 @@ def rollout_batch(batch_dict, step, *, G=3, acc=True, seed=0, pool=None):
         rr = [r for r, (q, _) in enumerate(rows) if q == p]
         v = reward[rr]
         adv_seq[rr] = (v - v.mean()) / (v.std() + 1e-6)
-    advantages = torch.tensor(adv_seq, dtype=torch.float32).unsqueeze(-1) * mask
+    # the engine's advantages are on another scale (as verl's other estimators give): the
+    # Feedback must carry GRPO's, not these
+    advantages = torch.tensor(3.0 * adv_seq + 0.25, dtype=torch.float32).unsqueeze(-1) * mask
     nt = {"uid": np.array([uids[p] for p, _ in rows], dtype=object),
           "extra_info": np.array([extra[p] for p, _ in rows], dtype=object),
           "data_source": np.array([batch_dict["data_source"][p] for p, _ in rows], dtype=object)}
@@ -117,6 +121,5 @@ def rollout_batch(batch_dict, step, *, G=3, acc=True, seed=0, pool=None):
     ids = [extra[p]["index"] for p in order]
     positions = pool.index_of(ids) if pool is not None else None
     rew = np.array([[reward[r] for r in groups[p]] for p in order])
-    per_row = ((advantages.double() * mask.double()).sum(-1) / mask.double().sum(-1)).numpy()
-    adv = np.array([[per_row[r] for r in groups[p]] for p in order])
+    adv = np.array([[adv_seq[r] for r in groups[p]] for p in order])      # GRPO, float64
     return proto, positions, rew, adv, rows, order

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..types import Feedback, Pool
+from ..types import Feedback, Pool, group_advantages
 
 __all__ = ["Rows", "group_rows", "feedbacks_from_rows", "dataproto_rows", "scatter_to_rows"]
 
@@ -29,7 +29,6 @@ class Rows(NamedTuple):
     group_keys: np.ndarray          # object[R] rollouts of one prompt share a key (verl uid)
     prompt_ids: np.ndarray          # object[R] or int64[R] stable prompt id (extra_info.index)
     rewards: np.ndarray             # float64[R] score (or `acc`) of each rollout
-    advantages: np.ndarray | None   # float64[R] per-sequence advantage, or None
 
 
 def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
@@ -72,9 +71,14 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
     record); groups of unequal size (failed or filtered rollouts) are kept, as one record
     per size, rather than padded, so no invented reward reaches a policy.
 
+    The advantages are `rlpace.group_advantages(rewards)` — GRPO's (r − mean) / (population
+    std + 1e-6) over each group — never the engine's: verl's estimator (GRPO, Dr.GRPO's
+    unscaled variant, RLOO, REINFORCE++, …) and its scaling differ by config, and every
+    policy must see one scale.
+
     >>> pool = Pool(["a", "b"], ids=[10, 20])
     >>> rows = Rows(np.array(["u", "v", "u", "v"], object), np.array([20, 10, 20, 10]),
-    ...             np.array([1.0, 0.0, 0.0, 0.0]), None)
+    ...             np.array([1.0, 0.0, 0.0, 0.0]))
     >>> [(f.prompt_ids.tolist(), f.rewards.tolist(), r.tolist()) for f, r in feedbacks_from_rows(pool, rows)]
     [([1, 0], [[1.0, 0.0], [0.0, 0.0]], [[0, 2], [1, 3]])]
     """
@@ -87,8 +91,8 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
         idx = np.stack([g for g, s in zip(groups, sizes) if s == size])          # [B, G]
         first = [rows.prompt_ids[i] for i in idx[:, 0]]
         positions = pool.index_of(first)
-        adv = None if rows.advantages is None else rows.advantages[idx]
-        out.append((Feedback(positions, rows.rewards[idx], adv, step=step), idx))
+        rewards = rows.rewards[idx]
+        out.append((Feedback(positions, rewards, group_advantages(rewards), step=step), idx))
     return out
 
 
@@ -101,17 +105,17 @@ def scatter_to_rows(values: np.ndarray, row_index: np.ndarray, n_rows: int, fill
 
 
 def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
-    """Read a verl `DataProto` (after `compute_advantage`) into `Rows`.
+    """Read a verl `DataProto` (after the reward is computed) into `Rows`.
 
     * group key: `non_tensor_batch["uid"]`;
     * stable id: `non_tensor_batch["extra_info"][i]["index"]`;
     * reward: `non_tensor_batch[reward_key]` when the reward function returned that extra
       (verl's `acc` is the verifier's correctness; DAPO recipes filter on it, not on the
       shaped `score`), else the sequence score `token_level_scores.sum(-1)` (verl puts the
-      outcome reward on the last response token);
-    * advantage: the masked mean of `advantages` over `response_mask` (GRPO writes one
-      scalar per sequence broadcast over its tokens, so this recovers it exactly);
-      None when the batch has no advantages yet.
+      outcome reward on the last response token).
+
+    verl's `advantages` are not read: `feedbacks_from_rows` gives every policy GRPO group
+    advantages of these rewards, whatever `algorithm.adv_estimator` is.
     """
     nt, td = batch.non_tensor_batch, batch.batch
     for key in ("uid", "extra_info"):
@@ -131,8 +135,4 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
     else:
         raise ValueError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
                          f"batch['token_level_scores']; feed it after the reward is computed.")
-    adv = None
-    if "advantages" in td.keys() and "response_mask" in td.keys():
-        mask = td["response_mask"].double()
-        adv = ((td["advantages"].double() * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).cpu().numpy()
-    return Rows(np.asarray(nt["uid"], dtype=object), ids, rewards, adv)
+    return Rows(np.asarray(nt["uid"], dtype=object), ids, rewards)

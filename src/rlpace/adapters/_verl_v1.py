@@ -14,11 +14,15 @@ evicted when admission keeps none of its rollouts; rollouts dropped inside a kep
 are cleared from TransferQueue, so the group trains on the rest. `sample` adds
 `rlpace/*` metrics, which the trainer merges into the step's metrics for its logger.
 
-Contract notes (read from the installed verl 0.9.1 source; TransferQueue needs Ray and a
-rollout server, so no end-to-end run here): trajectory keys are `{uid}_{session}_{i}`,
-advantages do not exist yet when groups are chosen (the Scheduler falls back to GRPO
-advantages of the rewards), and the buffer is not checkpointed (its decisions live in
-the Scheduler, which `data.pt` saves through the dataset).
+Contract notes (read from the installed verl 0.9.1 source, and run against a real
+TransferQueue in tests/test_adapter_verl_tq.py): trajectory keys are `{uid}_{session}_{i}`;
+rewards must be in TransferQueue when `sample` runs (a colocated reward model scores
+later: a ValueError says so); advantages do not exist yet when groups are chosen, so the
+Feedback carries `group_advantages` of the rewards, as on every rlpace path; verl then
+computes its advantages over the rollouts left in each group (with its GRPO estimator
+that is the kept-subset rule of PODS, `kept_group_advantages`, up to verl's unbiased
+std); the buffer is not checkpointed (its decisions live in the Scheduler, which
+`data.pt` saves through the dataset).
 """
 
 from __future__ import annotations
@@ -91,15 +95,19 @@ class _RlpaceAdmission:
         keys = sorted(k for k in self.partitions[partition_id]
                       if k.split("_")[0] in new and k.rsplit("_", 1)[1] == "0")
         if keys:
-            data = _rb.tq.kv_batch_get(keys=keys, partition_id=partition_id,
-                                       select_fields=["rm_scores", "extra_fields", "index"])
+            try:
+                data = _rb.tq.kv_batch_get(keys=keys, partition_id=partition_id,
+                                           select_fields=["rm_scores", "extra_fields", "index"])
+            except KeyError:        # no rm_scores yet: `_rows` may still find reward_extra_info
+                data = _rb.tq.kv_batch_get(keys=keys, partition_id=partition_id,
+                                           select_fields=["extra_fields", "index"])
             rows = self._rows(keys, data)
             step_of = self.prompt_global_steps[partition_id]
             steps = np.array([step_of.get(k.split("_")[0], 0) for k in keys])
             evicted, cleared, mean = set(), set(), {}
             for s in np.unique(steps):          # one Feedback per step the prompts were drawn at
                 at = np.flatnonzero(steps == s)
-                sub = Rows(*(None if f is None else f[at] for f in rows))
+                sub = Rows(*(f[at] for f in rows))
                 e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s))
                 evicted |= e
                 cleared |= c
@@ -122,9 +130,21 @@ class _RlpaceAdmission:
         if key and all(key in i for i in infos):
             rewards = np.array([float(i[key]) for i in infos])
         else:
-            rewards = np.array([float(s.sum()) for s in data["rm_scores"]])
+            try:
+                scores = data["rm_scores"]
+            except (KeyError, TypeError):
+                scores = None
+            if scores is None or len(scores) != len(keys):
+                raise ValueError(
+                    f"finished rollouts reached the replay buffer without rewards (no 'rm_scores' and no "
+                    f"reward_extra_info[{key!r}] in TransferQueue): rlpace admission reads rewards when it "
+                    f"samples, and a colocated reward model (reward.reward_model.enable=True without "
+                    f"enable_resource_pool) scores only after sampling. Use a rule-based reward or set "
+                    f"reward.reward_model.enable_resource_pool=True (verl's own condition for "
+                    f"algorithm.filter_groups).")
+            rewards = np.array([float(s.sum()) for s in scores])
         ids = np.array([getattr(v, "data", v) for v in data["index"]], dtype=object)
-        return Rows(np.array([k.split("_")[0] for k in keys], dtype=object), ids, rewards, None)
+        return Rows(np.array([k.split("_")[0] for k in keys], dtype=object), ids, rewards)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         meta, metrics = super().sample(global_steps, partition_id, batch_size)

@@ -5,12 +5,29 @@
   in a row, each chunk `num_iterations × steps_per_generation` times); every rank holds
   an identical replica, so accelerate's shards agree.
 * Feedback: after TRL scores a generation batch (`_generate_and_score_completions`), the
-  gathered rewards (weighted sum over reward functions, as TRL computes it) and the
-  gathered advantages reach `Scheduler.observe` on every rank, in the same order.
-* Lag: accelerate reads one batch ahead, so with R = steps_per_generation × num_iterations
-  = 1 chunk j is drawn before chunk j−1 is scored. The sampler makes the lag fixed
-  instead of timing-dependent: chunk j is always proposed right after the feedback of
-  chunk j−1−lag, lag = 1 if R == 1 else 0. `zero_lag=True` instead proposes inside
+  gathered rewards (weighted sum over reward functions, as TRL computes it) reach
+  `Scheduler.observe` on every rank, in the same order, with `rlpace.group_advantages` of
+  those rewards as the advantages (one definition whatever TRL's `scale_rewards`,
+  `loss_type` or multi-objective aggregation: A = (r − mean) / (population std + 1e-6)).
+* Admission: `Scheduler.admit` decides which rollouts enter the loss. A dropped rollout's
+  `completion_mask` row is zeroed (no policy or KL term, not in `num_items_in_batch`) and
+  its advantage set to 0; a group that keeps a strict subset (PODS) trains on
+  `rlpace.kept_group_advantages(rewards, keep)`, GRPO advantages of the kept rollouts
+  only. Groups kept whole keep TRL's advantages. (`loss_type` "grpo"/"sapo"/"luspo"
+  average per sequence over the whole micro-batch, so dropped rows still count in that
+  mean; "dapo", "bnpo", "cispo" and "vespo" normalise by tokens and exclude them.)
+* Lag: the sampler draws a chunk when the dataloader first asks for one of its rows, and
+  the loops ahead of training decide when that is. With A = gradient_accumulation_steps and
+  R = steps_per_generation × num_iterations (dataloader batches per chunk): transformers'
+  `_inner_training_loop` collects the A batches of an optimizer step (`get_batch_samples`)
+  before training on any of them, and accelerate's `DataLoaderShard` fetches one batch
+  beyond the one it yields. At the start of optimizer step u, batches up to (u+1)·A are
+  fetched while only the chunks generated before batch u·A are scored; TRL generates chunk
+  j at batch j·R (`_prepare_inputs`). Chunk j is therefore drawn with ⌈u·A/R⌉ chunks
+  scored, u = max(0, ⌈jR/A⌉ − 1), and the number not yet scored is at most ⌊A/R⌋ (reached
+  at j = ⌊A/R⌋). The sampler makes that lag fixed instead of timing-dependent: chunk j is
+  always proposed right after the feedback of chunk j−1−lag, lag = A // R (A=1, R=1: 1;
+  TRL's default R = A: 1; A=2, R=1: 2; R > A: 0). `zero_lag=True` instead proposes inside
   `_generate_and_score_completions`, after the previous chunk's feedback, and swaps the
   prefetched rows (the sampler then yields placeholders).
 * Checkpoints: `rlpace_scheduler.npz` in each `checkpoint-N/` holds the Scheduler state and
@@ -35,18 +52,19 @@ from collections import deque
 import numpy as np
 
 from ..scheduler import Scheduler
-from ..types import Feedback, Pool
+from ..types import Feedback, Pool, group_advantages, kept_group_advantages
 
 try:
     import torch
     import trl
-    from accelerate.utils import gather, gather_object
+    from accelerate.utils import gather_object
     from torch.utils.data import Sampler
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.trl needs trl: pip install 'rlpace[trl]'") from e
 
-__all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "pool_from_dataset", "SUPPORTED_TRL", "STATE_FILE"]
+__all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
+           "SUPPORTED_TRL", "STATE_FILE"]
 
 SUPPORTED_TRL = ("1.10", "1.17")   # [lowest, highest) trl release checked
 STATE_FILE = "rlpace_scheduler.npz"
@@ -61,6 +79,23 @@ def pool_from_dataset(dataset, *, domain_column: str = "data_source", id_column:
     return Pool(dataset[domain_column], ids=dataset[id_column])
 
 
+def lookahead_chunks(gradient_accumulation_steps: int, batches_per_chunk: int) -> int:
+    """Chunks the dataloader draws before the previous ones are scored: A // R.
+
+    A = gradient_accumulation_steps, R = steps_per_generation × num_iterations. transformers
+    fetches an optimizer step's A batches, plus accelerate's one read-ahead, before training
+    on the first; chunk j starts at batch j·R (derivation in the module docstring).
+
+    >>> [lookahead_chunks(a, r) for a, r in [(1, 1), (2, 2), (2, 1), (4, 2), (3, 2), (2, 4)]]
+    [1, 1, 2, 2, 1, 0]
+    """
+    a, r = int(gradient_accumulation_steps), int(batches_per_chunk)
+    if a < 1 or r < 1:
+        raise ValueError(f"gradient_accumulation_steps ({a}) and steps_per_generation × num_iterations ({r}) "
+                         f"must be ≥ 1.")
+    return a // r
+
+
 class SchedulerRepeatSampler(Sampler[int]):
     """`RepeatSampler`'s index layout, with chunks proposed by a Scheduler at fixed points.
 
@@ -73,7 +108,8 @@ class SchedulerRepeatSampler(Sampler[int]):
         rows: int64[N] dataset row of each pool position.
         batch_size: B distinct proposals per chunk; mini_repeat_count: G; repeat_count: R.
         num_batches: chunks per epoch (fixes `len`, hence TRL's steps per epoch).
-        lag: chunks proposed ahead (0 or 1); placeholder: yield row 0 (zero-lag mode).
+        lag: chunks proposed ahead of the feedback (`lookahead_chunks`); placeholder: yield
+            row 0 (zero-lag mode).
     """
 
     def __init__(self, scheduler: Scheduler, rows: np.ndarray, batch_size: int, mini_repeat_count: int,
@@ -95,8 +131,11 @@ class SchedulerRepeatSampler(Sampler[int]):
             self.queue.extend(self.scheduler.propose(self.b) for _ in range(self.lag + 1))
             self.primed = True
         if self.handed >= len(self.queue):
-            raise RuntimeError("the dataloader asked for a chunk whose feedback horizon has not arrived: "
-                               "set dataloader_num_workers=0 and keep TRL's default prefetching.")
+            raise RuntimeError(f"the dataloader asked for a chunk more than {self.lag} chunk(s) ahead of the "
+                               f"last feedback, the look-ahead of transformers' loop this sampler was built for "
+                               f"(gradient_accumulation_steps // (steps_per_generation × num_iterations)); "
+                               f"something reads further ahead: set dataloader_num_workers=0, or pass "
+                               f"zero_lag=True to RlpaceGRPOTrainer.")
         self.handed += 1
         return self.rows[self.queue[self.handed - 1]]
 
@@ -124,8 +163,14 @@ class SchedulerRepeatSampler(Sampler[int]):
         return {"sampler/queue": q, "sampler/primed": np.array(self.primed)}
 
     def load_state_dict(self, state) -> None:
-        self.queue = deque(np.asarray(state["sampler/queue"], dtype=np.int64))
-        self.primed, self.handed = bool(state["sampler/primed"]), 0
+        queue, primed = np.asarray(state["sampler/queue"], dtype=np.int64), bool(state["sampler/primed"])
+        if primed and not self.placeholder and len(queue) != self.lag + 1:
+            # the queue always holds lag + 1 chunks once primed (one proposed per feedback)
+            raise ValueError(f"the checkpoint's sampler looks {len(queue) - 1} chunk(s) ahead, this run {self.lag} "
+                             f"(gradient_accumulation_steps // (steps_per_generation × num_iterations)): resume "
+                             f"with the gradient_accumulation_steps, steps_per_generation and num_iterations "
+                             f"the checkpoint was trained with.")
+        self.queue, self.primed, self.handed = deque(queue), primed, 0
 
 
 class RlpaceGRPOTrainer(GRPOTrainer):
@@ -176,8 +221,9 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         rows[pos] = np.arange(len(pos))
         b = self.args.generation_batch_size // self.num_generations
         r = self.num_iterations * self.args.steps_per_generation
-        self.rlpace_sampler = SchedulerRepeatSampler(scheduler, rows, b, self.num_generations, r,
-                                                     len(ds) // b, lag=int(r == 1), placeholder=zero_lag)
+        self.rlpace_sampler = SchedulerRepeatSampler(
+            scheduler, rows, b, self.num_generations, r, len(ds) // b,
+            lag=lookahead_chunks(self.args.gradient_accumulation_steps, r), placeholder=zero_lag)
         self.args.ignore_data_skip = True   # the sampler resumes itself; HF's skip would re-draw
         self._rlpace_rewards = None
 
@@ -210,20 +256,38 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         if (pos != pos[:, :1]).any():
             raise RuntimeError("rows of one generation group carry different prompt ids; the sampler "
                                "layout (each prompt num_generations times in a row) was changed.")
-        adv_local = output["advantages"]
-        adv = gather(adv_local if adv_local.dim() == 1 else adv_local.mean(-1))
-        fb = Feedback(pos[:, 0], self._rlpace_rewards.double().cpu().numpy().reshape(-1, g),
-                      adv.double().cpu().numpy().reshape(-1, g), step=self.state.global_step)
+        rewards = self._rlpace_rewards.double().cpu().numpy().reshape(-1, g)
+        fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step)
         self.scheduler.observe(fb)
         self.rlpace_sampler.scored(pos[:, 0])
+        n_local = output["advantages"].shape[0]
+        local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+        keep = self.scheduler.admit(fb)
+        if not keep.all():
+            self._rlpace_admit(output, rewards, keep, local)
         if self.rlpace_loss_weights:
-            w = torch.as_tensor(self.scheduler.loss_weights(fb).ravel(), dtype=adv_local.dtype,
-                                device=adv_local.device)
-            start = self.accelerator.process_index * adv_local.shape[0]
-            w = w[start:start + adv_local.shape[0]]
-            output["advantages"] = adv_local * (w if adv_local.dim() == 1 else w[:, None])
+            adv = output["advantages"]
+            w = torch.as_tensor(self.scheduler.loss_weights(fb).ravel()[local], dtype=adv.dtype, device=adv.device)
+            output["advantages"] = adv * (w if adv.dim() == 1 else w[:, None])
         for k, v in self.scheduler.metrics().items():
             self._metrics["train"][f"rlpace/{k}"].append(v)
+
+    def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice) -> None:
+        """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages."""
+        thinned = keep.any(axis=1) & ~keep.all(axis=1)                      # [B] PODS-style groups
+        replace = (~keep | thinned[:, None]).ravel()[local]                  # rows whose advantage changes
+        value = np.where(keep & thinned[:, None], kept_group_advantages(rewards, keep), 0.0).ravel()[local]
+        adv = output["advantages"]
+        rep = torch.as_tensor(replace, device=adv.device)
+        val = torch.as_tensor(value, dtype=adv.dtype, device=adv.device)
+        if adv.dim() == 2:
+            rep, val = rep[:, None], val[:, None]
+        output["advantages"] = torch.where(rep, val, adv)
+        kept = torch.as_tensor(keep.ravel()[local], device=adv.device)
+        mask = output["completion_mask"] * kept[:, None].to(output["completion_mask"].dtype)
+        output["completion_mask"] = mask
+        loss_mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
@@ -242,5 +306,5 @@ class RlpaceGRPOTrainer(GRPOTrainer):
                              f"the schedule cannot resume. Resume from an rlpace checkpoint or start fresh.")
         with np.load(path, allow_pickle=False) as z:
             state = {k: z[k] for k in z.files}
-        self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith("sampler/")})
         self.rlpace_sampler.load_state_dict(state)
+        self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith("sampler/")})

@@ -19,12 +19,13 @@ feedback *before* the checkpoint is written (exact resume), loss weights, and
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
 
 from ..scheduler import Scheduler
-from ..types import Pool
+from ..types import Pool, kept_group_advantages
 from ._convert import dataproto_rows, feedbacks_from_rows, scatter_to_rows
 
 try:
@@ -35,7 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 __all__ = ["RlpaceDataset", "RlpaceSampler", "RlpaceReplayBuffer", "RlpaceReplayBufferAsync",
            "RlpaceTrainerMixin", "VerlFeedback", "pool_from_dataframe", "feedback_from_config",
-           "check_verl_version", "SUPPORTED"]
+           "check_verl_version", "load_data_pt", "SUPPORTED"]
 
 # feature -> [lowest, highest) verl release checked against it.
 SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10")}
@@ -121,7 +122,12 @@ class VerlFeedback:
 
     `observe(batch)` groups rows by `uid`, maps `extra_info.index` to pool positions and
     calls `Scheduler.observe` once (a batch already observed is skipped, so verl's own
-    hook and the trainer mixin can both fire). `scale_advantages` writes the Scheduler's
+    hook and the trainer mixin can both fire); the Feedback carries `group_advantages` of
+    the rewards, never verl's advantages (one scale for every policy, whatever
+    `algorithm.adv_estimator`). `apply_admission` removes the rollouts `Scheduler.admit`
+    drops from the loss (their `response_mask` row is zeroed, advantage 0) and gives a
+    group that keeps a strict subset (PODS) `kept_group_advantages` of its kept rewards;
+    groups kept whole keep verl's advantages. `scale_advantages` writes the Scheduler's
     loss weights into `batch.batch["advantages"]`: for weights w ≥ 0 the PPO/GRPO clipped
     surrogate is positively homogeneous in A, so −min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A))
     exactly, and verl's `rollout_is_weights` (rollout correction) still multiplies on top.
@@ -139,6 +145,28 @@ class VerlFeedback:
             self.scheduler.observe(fb)
         batch.meta_info[_SEEN] = True
         return fbs
+
+    def apply_admission(self, batch, fbs: list) -> None:
+        if not fbs or "advantages" not in batch.batch.keys():
+            return
+        import torch
+        n = len(batch)
+        replace, value, kept = np.zeros(n, bool), np.zeros(n), np.ones(n, bool)
+        for fb, rows in fbs:
+            keep = self.scheduler.admit(fb)                                   # bool[B, G]
+            if keep.all():
+                continue
+            thinned = (keep.any(axis=1) & ~keep.all(axis=1))[:, None]         # PODS-style groups
+            rep = ~keep | thinned
+            replace[rows[rep]] = True
+            value[rows[rep]] = np.where(keep & thinned, kept_group_advantages(fb.rewards, keep), 0.0)[rep]
+            kept[rows[~keep]] = False
+        if not replace.any():
+            return
+        adv, mask = batch.batch["advantages"], batch.batch["response_mask"]
+        new = adv.new_tensor(value).unsqueeze(-1) * mask.to(adv.dtype)       # one scalar per sequence
+        batch.batch["advantages"] = torch.where(torch.as_tensor(replace).unsqueeze(-1).to(adv.device), new, adv)
+        batch.batch["response_mask"] = mask * mask.new_tensor(kept).unsqueeze(-1)
 
     def scale_advantages(self, batch, fbs: list) -> None:
         if not fbs or "advantages" not in batch.batch.keys():
@@ -165,6 +193,34 @@ def _train_files(data_files, data_config) -> bool:
     return files == train or files != val
 
 
+def _check_v1_feedback_channel() -> None:
+    """ValueError when verl's V1 trainer builds this dataset without `RlpaceReplayBuffer`.
+
+    V1 never calls `on_batch_end`: its only feedback channel is the replay buffer, so with
+    verl's own buffer the Scheduler would propose forever on no feedback. V1 builds its
+    replay buffer in `PPOTrainer.__init__`, before `_init_dataloader` builds the datasets,
+    so the trainer that is building us (a caller frame's `self`) already holds it.
+    """
+    v1 = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
+    if v1 is None:                       # V1 not imported: the legacy trainer, or no trainer
+        return
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, v1.PPOTrainer):
+            from ._verl_v1 import _RlpaceAdmission
+            if not isinstance(getattr(owner, "replay_buffer", None), _RlpaceAdmission):
+                name = "RlpaceReplayBuffer" if getattr(owner, "trainer_mode", "sync") == "sync" else \
+                    "RlpaceReplayBufferAsync"
+                raise ValueError(
+                    "verl's V1 trainer (trainer.use_v1=True) never calls the dataset's on_batch_end, so the "
+                    "Scheduler would get no feedback: set trainer.v1.sampler.custom_sampler.path="
+                    f"pkg://rlpace.adapters.verl trainer.v1.sampler.custom_sampler.name={name} (see "
+                    "docs/engines.md), or run the legacy trainer with trainer.use_v1=False.")
+            return
+        frame = frame.f_back
+
+
 class RlpaceDataset(RLHFDataset):
     """verl ≥ 0.8 `data.custom_cls`: the train batches come from `Scheduler.propose`.
 
@@ -179,6 +235,8 @@ class RlpaceDataset(RLHFDataset):
         check_verl_version("dataset")
         _check_loader_config(config)
         scheduled = _train_files(data_files, config)
+        if scheduled:
+            _check_v1_feedback_channel()
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
         if scheduled:
@@ -211,7 +269,9 @@ class RlpaceTrainerMixin:
 
     `_update_actor(batch)` runs after `compute_advantage` and before `_save_checkpoint`;
     there the mixin observes the batch (so `data.pt` holds this step's feedback and resume
-    is exact), scales advantages by the loss weights, and adds `rlpace/*` to the actor's
+    is exact), applies admission (`VerlFeedback.apply_admission`: dropped rollouts leave
+    the loss, thinned groups train on kept-subset GRPO advantages), scales advantages by
+    the loss weights, and adds `rlpace/*` to the actor's
     metrics, which verl reduces and hands to its logger with the step's metrics.
     `_load_checkpoint` also restores the dataset state that verl 0.9 skips at an epoch
     boundary. See `examples/verl_legacy_trainer.py` for the entry point.
@@ -226,7 +286,9 @@ class RlpaceTrainerMixin:
 
     def _update_actor(self, batch):
         bridge = self._rlpace()
-        bridge.scale_advantages(batch, bridge.observe(batch, step=self.global_steps))
+        fbs = bridge.observe(batch, step=self.global_steps)
+        bridge.apply_admission(batch, fbs)
+        bridge.scale_advantages(batch, fbs)
         out = super()._update_actor(batch)
         out.meta_info.setdefault("metrics", {}).update(bridge.metrics())
         return out
@@ -239,10 +301,29 @@ class RlpaceTrainerMixin:
                       os.path.join(os.path.abspath(trainer.default_local_dir), f"global_step_{self.global_steps}"))
             path = os.path.join(folder, "data.pt")
             if os.path.exists(path):
-                import torch
-                state = torch.load(path, weights_only=False)
+                state = load_data_pt(path)
                 ds.load_state_dict(state.get("dataset_state", state.get("_dataset_state")) or {})
         return out
+
+
+def load_data_pt(path: str) -> dict:
+    """verl's `data.pt` (a torchdata loader state holding the Scheduler's numpy arrays),
+    read with `torch.load(weights_only=True)`: only tensors, containers, scalars and the
+    numpy array/dtype reconstructors are unpickled, so a crafted file cannot run code.
+    (verl itself reads the file with `weights_only=False`; rlpace does not repeat that.)"""
+    import pickle
+
+    import torch
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
+    allowed += sorted({type(np.dtype(c)) for c in "?bhilqBHILQefdgFDGUS"}, key=str)
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path} holds objects other than tensors and numpy arrays, so rlpace refuses to "
+                         f"unpickle it (it could run code): {str(e).splitlines()[0]} Resume from a checkpoint "
+                         f"written by verl with RlpaceDataset, or delete data.pt to start the data fresh.") from None
 
 
 def __getattr__(name: str):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 DEFAULT_STEPS = {"sim": 200, "embedded": None}
 
@@ -67,16 +68,46 @@ def _check_policy_names(names) -> None:
             _resolve(part.strip())   # ValueError listing valid names
 
 
+def _check_suites(suites) -> None:
+    """Every suite's backend and scenario exist (before the first run starts)."""
+    from rlpace.experiments import suite_backend
+    from rlpace.sim import SCENARIOS
+    for suite in suites:
+        backend = suite_backend(suite)
+        if backend == "sim" and suite[4:] not in SCENARIOS:
+            raise ValueError(f"unknown scenario {suite[4:]!r} in suite {suite!r}; the simulator has "
+                             f"{', '.join('sim:' + n for n in sorted(SCENARIOS))}.")
+        if backend == "embedded":
+            from rlpace.tasks import make_taskset
+            make_taskset(suite, train_per_domain=1, heldout_per_domain=1)   # names the bad distribution
+
+
+def _load_grid(path):
+    """`load_grid`, with any way a grid file can be malformed reported as a ValueError."""
+    from rlpace.experiments import load_grid
+    try:
+        return load_grid(path)
+    except (ValueError, FileNotFoundError, ImportError):
+        raise
+    except OSError as e:
+        raise ValueError(f"--grid {path!r}: cannot read it ({e.strerror or e}).") from None
+    except Exception as e:   # yaml.YAMLError, or a mapping of the wrong shape (TypeError, KeyError ...)
+        raise ValueError(f"--grid {path!r} is not a valid grid file ({type(e).__name__}: {e}); "
+                         f"see `rlpace compare --help` and rlpace.experiments.Grid for the fields.") from None
+
+
 def build_grid(args):
     """The grid from the command line (or --grid), plus lines describing the matrix."""
-    from rlpace.experiments import Grid, default_policies, load_grid, suite_backend
+    from rlpace.experiments import Grid, default_policies, suite_backend
     lines = []
     if args.grid:
         clash = [f for f, v in (("--suite", args.suite), ("--policies", args.policies),
                                 ("--steps", args.steps), ("--set", args.set)) if v]
         if clash:
             raise ValueError(f"--grid defines the whole matrix; drop {clash} or edit the grid file.")
-        grid = load_grid(args.grid)
+        if not Path(args.grid).is_file():
+            raise FileNotFoundError(2, "no such grid file", args.grid)
+        grid = _load_grid(args.grid)
     else:
         suite = args.suite or "sim:ladder"
         backend = suite_backend(suite)
@@ -95,6 +126,7 @@ def build_grid(args):
         grid = Grid(policies=tuple(policies), seeds=args.seeds, suites=(suite,), steps=steps,
                     options=_parse_sets(args.set))
     _check_policy_names([p.name for p in grid.policies])
+    _check_suites(grid.suites)
     if args.baseline not in [p.label for p in grid.policies] and not args.no_report:
         raise ValueError(f"the baseline {args.baseline!r} is not in the matrix "
                          f"{[p.label for p in grid.policies]}; add it to --policies or pass "
@@ -115,17 +147,13 @@ def _embedded_default_steps() -> int:
 
 def run(args) -> int:
     from rlpace.experiments import run_grid
-    try:
-        grid, lines = build_grid(args)
-        if args.list:
-            print("\n".join(lines or [f"policies: {[p.label for p in grid.policies]}"]))
-            return 0
-        if not args.out:
-            raise ValueError("--out is required: the folder for run records and the report "
-                             "(rerun the same command to resume).")
-    except ValueError as e:
-        print(f"rlpace compare: error: {e}", file=sys.stderr)
-        return 2
+    grid, lines = build_grid(args)        # every input error (ValueError) before any run
+    if args.list:
+        print("\n".join(lines or [f"policies: {[p.label for p in grid.policies]}"]))
+        return 0
+    if not args.out:
+        raise ValueError("--out is required: the folder for run records and the report "
+                         "(rerun the same command to resume).")
     for line in lines:
         print(line)
     runs = grid.runs()
@@ -133,9 +161,8 @@ def run(args) -> int:
           f"suite(s) = {len(runs)} runs, {grid.steps} steps each -> {args.out}")
     try:
         res = run_grid(grid, args.out, workers=args.workers, progress=not args.quiet)
-    except (ValueError, NotImplementedError) as e:
-        print(f"rlpace compare: error: {e}", file=sys.stderr)
-        return 2
+    except NotImplementedError as e:
+        raise ValueError(str(e)) from None
     print(res.summary())
     for rid, err in res.failed.items():
         last = [x for x in err.strip().splitlines() if x.strip()]

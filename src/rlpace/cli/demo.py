@@ -1,15 +1,27 @@
-"""Train a tiny model with `uniform` and with the recommended adaptive policy on the
-embedded suite (same rollout budget), then print a summary table and write an HTML
-report with plots under runs/demo/.
+"""Train a tiny model with `uniform` and with the `recommended` policy on the
+`mostly_solved` suite (same rollout budget), then print how many rollouts each needed to
+reach 80 % of uniform's gain, a summary table, and write an HTML report with captioned
+plots and one run record per policy (runs/demo/runs/*.jsonl, the format `rlpace report`
+reads) under runs/demo/.
 
-The first run builds the tiny base policy (supervised warm-up, ~30–60 s) and caches it
+The headline is `rlpace.evaluation.efficiency_vs_baseline`'s metric (the one `rlpace
+report` and benchmarks/headroom.py use): target = base + 0.8 × (uniform's final − base),
+uniform's final the mean of its last 3 evaluations; rollouts (refills and probes included)
+to reach it, interpolated between evaluations; a run that never reaches it is censored at
+its budget and its ratio is a lower bound. Steps to the target are a secondary line.
+`mostly_solved` is the suite where scheduling has room to help (62 % of the prompts
+solved by the base, 23 % it cannot learn): `tasks=embedded` gives the balanced control,
+where no scheduler saves much.
+
+The first run builds the tiny base policy (supervised warm-up, ~30–90 s) and caches it
 (`$RLPACE_CACHE` or ~/.cache/rlpace); later runs reuse it. The two policies train one
 after the other with one torch thread (measured faster than two processes at this
 size), or in two processes with `--parallel on`. One seed is a demonstration, not a
-measurement: benchmarks/learning_efficiency.py compares policies over 8 seeds.
+measurement: benchmarks/headroom.py compares policies over 8 seeds per suite.
 
 Example:
-  rlpace demo                       # uniform vs the recommended policy, ~1 min on 2 cores
+  rlpace demo                       # uniform vs recommended on mostly_solved, ~1 min on 2 cores
+  rlpace demo tasks=embedded        # the balanced control suite
   rlpace demo --policy dump --steps 150 lr=5e-4
 """
 
@@ -19,24 +31,28 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import resource
 import time
 from pathlib import Path
 
-#: Chosen by measurement (benchmarks/learning_efficiency.py, 8 seeds, 100-step budget): no
-#: proposal policy learned faster than uniform on the embedded suite (all steps-to-target
-#: CIs include 1 or lie above it; final accuracy within ±0.03). DUMP keeps uniform's
-#: accuracy (+0.005 [−0.007, +0.016]) while raising the share of informative groups from
-#: 0.44 to 0.61, and its domain probabilities show the curriculum it follows, so it is
-#: the one the demo shows. The benchmark prints the current figures.
-RECOMMENDED = "dump"
+#: The registry's `recommended` (DUMP's domain mixture with MoPPS inside each domain): the
+#: composition the headroom evidence supports. Its figures against uniform and the oracle,
+#: 8 seeds per suite, are in the README's headroom table (benchmarks/headroom.py); the demo
+#: shows one seed of it.
+RECOMMENDED = "recommended"
+
+#: The demo's task suite unless `tasks=...` is given: the one where the oracle shows
+#: headroom (rlpace.tasks.SUITES).
+DEMO_TASKS = "mostly_solved"
 
 
 def add_arguments(parser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = __doc__
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="TrainConfig fields applied to both runs (see `rlpace train --help`)")
+                        help="TrainConfig fields applied to both runs (see `rlpace train --help`); "
+                             f"tasks defaults to {DEMO_TASKS}")
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--steps", type=int, default=None, help="steps per policy (default: TrainConfig's)")
     parser.add_argument("--policy", default=RECOMMENDED, help=f"the adaptive policy (default {RECOMMENDED})")
@@ -73,12 +89,14 @@ def run(args) -> int:
     from rlpace.tasks import make_taskset
     from rlpace.train import TrainConfig, check_config, from_overrides, train
     from rlpace.train.recipes.grpo import base_policy
-    from rlpace.train.report import compare_runs, format_table, load_run, plot_runs, write_html
+    from rlpace.experiments import read_records, write_record
+    from rlpace.train.report import (compare_runs, format_table, load_run, plot_runs, run_records,
+                                     summary_lines, write_html)
 
     transformers.utils.logging.disable_progress_bar()
     t0 = time.perf_counter()
     out = Path(args.out)
-    base = from_overrides(args.overrides, TrainConfig())
+    base = from_overrides(args.overrides, TrainConfig(tasks=DEMO_TASKS))
     base = dataclasses.replace(base, seed=args.seed, progress=False,
                                steps=args.steps if args.steps is not None else base.steps)
     names = [args.baseline, args.policy]
@@ -100,7 +118,6 @@ def run(args) -> int:
                          heldout_per_domain=base.heldout_per_domain, seed=base.seed)
     t_base = time.perf_counter()
     if not base.model:
-        print("base policy: building or loading from cache ...")
         base_dir = base_policy(base, tasks, progress=True)
         print(f"base policy: {base_dir} ({time.perf_counter() - t_base:.0f} s)")
     t_base = time.perf_counter() - t_base
@@ -130,24 +147,33 @@ def run(args) -> int:
             train(dataclasses.replace(c, progress=True))
     t_train = time.perf_counter() - t_train
 
-    # 3. summary table, plots, HTML
+    # 3. run records (read by `rlpace report`), summary table, plots, HTML
     runs = {n: load_run(c.out) for n, c in cfgs.items()}
     cmp = compare_runs(runs, reference=args.baseline)
     table = format_table(cmp)
+    headline = summary_lines(cmp, args.policy)
+    records = run_records(runs, cfgs, seed=args.seed, target=cmp["target"])
+    for rec in records.values():
+        write_record(out / "runs" / (re.sub(r"[^A-Za-z0-9_.-]", "-", rec["run_id"]) + ".jsonl"), rec)
     wall = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = sum(u.ru_utime + u.ru_stime for u in usage)
     print()
     print(table)
-    images = plot_runs(runs, out, target=cmp["target"])
+    print()
+    print("\n".join(headline))
+    images = plot_runs(runs, out, target=cmp["target"], reference=args.baseline)
+    seeds = sorted({r["seed"] for r in read_records(out / "runs")})
     notes = (f"rlpace demo: {args.baseline} vs {args.policy} on '{base.tasks}', {base.steps} steps × "
              f"{base.batch_prompts} prompts × {base.group_size} rollouts each, seed {args.seed}. "
              f"Wall {wall:.0f} s (base {t_base:.0f} s, training {t_train:.0f} s, "
              f"{'two processes' if parallel else 'one after the other'}), CPU {cpu:.0f} s. "
-             f"One seed: see benchmarks/learning_efficiency.py for a comparison over seeds with CIs.")
+             f"One seed is a demonstration, not a measurement: run records are in {out / 'runs'} "
+             f"(seeds so far: {', '.join(map(str, seeds))}); rerun with --seed 1, --seed 2, ... and the "
+             f"same --out, then `rlpace report {out}` for paired confidence intervals over seeds.")
     page = write_html(out / "report.html", title="rlpace demo: adaptive vs uniform scheduling",
-                      table=table, images=images, notes=notes)
-    (out / "summary.json").write_text(json.dumps({**cmp, "wall_seconds": wall, "cpu_seconds": cpu,
+                      table="\n".join(headline) + "\n\n" + table, images=images, notes=notes)
+    (out / "summary.json").write_text(json.dumps({**cmp, "summary": headline, "wall_seconds": wall, "cpu_seconds": cpu,
                                                   "base_seconds": t_base, "train_seconds": t_train,
                                                   "parallel": parallel}, indent=1, default=float))
     print(f"\n{notes}\nreport: {page}")

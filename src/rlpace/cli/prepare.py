@@ -1,6 +1,6 @@
 """Annotate a prompt dataset with semantic clusters, easy → hard ranks and NLL difficulty.
 
-ADS's offline pipeline (methods-core.md card 1): embed → L2 → PCA → k-means, mean NLL of the
+ADS's offline pipeline (arXiv 2606.22305; docs/methods/ads.md): embed → L2 → PCA → k-means, mean NLL of the
 reference answer under a local causal LM, rank inside each cluster. Writes OUTPUT (format by
 suffix: .parquet, .jsonl, else a Hugging Face dataset directory) with every input column plus
 cluster_id, rank_in_cluster, cluster_size, difficulty (top level and in extra_info), and beside
@@ -21,9 +21,12 @@ def _k(value: str):
     if value == "auto":
         return value
     try:
-        return int(value)
+        k = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes an integer or 'auto'; got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"--k takes an integer ≥ 1 or 'auto'; got {value!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"--k takes an integer ≥ 1 or 'auto'; got {value!r}")
+    return k
 
 
 def _ints(value: str) -> list[int]:
@@ -38,7 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("input", help="verl-schema .parquet, .jsonl, or a save_to_disk dataset directory")
     parser.add_argument("--out", required=True, help="output path; .parquet, .jsonl, else a dataset directory")
     g = parser.add_argument_group("clustering")
-    g.add_argument("--k", type=_k, default=64, help="clusters (ADS: 64), or 'auto' for a silhouette pick")
+    g.add_argument("--k", type=_k, default=None,
+                   help="clusters, or 'auto' for a silhouette pick; default clamp(round(sqrt(N/2)), 2, 64) "
+                        "for N rows (ADS's 64 from N = 8,065 on; 200 rows -> 10)")
     g.add_argument("--k-candidates", type=_ints, default=[2, 4, 8, 16, 32, 64],
                    help="comma-separated candidates for --k auto")
     g.add_argument("--pca-dim", type=int, default=128, help="PCA dims before k-means (0 = none)")
@@ -89,7 +94,8 @@ def run(args) -> int:
     s = res.summary
     sizes = s["cluster_sizes"]
     print(f"wrote {res.output}: {s['n_rows']} rows, {s['n_clusters']} clusters "
-          f"(sizes {min(sizes)}..{max(sizes)}), method {s['cluster_method']}")
+          f"(sizes {min(sizes)}..{max(sizes)}), method {s['cluster_method']}"
+          + (f"; k {s['k']} by the {s['k_rule']} (set --k to choose)" if s.get("k_rule") else ""))
     if s["k_suggestion"]:
         print(f"k by silhouette: {s['k_suggestion']['chosen']} "
               f"({', '.join(f'{k}: {v:.3f}' for k, v in s['k_suggestion']['silhouette'].items())})")

@@ -142,32 +142,55 @@ def print_summary(rows: list[dict], scenario, args, target: float, out=None) -> 
           "groups with non-zero advantage; rollouts include refills.", file=out)
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seed {text!r} is not an integer or a comma list of integers "
+                         f"(e.g. --seed 0,1,2).") from None
+    if not seeds:
+        raise ValueError(f"--seed {text!r} names no seed; give an integer or a comma list (e.g. --seed 0,1,2).")
+    return seeds
+
+
+def _check_policies(names, per_policy) -> None:
+    """Build every policy with its hyperparameters before any run starts: an unknown name
+    or a bad value fails here, not after uniform already ran."""
+    from rlpace.policies import make_method
+    for name in names:
+        try:
+            make_method(name, **per_policy[name])
+        except TypeError as e:   # a value of the wrong type (temperature=abc) reaching a factory
+            raise ValueError(f"{name}: a hyperparameter has the wrong type ({e}); "
+                             f"given {per_policy[name]} (numbers are written e.g. temperature=0.5).") from None
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+
 def run(args) -> int:
     from rlpace.sim import make_scenario, simulate
-    try:
-        overrides = dict(_pairs(args.set, "--set"))
-        scenario = make_scenario(args.scenario, **overrides)
-        seeds = [int(s) for s in str(args.seed).split(",") if s.strip()]
-        names = _policy_list(args.policy)
-        if not args.no_baseline and "uniform" not in names:
-            names = ["uniform"] + names
-        kwargs = _pairs(args.kwargs, "policy argument")
-    except ValueError as e:
-        print(f"rlpace simulate: {e}", file=sys.stderr)
-        return 2
+    overrides = dict(_pairs(args.set, "--set"))
+    scenario = make_scenario(args.scenario, **overrides)
+    seeds = _seeds(args.seed)
+    names = _policy_list(args.policy)
+    if not names:
+        raise ValueError(f"--policy {args.policy!r} names no policy; give a name from `rlpace policies`, "
+                         f"a comma list, 'proposal' or 'all'.")
+    if not args.no_baseline and "uniform" not in names:
+        names = ["uniform"] + names
+    kwargs = _pairs(args.kwargs, "policy argument")
     per_policy: dict[str, dict] = {n: {} for n in names}
     for key, val in kwargs:
         name, dot, k = key.rpartition(".")
         if dot and name in per_policy:
             per_policy[name][k] = val
         elif dot:
-            print(f"rlpace simulate: {key!r} names policy {name!r}, which is not in --policy "
-                  f"({', '.join(names)}).", file=sys.stderr)
-            return 2
+            raise ValueError(f"{key!r} names policy {name!r}, which is not in --policy ({', '.join(names)}).")
         else:
             for n in names:
                 if n != "uniform" or "uniform" in _policy_list(args.policy):
                     per_policy[n][key] = val
+    _check_policies(names, per_policy)
     target = scenario.target if args.target is None else args.target
     results: dict[str, list] = {}
     records = []
@@ -181,8 +204,7 @@ def run(args) -> int:
                                policy_kwargs=per_policy[name], progress=not args.no_progress,
                                weight_norm=args.weight_norm)
             except ValueError as e:
-                print(f"rlpace simulate: {name}: {e}", file=sys.stderr)
-                return 2
+                raise ValueError(f"{name}: {e}") from None
             results[name].append(res)
             records.append(res.to_record())
             if not args.no_progress:

@@ -7,7 +7,7 @@
   the report writers.
 * `rlpace.evaluation.plots`: drawing only; each function returns `fig, ax`.
 
-The protocol follows DataFlex-RL (card 3 in ../shared/research/methods-core.md): matched
+The protocol follows DataFlex-RL (arXiv 2609.06107): matched
 seeds, paired 95% CIs against uniform GRPO on the domain-balanced summary, and a check of
 the ranking under other summaries.
 
@@ -17,7 +17,9 @@ the ranking under other summaries.
 0.15
 """
 
-from ._analysis import Analysis, Comparison, analyze, default_summaries, parse_summary
+from ._analysis import Analysis, Comparison, analyze, default_summaries, efficiency_table, parse_summary
+from ._efficiency import (CostRatio, Curve, Efficiency, captured_share, cost_to_reach, curves_from_runs,
+                          efficiency_vs_baseline, gain_target, normalized_auc, paired_cost_ratio)
 from ._report import ReportFiles, report_from_dir, write_report
 from ._stats import (Interval, RankingSensitivity, RatioResult, TTest, as_rng, benchmark_means,
                      domain_balanced_weights, holm_adjust, kendall_tau, method_ranks,
@@ -35,6 +37,8 @@ __all__ = [
     "method_ranks", "spearman_rho", "kendall_tau", "ranking_sensitivity", "holm_adjust",
     "multiple_comparison_note", "t_band",
     "ScoreMatrix", "score_matrix", "learning_curves", "domain_prob_series", "to_target_arrays",
-    "Analysis", "Comparison", "analyze", "default_summaries", "parse_summary",
+    "Analysis", "Comparison", "analyze", "default_summaries", "parse_summary", "efficiency_table",
     "ReportFiles", "write_report", "report_from_dir",
+    "Curve", "CostRatio", "Efficiency", "gain_target", "cost_to_reach", "normalized_auc",
+    "paired_cost_ratio", "efficiency_vs_baseline", "captured_share", "curves_from_runs",
 ]

@@ -13,9 +13,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import _stats as st
-from ._tables import ScoreMatrix, domain_prob_series, learning_curves, score_matrix, to_target_arrays
+from ._efficiency import efficiency_vs_baseline
+from ._tables import (ScoreMatrix, domain_prob_series, efficiency_curves, learning_curves, score_matrix,
+                      to_target_arrays)
 
-__all__ = ["Comparison", "Analysis", "analyze", "default_summaries", "parse_summary"]
+__all__ = ["Comparison", "Analysis", "analyze", "default_summaries", "parse_summary", "efficiency_table"]
 
 PRIMARY = "domain_balanced"
 
@@ -69,6 +71,12 @@ class Analysis:
     target: dict | None             # to_target_arrays(...) or None
     failed: list = field(default_factory=list)   # [(run_id, first line of error)]
     provenance: dict = field(default_factory=dict)
+    # label -> `Efficiency` (rlpace.evaluation._efficiency): rollouts / tokens / steps to
+    # `gain_fraction` of the baseline's gain and the area under accuracy vs rollouts, as
+    # paired ratios to the baseline; empty when it cannot be computed (`efficiency_note` says why).
+    efficiency: dict = field(default_factory=dict)
+    efficiency_note: str = ""
+    gain_fraction: float = 0.8
 
     @property
     def labels(self) -> tuple:
@@ -127,7 +135,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
             suite: str | None = None, summaries: Mapping[str, np.ndarray] | None = None,
             extra_summaries: Sequence[str] = (), label_order: Sequence[str] | None = None,
             confidence: float = 0.95, n_boot: int = 10_000, random_state: int = 0,
-            target: float | None = None, failed: Sequence[tuple] = ()) -> Analysis:
+            target: float | None = None, failed: Sequence[tuple] = (), gain_fraction: float = 0.8) -> Analysis:
     """Compare every method with `baseline` over matched seeds.
 
     Args:
@@ -144,6 +152,8 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
         target: held-out mean accuracy for the steps/rollouts-to-target speed-ups, found in
             each run's evals; default: the target stored in the records, if any.
         failed: (run_id, error) of runs that failed, listed in the report.
+        gain_fraction: f of the baseline's gain for `Analysis.efficiency` (rollouts to
+            base + f·(baseline final − base), per seed; see `efficiency_vs_baseline`).
 
     Raises:
         ValueError: the baseline is not among the labels, or no method has 2 seeds paired
@@ -194,10 +204,10 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
             ti = target_info
             both = ti["has_run"][i] & ti["has_run"][bi]
             if both.sum() >= 1:
-                sr = _safe_ratio(ti["steps"][i][both], ti["steps"][bi][both], ti["budget_steps"],
-                                 c, n_boot, rng)
-                rr = _safe_ratio(ti["rollouts"][i][both], ti["rollouts"][bi][both],
-                                 ti["budget_rollouts"], c, n_boot, rng)
+                sr = _safe_ratio(ti["steps"][i][both], ti["steps"][bi][both], ti["own_steps"][i][both],
+                                 ti["own_steps"][bi][both], c, n_boot, rng)
+                rr = _safe_ratio(ti["rollouts"][i][both], ti["rollouts"][bi][both], ti["own_rollouts"][i][both],
+                                 ti["own_rollouts"][bi][both], c, n_boot, rng)
         comps.append(Comparison(lab, n, mean, bmean, t, boot, poi, steps_ratio=sr, rollouts_ratio=rr))
     tested = [k for k, cp in enumerate(comps) if cp.t is not None]
     if others and not tested:
@@ -234,21 +244,57 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
             mean = np.where(cnt > 0, np.nansum(probs, axis=0) / np.maximum(cnt, 1), np.nan)
         dprobs[lab] = (steps, doms, mean, src)
     prov = _provenance_summary(sm)
+    eff, eff_note = {}, ""
+    try:
+        eff = efficiency_vs_baseline(efficiency_curves(sm), baseline=baseline, fraction=gain_fraction,
+                                     confidence=c, n_boot=n_boot, random_state=rng)
+    except ValueError as e:   # no evals with rollouts, or a baseline that gained nothing
+        eff_note = str(e)
     return Analysis(matrix=sm, baseline=baseline, confidence=c, summaries=summaries,
                     summary_scores=scores, benchmark_means=st.benchmark_means(sm.values),
                     comparisons=comps, ranking=ranking, ranking_labels=ranked, mc_note=mc,
                     curves=curves, curves_rollouts=curves_r, domain_probs=dprobs, target=target_info,
-                    failed=[(rid, _first_line(err)) for rid, err in failed], provenance=prov)
+                    failed=[(rid, _first_line(err)) for rid, err in failed], provenance=prov,
+                    efficiency=eff, efficiency_note=eff_note, gain_fraction=float(gain_fraction))
 
 
-def _safe_ratio(x, y, budget, c, n_boot, rng):
-    """`ratio_to_target`, or None where it is undefined (a run at the target from step 0:
-    the target is below the starting accuracy)."""
+def efficiency_table(a: Analysis) -> tuple[list[str], list[list[str]]]:
+    """(head, rows) of `Analysis.efficiency` for a report: per method, rollouts (refills and
+    probes included) and generated tokens to `gain_fraction` of the baseline's gain, the
+    area under accuracy vs rollouts, and steps (secondary), each as a paired ratio to the
+    baseline with its CI; "≥"/"≤"/"?" mark bounds (censored runs, at their own budget).
+    Rows are empty when there is no efficiency (see `Analysis.efficiency_note`).
+
+    Cost ratios < 1 mean cheaper than the baseline; the area ratio > 1 means better."""
+    conf = f"{a.confidence:.0%}"
+    pct = f"{a.gain_fraction:.0%}"
+    head = ["method", "paired seeds", f"rollouts to {pct} of {a.baseline}'s gain / {a.baseline} [{conf} CI]",
+            f"tokens / {a.baseline}", f"AUC (accuracy vs rollouts) / {a.baseline}", "reached target",
+            f"steps / {a.baseline}"]
+    fmt = (lambda r: "–" if r is None else str(r))
+    rows = []
+    for lab, e in a.efficiency.items():
+        rows.append([lab, str(len(e.seeds)), fmt(e.rollouts), fmt(e.tokens), fmt(e.auc),
+                     f"{int(e.reached.sum())}/{len(e.seeds)}", fmt(e.steps)])
+    return head, rows
+
+
+def _safe_ratio(x, y, own_x, own_y, c, n_boot, rng):
+    """`ratio_to_target` with each censored run (NaN: never reached the target) at its *own*
+    budget `own_x` / `own_y` — a censored baseline used to get the largest rollout count of
+    any run in the matrix, which inflated the speed-up of every method that spent less — and
+    the result marked `censored` (a bound). None where it is undefined (a run at the target
+    from step 0: the target is below the starting accuracy)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    reached_x, reached_y = int(np.sum(~np.isnan(x))), int(np.sum(~np.isnan(y)))
+    xf = np.where(np.isnan(x), np.asarray(own_x, dtype=np.float64), x)
+    yf = np.where(np.isnan(y), np.asarray(own_y, dtype=np.float64), y)
     try:
-        return st.ratio_to_target(x, y, budget=budget or 1.0, confidence=c, n_boot=n_boot,
-                                  random_state=rng)
+        r = st.ratio_to_target(xf, yf, budget=1.0, confidence=c, n_boot=n_boot, random_state=rng)
     except ValueError:
         return None
+    return r._replace(reached_method=reached_x, reached_baseline=reached_y,
+                      censored=reached_x < x.size or reached_y < y.size)
 
 
 def _row_means(v: np.ndarray) -> np.ndarray:

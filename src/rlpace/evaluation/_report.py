@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import plots
-from ._analysis import Analysis, analyze
+from ._analysis import Analysis, analyze, efficiency_table
 
 __all__ = ["ReportFiles", "write_report", "report_from_dir", "zero_verdict"]
 
@@ -74,12 +74,28 @@ def _ci_plain(lo: float, hi: float) -> str:
     return f"[{lo:.2f}, {hi:.2f}]"
 
 
+#: verdicts that agree with the Holm-adjusted p (highlighted in the HTML table)
+SIGNIFICANT = ("yes (both)", "t only", "bootstrap only")
+
+
 def zero_verdict(cp) -> str:
-    """Does the paired CI exclude 0? "yes (both)", "t only", "bootstrap only" or "no"."""
+    """Do the paired CIs exclude 0, and does the Holm-adjusted p agree?
+
+    "yes (both)", "t only" or "bootstrap only" when those CIs exclude 0 *and* the Holm p
+    (printed beside the verdict) is below α = 1 − confidence; "unadjusted only (both|t|
+    bootstrap)" when a CI excludes 0 but the Holm p does not (the CIs are per comparison,
+    Holm corrects for testing every method against the baseline); "no" otherwise.
+    """
     if cp.t is None:
         return "–"
     ex_t, ex_b = cp.t.excludes_zero, cp.boot.excludes_zero
-    return "yes (both)" if ex_t and ex_b else "t only" if ex_t else "bootstrap only" if ex_b else "no"
+    if not (ex_t or ex_b):
+        return "no"
+    which = "both" if ex_t and ex_b else "t" if ex_t else "bootstrap"
+    alpha = round(1.0 - cp.t.confidence, 12)       # 1 − 0.95 is 0.050000000000000044 in floats
+    if cp.p_holm is not None and not cp.p_holm < alpha:
+        return f"unadjusted only ({which})"
+    return {"both": "yes (both)", "t": "t only", "bootstrap": "bootstrap only"}[which]
 
 
 # ---- tables as rows (shared by HTML and Markdown) ------------------------------------------
@@ -218,7 +234,7 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "
         for j, v in enumerate(r):
             txt = html.escape(str(v))
             klass = ""
-            if v in ("yes (both)", "t only", "bootstrap only"):
+            if v in SIGNIFICANT:
                 klass = ' class="excl"'
             tds.append(f"<td{klass}>{txt}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
@@ -251,14 +267,26 @@ def _sections(a: Analysis) -> dict:
               f"{len(sm.seeds)} seeds {list(sm.seeds)}; baseline `{a.baseline}`; primary summary "
               f"`{primary}` (weights over {len(sm.benchmarks)} held-out distributions). Paired "
               f"differences are per seed (method − baseline on the same seed), {a.confidence:.0%} "
-              f"intervals: paired t and paired percentile bootstrap.")
+              f"intervals: paired t and paired percentile bootstrap. \"Zero excluded?\" says which "
+              f"intervals exclude 0 and agrees with the Holm-adjusted p beside it: \"yes\" only when that "
+              f"p < {1 - a.confidence:.2g}; \"unadjusted only\" when an interval excludes 0 but Holm's "
+              f"correction for comparing every method with the baseline does not.")
     if a.target is not None:
         header += (f" Speed-ups: mean(baseline) / mean(method) of the steps (rollouts) to reach a "
                    f"held-out mean accuracy of {a.target['target']:.3f} (target from the "
                    f"{a.target['source']}), paired bootstrap CI; a run that never reaches it counts "
                    f"as its whole budget and the ratio is marked censored.")
+    eff_head, eff_rows = efficiency_table(a)
+    eff_note = (f"Efficiency: per seed the target is base + {a.gain_fraction:.0%}·({a.baseline}'s final − base); "
+                f"the cost of a run is the rollouts (refills and probes included), generated tokens and steps "
+                f"it spent to reach it, linearly interpolated between evaluations; a run that never reaches it "
+                f"counts its own budget and the ratio is a bound (≥, ≤, or ? when both sides are censored). "
+                f"Ratios < 1 are cheaper than {a.baseline}; the area under accuracy vs rollouts (up to the "
+                f"smallest budget) > 1 is better. Paired ratio of means over seeds, {a.confidence:.0%} "
+                f"bootstrap CI.")
     return {"header": header, "status": _status_lines(a), "diff": _diff_table(a),
-            "bench": _bench_table(a), "ranking": _ranking_tables(a)}
+            "bench": _bench_table(a), "ranking": _ranking_tables(a),
+            "efficiency": (eff_head, eff_rows, eff_note)}
 
 
 def _render_md(a: Analysis, sec: dict, figs: dict, title: str) -> str:
@@ -267,6 +295,9 @@ def _render_md(a: Analysis, sec: dict, figs: dict, title: str) -> str:
     if sec["status"]:
         out += ["**" + sec["status"][0] + "**", ""] + [f"- {x}" for x in sec["status"][1:]] + [""]
     out += ["## Paired differences vs the baseline", "", _md_table(*sec["diff"]), "", a.mc_note, ""]
+    eh, er, en = sec["efficiency"]
+    if er:
+        out += [f"## Rollouts to {a.gain_fraction:.0%} of {a.baseline}'s gain", "", _md_table(eh, er), "", en, ""]
     for name, cap in (("forest", "Forest plot"), ("curves_step", "Learning curves (steps)"),
                       ("curves_rollouts", "Learning curves (rollouts)"),
                       ("domain_probs", "Domain probabilities over time"), ("rankings", "Ranks")):
@@ -297,6 +328,10 @@ def _render_html(a: Analysis, sec: dict, figs: dict, title: str) -> str:
                      "".join(f"<li>{esc(x)}</li>" for x in sec["status"][1:]) + "</ul></div>")
     parts += ["<h2>Paired differences vs the baseline</h2>", _html_table(*sec["diff"], cls="diff"),
               f"<p class='note'>{esc(a.mc_note)}</p>"]
+    eh, er, en = sec["efficiency"]
+    if er:
+        parts += [f"<h2>Rollouts to {a.gain_fraction:.0%} of {esc(a.baseline)}'s gain</h2>",
+                  _html_table(eh, er), f"<p class='note'>{esc(en)}</p>"]
     for name, cap in (("forest", "Forest plot"), ("curves_step", "Learning curves"),
                       ("curves_rollouts", "Learning curves on the rollouts axis"),
                       ("domain_probs", "Domain probabilities over time, per policy"),

@@ -4,7 +4,7 @@ Following rliable (Agarwal et al. 2021, `rliable/library.py`; STYLE.md §8): eve
 takes arrays and returns numbers or NamedTuples, nothing reads files or draws; resampling
 takes a `random_state` (int seed or `np.random.Generator`) so results are reproducible.
 
-The evaluation protocol is DataFlex-RL's (card 3 in ../shared/research/methods-core.md,
+The evaluation protocol is DataFlex-RL's (arXiv 2609.06107,
 "Statistics"): matched seeds, per-seed *paired* differences against uniform GRPO, a paired
 95% CI on the domain-balanced average with the decision bar "does the CI exclude 0?", and
 a check of the method ranking under an alternative benchmark summary (they found
@@ -140,7 +140,7 @@ def benchmark_means(scores: np.ndarray) -> np.ndarray:
 def domain_balanced_weights(benchmark_domains: Sequence[str]) -> np.ndarray:
     """Weights w[B] such that w·x is the mean over domains of the per-domain benchmark means.
 
-    DataFlex-RL's primary metric (card 3): with D domains and n_d benchmarks in domain d,
+    DataFlex-RL's primary metric (arXiv 2609.06107): with D domains and n_d benchmarks in domain d,
     w_b = 1 / (D · n_{d(b)}).
 
     >>> domain_balanced_weights(["math", "math", "logic"]).tolist()
@@ -360,8 +360,20 @@ def probability_of_improvement(method: np.ndarray, baseline: np.ndarray) -> floa
 def poi_bootstrap_interval(method: np.ndarray, baseline: np.ndarray, *, confidence: float = 0.95,
                            n_boot: int = 2_000,
                            random_state: int | np.random.Generator) -> Interval:
-    """Bootstrap CI of `probability_of_improvement` for 1-D summary scores, resampling paired
-    seeds (seeds where both ran), as rliable resamples runs.
+    """Bootstrap CI of `probability_of_improvement` for 1-D summary scores, resampling *paired*
+    seeds: replicate b draws one index vector idx_b (n seeds with replacement) and uses it for
+    both the method and the baseline, PoI*_b = PoI(x[idx_b], y[idx_b]); the CI is the
+    percentile interval of the PoI*_b. Seeds where either is NaN are dropped first.
+
+    Why paired, unlike rliable: rliable's `get_interval_estimates` resamples each algorithm's
+    runs independently, because its runs are unrelated. Ours are matched (seed s of the
+    method and of the baseline share tasks, base policy and random streams), and every other
+    interval of the report resamples them as pairs (`paired_bootstrap_interval`), so the PoI
+    interval does too. It is therefore narrower than rliable's when pairs are correlated.
+
+    Hand-checkable: x = [0, 10], y = [−1, 9] has PoI 3/4; a paired replicate is either one
+    seed twice (PoI 1, probability ½) or both seeds (PoI 3/4), so the 95 % CI is [0.75, 1];
+    independent resampling would reach 0 (x = {0, 0} against y = {9, 9}, probability 1/16).
 
     >>> iv = poi_bootstrap_interval(np.array([2.0, 3.0, 4.0]), np.array([1.0, 1.0, 1.0]), random_state=0)
     >>> (iv.estimate, iv.low, iv.high)
@@ -374,7 +386,7 @@ def poi_bootstrap_interval(method: np.ndarray, baseline: np.ndarray, *, confiden
     x, y = x[ok], y[ok]
     _need_pairs(x, "a probability-of-improvement interval")
     idx = _resample_idx(rng, x.shape[0], n_boot)                          # [n_boot, n]
-    xb, yb = x[idx], y[idx]                                               # [n_boot, n]
+    xb, yb = x[idx], y[idx]                  # [n_boot, n]; the same idx: pairs stay pairs
     cmp = (xb[:, :, None] > yb[:, None, :]).mean(axis=(1, 2)) \
         + 0.5 * (xb[:, :, None] == yb[:, None, :]).mean(axis=(1, 2))      # [n_boot]
     lo, hi = np.quantile(cmp, [(1.0 - c) / 2.0, (1.0 + c) / 2.0])
@@ -491,7 +503,7 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def ranking_sensitivity(summary_a: np.ndarray, summary_b: np.ndarray) -> RankingSensitivity:
-    """Compare method rankings under two summaries (DataFlex-RL card 3: ρ = −0.33 between a
+    """Compare method rankings under two summaries (DataFlex-RL, arXiv 2609.06107: ρ = −0.33 between a
     math-heavy 6-benchmark summary and the 12-benchmark domain-balanced one).
 
     Args:

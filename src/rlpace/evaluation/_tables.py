@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["ScoreMatrix", "score_matrix", "learning_curves", "domain_prob_series",
-           "to_target_arrays", "budget_key"]
+           "to_target_arrays", "budget_key", "efficiency_curves"]
 
 
 def budget_key(rec: Mapping[str, Any]) -> tuple:
@@ -227,7 +227,11 @@ def to_target_arrays(sm: ScoreMatrix, target: float | None = None) -> dict[str, 
 
     Returns:
         {"target", "source", "steps"[M, S], "rollouts"[M, S], "has_run"[M, S],
-         "budget_steps", "budget_rollouts"}; NaN = not reached (or no run).
+         "budget_steps", "budget_rollouts", "own_steps"[M, S], "own_rollouts"[M, S]};
+        NaN = not reached (or no run). `own_*` is each run's own budget (its steps and the
+        rollouts it actually spent): a run that never reaches the target is censored at
+        its own budget, never at another run's (`budget_rollouts`, the largest of any
+        run, is kept for display only).
     """
     if target is None:
         targets = {r.get("target") for row in sm.records for r in row if r is not None}
@@ -237,6 +241,8 @@ def to_target_arrays(sm: ScoreMatrix, target: float | None = None) -> dict[str, 
     steps = np.full((m, s), np.nan)
     rolls = np.full((m, s), np.nan)
     has_run = np.zeros((m, s), dtype=bool)
+    own_steps = np.full((m, s), np.nan)
+    own_rolls = np.full((m, s), np.nan)
     max_roll = 0
     for i in range(m):
         for j in range(s):
@@ -245,6 +251,8 @@ def to_target_arrays(sm: ScoreMatrix, target: float | None = None) -> dict[str, 
                 continue
             has_run[i, j] = True
             max_roll = max(max_roll, int(r["rollouts"]))
+            own_rolls[i, j] = float(r["rollouts"])
+            own_steps[i, j] = float((r.get("budget") or {}).get("steps") or sm.budget.get("steps") or 0)
             if target is not None:
                 steps[i, j], rolls[i, j] = _first_reaching(r, target)
                 continue
@@ -259,4 +267,29 @@ def to_target_arrays(sm: ScoreMatrix, target: float | None = None) -> dict[str, 
         source = "evals"
     return {"target": float(target), "source": source, "steps": steps, "rollouts": rolls,
             "has_run": has_run, "budget_steps": float(sm.budget.get("steps") or 0),
-            "budget_rollouts": float(max_roll)}
+            "budget_rollouts": float(max_roll), "own_steps": own_steps, "own_rollouts": own_rolls}
+
+
+def efficiency_curves(sm: ScoreMatrix) -> dict:
+    """{label: {seed: Curve}} of the complete runs, for `efficiency_vs_baseline`: the evals'
+    cumulative `rollouts`, `acc_mean`, `step` and, where every evaluation of the run has
+    one, `tokens` (generated tokens). Evaluations without rollouts or accuracy are dropped;
+    a run left with none is left out."""
+    from ._efficiency import Curve
+    out: dict = {}
+    for i, lab in enumerate(sm.labels):
+        for j, seed in enumerate(sm.seeds):
+            r = sm.records[i, j]
+            if r is None:
+                continue
+            ev = r["evals"]
+            n = len(ev.get("acc_mean", []))
+            cols = {k: list(ev.get(k) or [None] * n) for k in ("rollouts", "acc_mean", "step", "tokens")}
+            keep = [t for t in range(n) if cols["rollouts"][t] is not None and cols["acc_mean"][t] is not None]
+            if not keep:
+                continue
+            pick = (lambda k: np.array([cols[k][t] for t in keep], dtype=np.float64))
+            steps = pick("step") if all(cols["step"][t] is not None for t in keep) else None
+            tokens = pick("tokens") if all(cols["tokens"][t] is not None for t in keep) else None
+            out.setdefault(lab, {})[int(seed)] = Curve(pick("rollouts"), pick("acc_mean"), steps, tokens)
+    return out

@@ -124,23 +124,35 @@ def plot_rankings(labels: Sequence[str], ranks: Mapping[str, np.ndarray], *, tit
                   colors: Mapping | None = None, ax=None):
     """Bump chart: each method's rank (1 = best, top) under each summary.
 
+    Methods are named in a legend outside the axes, listed in their rank order under the
+    first summary (top = best), so it reads like the left edge of the chart; labels written
+    at the line ends overlapped on tied ranks and ran off the figure. Beyond 10 methods the
+    markers and line styles vary too, since tab20's paired colours are close.
+
     Args:
         labels: M methods.
         ranks: {summary name: float[M] ranks}, drawn left to right in order.
     """
     names = list(ranks)
-    fig = ax.figure if ax is not None else _figure(max(6.0, 1.1 * len(names) + 3), 0.35 * len(labels) + 2.2)
+    fig = ax.figure if ax is not None else _figure(max(6.0, 1.1 * len(names) + 4.5), 0.35 * len(labels) + 2.2)
     ax = ax if ax is not None else fig.add_subplot()
     colors = colors or method_colors(list(labels))
     xs = np.arange(len(names))
+    markers, styles = "osD^v<>p", ["-", "--", "-.", ":"]
+    order = np.argsort(np.asarray(ranks[names[0]], dtype=float), kind="stable") if names else range(len(labels))
+    handles = {}
     for i, lab in enumerate(labels):
         r = np.array([ranks[nm][i] for nm in names])
-        ax.plot(xs, r, "-o", color=colors.get(lab), lw=1.5, ms=4)
-        ax.annotate(lab, (xs[-1], r[-1]), xytext=(6, 0), textcoords="offset points", fontsize=8,
-                    va="center", color=colors.get(lab))
+        many = len(labels) > 10
+        (line,) = ax.plot(xs, r, color=colors.get(lab), lw=1.5, ms=4, marker=markers[i % 8] if many else "o",
+                          ls=styles[(i // 8) % 4] if many else "-", label=lab)
+        handles[lab] = line
     ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=8)
     ax.set_ylim(len(labels) + 0.5, 0.5)
     ax.set_ylabel("rank (1 = best)")
+    ax.legend([handles[labels[i]] for i in order], [labels[i] for i in order], fontsize=8,
+              loc="center left", bbox_to_anchor=(1.01, 0.5), title=f"by rank under {names[0]}" if names else None,
+              title_fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -1,6 +1,6 @@
 """The default comparison matrix: DataFlex-RL's 13 configurations, mapped onto our registry.
 
-DataFlex-RL (card 3 in ../shared/research/methods-core.md, "Which 13 configurations?")
+DataFlex-RL (Liang et al., arXiv 2609.06107, "Which 13 configurations?")
 compares uniform GRPO, 8 rollout selection/reweighting methods, a fixed equal mixture and
 3 adaptive mixtures. `DATAFLEX_SLOTS` lists those 13 slots with the registry names that
 implement each one, best match first: the DataFlex method itself when we have it, then
@@ -23,7 +23,7 @@ __all__ = ["Slot", "DATAFLEX_SLOTS", "EXTRAS", "default_policies", "MatrixPlan"]
 
 
 class Slot(NamedTuple):
-    dataflex: str           # DataFlex-RL's config name (card 3 table, column "name")
+    dataflex: str           # DataFlex-RL's config name (arXiv 2609.06107, its configuration table)
     kind: str               # baseline | reweight | select | mix
     candidates: tuple       # registry names, exact DataFlex method first, then analogues
     note: str               # what DataFlex ran
@@ -33,11 +33,12 @@ class Slot(NamedTuple):
 
 DATAFLEX_SLOTS: tuple[Slot, ...] = (
     Slot("baseline", "baseline", ("uniform",), "uniform GRPO"),
-    # Not implementable on our records: `ar` weighs each token by π_t = exp(old_log_prob),
-    # and Feedback carries one reward per rollout, no token log-probs.
-    Slot("ar", "reweight", ("ar", "token_prob_reweight", "advantage_reweight"),
-         "token-prob reweighting w = α·π + (1−α), α=0.5; needs token log-probs, which "
-         "Feedback does not carry"),
+    # `ar` weighs each token by α·π_old(o_t) + (1 − α): exact in the built-in trainer, which
+    # passes token probabilities to `Scheduler.token_weights`; the simulator has no tokens,
+    # so there its weights are 1 (docs/methods/ar.md).
+    Slot("ar", "reweight", ("ar",),
+         "token-prob reweighting w_t = α·π_t + (1−α), α=0.5, mean 1 over valid tokens; exact in the "
+         "trainer, weight 1 in the simulator (no tokens)"),
     Slot("per", "reweight", ("per_advantage",), "w = |A|^0.5, mean 1"),
     Slot("softmax", "reweight", ("softmax_advantage",), "w = softmax(|A|/T)·N, T=1"),
     Slot("diffband", "reweight", ("difficulty_band",), "weight 2 inside the [25%,75%] reward band"),
@@ -46,11 +47,11 @@ DATAFLEX_SLOTS: tuple[Slot, ...] = (
     Slot("difffilter", "select", ("success_band",), "keep groups with solve rate in (0.2, 0.8)",
          kwargs=(("inclusive", False),)),
     Slot("maxvar", "select", ("pods_max_variance",), "PODS: max-variance half of each group"),
-    # GFPO ranks by reward/length; Feedback carries no response lengths, so only the
-    # reward-filtering analogue can run.
+    # GFPO ranks by reward/length from Feedback.lengths (the built-in trainer reports them);
+    # without lengths (the simulator) it ranks by reward alone (docs/methods/gfpo.md).
     Slot("gfpo", "select", ("gfpo", "dapo_dynamic_sampling"),
-         "GFPO: top-3 per group by reward/length; needs response lengths, which Feedback "
-         "does not carry", "both filter rollout groups by reward"),
+         "GFPO: top-3 per group by reward/length (DataFlex k=3, metric=efficiency); the simulator "
+         "has no lengths, so there it keeps the top-3 by reward", "both filter rollout groups by reward"),
     Slot("topk", "select", ("topk",), "keep the top 50% |A| rollouts of the batch"),
     Slot("static", "mix", ("fixed_mixture",), "fixed equal share per domain"),
     Slot("reward_gap", "mix", ("reward_gap",),

@@ -2,7 +2,8 @@
 algebra (`compose`, `chain`, `with_floor`) and the registry of methods by name.
 
 Every method's algorithm lives in one short file here (`_dump.py`, `_ads.py`, ...) that
-cites its paper and card in `../shared/research/`.
+cites its paper (arXiv id) and its page in the project's docs, `docs/methods/<name>.md`
+(index: `docs/methods/README.md`).
 
 >>> from rlpace import policies
 >>> "dump" in policies.names()
@@ -14,11 +15,20 @@ from ._base import (ADMISSION, KINDS, MIXTURE, REWEIGHTING, SELECTION, Admission
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
                          pods_max_variance, success_band, topk_advantage)
 from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
+from ._ar import advantage_reweight
+from ._diem import diem
+from ._criticality import criticality_is, criticality_selection, criticality_weights
 from ._dump import dump_ucb
+from ._dvc import dvc
+from ._epiplexity import epiplexity
 from ._exp3 import exp3
+from ._gfpo import gfpo
+from ._greso import greso
 from ._learnability import learnability_buffer, prioritized_learnability
 from ._mopps import mopps
-from ._registry import make_method, make_policy, names, register
+from ._oracle import oracle_boundary, oracle_progress
+from ._recommended import recommended
+from ._registry import is_policy_factory, make_method, make_policy, names, policy_factory, register
 from ._reward_gap import reward_gap
 from ._reweighting import difficulty_band, per_advantage, softmax_advantage
 from ._sec import sec
@@ -28,13 +38,16 @@ from ._uniform import fixed_mixture, uniform_pool, uniform_within_arm
 __all__ = [
     "DataPolicy", "Method", "Admission", "EmptyState", "KINDS", "MIXTURE", "SELECTION",
     "ADMISSION", "REWEIGHTING", "compose", "chain", "with_floor", "softmax", "keep_all",
-    "unit_weights", "names", "register", "make_policy", "make_method",
+    "unit_weights", "names", "register", "policy_factory", "is_policy_factory", "make_policy",
+    "make_method",
     "uniform_pool", "uniform_within_arm", "fixed_mixture", "dump_ucb",
     "ads", "ads_cluster_ema", "ads_boundary_window", "move_window",
     "learnability_buffer", "prioritized_learnability", "mopps", "sec", "exp3",
     "dapo_dynamic_sampling", "success_band", "pods_max_variance", "max_variance_subset",
     "drop_all_wrong", "per_advantage", "difficulty_band", "softmax_advantage",
-    "topk_advantage", "reward_gap", "tscl",
+    "topk_advantage", "diem", "dvc", "reward_gap", "tscl", "advantage_reweight", "gfpo", "oracle_boundary", "oracle_progress",
+    "epiplexity", "criticality_is", "criticality_selection", "criticality_weights", "greso",
+    "recommended",
 ]
 
 
@@ -45,16 +58,23 @@ def _uniform() -> Method:
 
 # ---- the registry: name -> factory. Proposal methods first, then admission, reweighting.
 register("uniform", _uniform)
+register("recommended", recommended)  # DUMP mixture + MoPPS within domains, docs/methods/recommended.md
 register("fixed_mixture", fixed_mixture)
 register("dump", dump_ucb)
 register("ads", ads)
 register("learnability_buffer", learnability_buffer)
 register("prioritized_learnability", prioritized_learnability)
 register("mopps", mopps)
+# pass-rate predictor over prompt features (rlpace.predict): docs/methods/criticality_is.md, greso.md
+register("criticality_is", criticality_is)
+register("greso", greso)
 register("sec", sec)
 register("exp3", exp3)
 register("reward_gap", reward_gap)
+# gradient-informed (read Feedback.grads / ref_grad; fall back without them): docs/methods/dvc.md
+register("dvc", dvc)
 register("tscl", tscl)
+register("epiplexity", epiplexity)  # loss-curve fits; fed by Scheduler.observe_losses (docs/methods/epiplexity.md)
 register("dapo_dynamic_sampling", dapo_dynamic_sampling)
 register("success_band", success_band)
 register("pods_max_variance", pods_max_variance)
@@ -63,3 +83,11 @@ register("topk", topk_advantage)
 register("per_advantage", per_advantage)
 register("difficulty_band", difficulty_band)
 register("softmax_advantage", softmax_advantage)
+register("diem", diem)              # gradient-informed reweighting, docs/methods/diem.md
+# DataFlex-RL `ar` (token-level, docs/methods/ar.md) and `gfpo` (uses Feedback.lengths, docs/methods/gfpo.md)
+register("ar", advantage_reweight)
+register("gfpo", gfpo)
+# Measurement tools for headroom (docs/methods/oracle.md), not methods: they need a
+# measurement feed (every prompt's pass rate) and are left out of the proposal lists.
+register("oracle_boundary", oracle_boundary)
+register("oracle_progress", oracle_progress)

@@ -4,14 +4,17 @@ many replacement prompts to request.
 All four policies are stateless and act on one batch in O(B·G log G) numpy, with no
 Python loop over groups:
 
-* `dapo_dynamic_sampling` — DAPO's `filter_groups` (methods-peers-and-engines.md card A5):
-  drop groups whose metric has zero spread, request one refill per dropped group.
-* `success_band` — online difficulty filtering (card A10; DataFlex-RL `difffilter`,
-  methods-core.md card 3 #6): keep groups whose pass rate lies in a band.
-* `pods_max_variance` — PODS (card A6; DataFlex-RL `maxvar`, card 3 #7): keep, per
-  group, the m rollouts whose rewards have the largest variance.
-* `drop_all_wrong` — ADS's trainer hook (methods-core.md card 1, "Trainer hook"): drop
-  groups whose rollouts all fail.
+* `dapo_dynamic_sampling` — DAPO's `filter_groups` (arXiv 2503.14476): drop groups
+  whose metric has zero spread, request one refill per dropped group.
+* `success_band` — online difficulty filtering (arXiv 2504.03380; DataFlex-RL
+  `difffilter`, arXiv 2609.06107): keep groups whose pass rate lies in a band.
+* `pods_max_variance` — PODS (arXiv 2504.13818; DataFlex-RL `maxvar`): keep, per group,
+  the m rollouts whose rewards have the largest variance.
+* `drop_all_wrong` — ADS's trainer hook (arXiv 2606.22305): drop groups whose rollouts
+  all fail.
+* `topk_advantage` — DataFlex-RL `topk`: keep the batch's top rollouts by |A|.
+
+Each has its page in docs/methods/ (`<registered name>.md`).
 
 Dropping happens after rollout, so none of these saves generation compute; the refill
 count tells a DAPO-style trainer how many extra prompts to generate.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._base import ADMISSION, Admission, DataPolicy, _empty_init, _no_update
+from ._checks import check_choice, check_int, check_real
 
 __all__ = ["dapo_dynamic_sampling", "success_band", "pods_max_variance", "drop_all_wrong"]
 
@@ -34,8 +38,8 @@ def _group_mask(keep_group: np.ndarray, shape: tuple) -> np.ndarray:
 def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
     """DAPO dynamic sampling: keep a group iff its metric varies (std > 0) or G = 1.
 
-    Yu et al., "DAPO", arXiv 2503.14476; methods-peers-and-engines.md card A5 ("Rule",
-    "V1 replay-buffer form"). A group whose values are all equal has zero GRPO advantage
+    Yu et al., "DAPO", arXiv 2503.14476 (`filter_groups` in verl's DAPO recipe);
+    docs/methods/dapo_dynamic_sampling.md. A group whose values are all equal has zero GRPO advantage
     and only dilutes the batch. `refill` = number of dropped groups (verl V1 async mode:
     evict k, refill k; the sync mode's 2k credits are a dispatch detail of that engine).
 
@@ -55,8 +59,7 @@ def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
     >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
     ([True, False, False], 2)
     """
-    if metric not in ("reward", "success"):
-        raise ValueError(f"dapo_dynamic_sampling metric must be 'reward' or 'success'; got {metric!r}.")
+    check_choice("dapo_dynamic_sampling", "metric", metric, ("reward", "success"))
 
     def apply(state, pool, batch):
         values = batch.rewards if metric == "reward" else batch.success.astype(np.float64)
@@ -70,33 +73,37 @@ def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
     return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="dapo_dynamic_sampling")
 
 
-def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = True) -> DataPolicy:
-    """Keep groups whose pass rate lies in [low, high]; refill one prompt per dropped group.
+def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = False) -> DataPolicy:
+    """Keep groups whose pass rate lies strictly inside (low, high); refill one prompt per dropped group.
 
     Bae et al., "Online Difficulty Filtering for Reasoning Oriented RL", arXiv 2504.03380
-    (methods-peers-and-engines.md card A10: the paper's band is [unverified]); defaults
-    0.2 / 0.8 are DataFlex-RL's `difffilter` (methods-core.md card 3, config 6) and the
-    band verl users asked for (verl #2791).
+    (the paper's exact band is unverified); the defaults are DataFlex-RL's `difffilter`
+    (arXiv 2609.06107, `threshold_band` with low 0.2, high 0.8, keeping strictly inside)
+    and the band verl users asked for (verl #2791). See docs/methods/success_band.md.
 
     Args:
         low, high: band on the group pass rate, 0 ≤ low ≤ high ≤ 1.
-        inclusive: True keeps the closed band [low, high]. DataFlex-RL's
-            `threshold_band` keeps strictly inside (low, high): `inclusive=False`
-            reproduces it. (With G = 5, pass rates 0.2 and 0.8 are kept only when
-            inclusive.)
+        inclusive: False (default, DataFlex's `threshold_band`) keeps the open band
+            (low, high); True keeps the closed band [low, high]. With G = 5, pass rates
+            0.2 and 0.8 are kept only when inclusive.
 
     Deviation: success is reward ≥ the Scheduler's `success_threshold` (default 0.5);
     DataFlex's `group_solve_rate` uses reward > 0.5. Identical for binary rewards.
 
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
-    >>> pool = Pool([0, 0]); p = success_band()
-    >>> b = Batch.from_feedback(Feedback([0, 1], [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]), pool, 0.5)
+    >>> pool = Pool([0, 0, 0]); p = success_band()
+    >>> b = Batch.from_feedback(Feedback([0, 1, 2], [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0],
+    ...                                             [1, 1, 1, 1, 1]]), pool, 0.5)
     >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
-    ([True, False], 1)
+    ([False, True, False], 2)
     """
-    if not (0.0 <= low <= high <= 1.0):
+    check_real("success_band", "low", low, low=0, high=1)
+    check_real("success_band", "high", high, low=0, high=1)
+    if low > high:
         raise ValueError(f"success_band needs 0 ≤ low ≤ high ≤ 1; got low={low}, high={high}.")
+    if not isinstance(inclusive, (bool, np.bool_)):
+        raise ValueError(f"success_band inclusive must be True or False; got {inclusive!r}.")
     tol = 1e-12  # pass rates are k/G; guard the closed band against round-off
 
     def apply(state, pool, batch):
@@ -115,7 +122,7 @@ def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = True) ->
 
 def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
     """bool[B, G]: per row, the m entries whose values have the largest (population)
-    variance, found as the k lowest ∪ (m − k) highest for the best k (PODS, card A6).
+    variance, found as the k lowest ∪ (m − k) highest for the best k (PODS, arXiv 2504.13818).
 
     For each row, sort ascending and, with prefix sums P of r and Q of r², the subset
     S_k = lowest k ∪ highest m−k has sum = P[k] + P[G] − P[G−m+k] (likewise Q), so
@@ -127,6 +134,9 @@ def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
     b, g = r.shape
     if m >= g:
         return np.ones((b, g), dtype=bool)
+    big = np.abs(r).max(axis=1, keepdims=True)                       # [B, 1]
+    if (big > 1e150).any():      # squares would overflow; the variance ranking is scale-free
+        r = r / np.where(big > 1e150, big, 1.0)
     order = np.argsort(r, axis=1, kind="stable")                     # [B, G]
     s = np.take_along_axis(r, order, axis=1)
     # Centre each row first: variance is shift-invariant and the prefix-sum formula
@@ -150,9 +160,8 @@ def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
 def pods_max_variance(m: int | None = None) -> DataPolicy:
     """PODS down-sampling: keep, per group, the m of G rollouts with maximum reward variance.
 
-    Xu, Savani, Fang, Kolter, "Not All Rollouts are Useful", arXiv 2504.13818
-    (methods-peers-and-engines.md card A6); DataFlex-RL `maxvar` (methods-core.md card 3,
-    config 7). Some max-variance m-subset is the k lowest plus the m − k highest rewards;
+    Xu, Savani, Fang, Kolter, "Not All Rollouts are Useful", arXiv 2504.13818; DataFlex-RL
+    (arXiv 2609.06107) configuration `maxvar`; docs/methods/pods_max_variance.md. Some max-variance m-subset is the k lowest plus the m − k highest rewards;
     the best k comes from prefix sums (`max_variance_subset`). With binary rewards this
     keeps as balanced a success/failure split as the group allows.
 
@@ -170,9 +179,9 @@ def pods_max_variance(m: int | None = None) -> DataPolicy:
     >>> p.apply(p.init(pool), pool, b).keep.tolist()
     [[True, True, False, False]]
     """
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
-        raise ValueError(f"pods_max_variance m must be a positive int (rollouts kept per group) "
-                         f"or None for round(0.5·G); got {m!r}.")
+    if m is not None:
+        check_int("pods_max_variance", "m", m,
+                  hint=" (rollouts kept per group), or None for round(0.5·G)")
 
     def apply(state, pool, batch):
         shape = batch.rewards.shape
@@ -188,9 +197,9 @@ def pods_max_variance(m: int | None = None) -> DataPolicy:
 def drop_all_wrong() -> DataPolicy:
     """ADS admission: drop every group whose rollouts all fail; keep all-correct groups.
 
-    Methods-core.md card 1 ("Trainer hook"): after `update_main` sees the full batch
-    (the all-wrong groups move ADS's window easier), the ADS trainer removes groups with
-    acc = 0 everywhere from the gradient batch and requests no replacements (`refill`
+    ADS (arXiv 2606.22305; `Richard-zrx/ADS`), docs/methods/drop_all_wrong.md: after
+    `update_main` sees the full batch (the all-wrong groups move ADS's window easier),
+    the ADS trainer removes groups with acc = 0 everywhere from the gradient batch and requests no replacements (`refill`
     = 0). Success is reward ≥ the Scheduler's threshold.
 
     >>> import numpy as np; from rlpace import Pool, Feedback
@@ -216,7 +225,7 @@ __all__ += ["topk_advantage"]
 def topk_advantage(fraction: float = 0.5) -> DataPolicy:
     """Keep the top `fraction` of the batch's rollouts by |A|; refill 0 (DataFlex-RL `topk`).
 
-    Liang et al., "DataFlex-RL", arXiv 2609.06107 — methods-core.md card 3, config 9:
+    Liang et al., "DataFlex-RL", arXiv 2609.06107, configuration 9 (docs/methods/topk.md):
     scorer `advantage_magnitude` (a sequence's mean |A| over its tokens, which for GRPO
     is the rollout's |A|), selector `topk_fraction` with fraction 0.5, over all M = B·G
     rollouts of the batch (not per group):
@@ -233,7 +242,8 @@ def topk_advantage(fraction: float = 0.5) -> DataPolicy:
 
     Rollouts with A = 0 are kept when fewer than k have A ≠ 0 (DataFlex keeps exactly k).
     DataFlex masks the dropped rollouts with weight 0 after the advantages are computed
-    on the full group; this mask is meant the same way (advantages are not recomputed).
+    on the full group; this mask is meant the same way (advantages are not recomputed:
+    the result says `full_group_advantages=True`).
 
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
@@ -243,19 +253,17 @@ def topk_advantage(fraction: float = 0.5) -> DataPolicy:
     >>> p.apply(p.init(pool), pool, b).keep.tolist()     # M = 4, k = 2: |A| 2.0 and 1.0
     [[False, True], [True, False]]
     """
-    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float, np.floating, np.integer))
-                                          and 0.0 < fraction <= 1.0):
-        raise ValueError(f"topk fraction must be a number in (0, 1] (DataFlex: 0.5); got {fraction!r}.")
+    check_real("topk", "fraction", fraction, low=0, high=1, low_open=True, hint=" (DataFlex: 0.5)")
 
     def apply(state, pool, batch):
         a = np.abs(batch.advantages)
         shape = a.shape
         if a.size == 0:
-            return Admission(np.zeros(shape, dtype=bool), 0)
+            return Admission(np.zeros(shape, dtype=bool), 0, full_group_advantages=True)
         k = max(1, int(round(fraction * a.size)))
         order = np.argsort(-a.ravel(), kind="stable")             # largest first, ties by position
         keep = np.zeros(a.size, dtype=bool)
         keep[order[:k]] = True
-        return Admission(keep.reshape(shape), 0)
+        return Admission(keep.reshape(shape), 0, full_group_advantages=True)
 
     return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="topk")

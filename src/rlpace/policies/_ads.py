@@ -1,8 +1,8 @@
 """ADS online part: a cluster-level EMA mixer and a per-cluster boundary window.
 
 Xu, Zhang, et al., "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM
-Reinforcement Learning", arXiv 2606.22305 — methods-core.md card 1 ("Online state",
-"Per-step algorithm"), from `Richard-zrx/ADS` `verl/verl/experimental/dataset/ads_sampler.py`.
+Reinforcement Learning", arXiv 2606.22305, from `Richard-zrx/ADS`
+`verl/verl/experimental/dataset/ads_sampler.py`; docs/methods/ads.md.
 The offline part (embed → cluster, NLL → rank) fills `Pool(clusters=..., ranks=...)`;
 without clusters the Pool's clusters are its domains, and without ranks prompts are
 ranked by `difficulty`, else by position.
@@ -38,7 +38,7 @@ or by our records:
     cluster has ≥ B prompts, the last one truncated (its hardest positions dropped);
     smaller clusters make room for further clusters; when every cluster with p > 0 has
     been used, the same draw order repeats. The code always emits exactly
-    `active_clusters` whole windows, so card-faithful use is propose(active_clusters · B).
+    `active_clusters` whole windows, so faithful use is propose(active_clusters · B).
   * A prompt listed twice in one batch: both groups count towards r_k; the window uses
     the direction of the last group (the code's per-position dict, last write wins).
   * An empty batch is a no-op (the code would still smooth p and count the step).
@@ -52,16 +52,15 @@ import numpy as np
 
 from ._admission import drop_all_wrong
 from ._base import MIXTURE, SELECTION, DataPolicy, Method, compose
+from ._checks import check_int, check_real
 
 __all__ = ["ads", "ads_cluster_ema", "ads_boundary_window", "move_window"]
 
 
 def _check_reset(epoch_reset_steps) -> None:
-    if epoch_reset_steps is not None and (isinstance(epoch_reset_steps, bool) or
-                                          not isinstance(epoch_reset_steps, (int, np.integer))
-                                          or epoch_reset_steps < 0):
-        raise ValueError(f"ads epoch_reset_steps must be None (one pass over the pool), 0 (never "
-                         f"reset) or a positive int; got {epoch_reset_steps!r}.")
+    if epoch_reset_steps is not None:
+        check_int("ads", "epoch_reset_steps", epoch_reset_steps, low=0,
+                  hint=" (0 = never reset), or None for one pass over the pool")
 
 
 def _reset_every(epoch_reset_steps, pool, prompts_per_step: int) -> int:
@@ -79,7 +78,7 @@ class ClusterEmaState(NamedTuple):
 
 def ads_cluster_ema(alpha: float = 0.3, r_init: float = 0.5, epoch_reset_steps: int | None = None,
                     epoch_prompts: int = 128) -> DataPolicy:
-    """ADS inter-cluster mixer: p ← (1 − α)·p + α·r/Σr over clusters (card 1, paper Eq. 4).
+    """ADS inter-cluster mixer: p ← (1 − α)·p + α·r/Σr over clusters (arXiv 2606.22305, Eq. 4).
 
     Args:
         alpha: EMA step α (ADS: 0.3).
@@ -93,13 +92,10 @@ def ads_cluster_ema(alpha: float = 0.3, r_init: float = 0.5, epoch_reset_steps: 
     cluster 1 is absent: r = [1, 0.5], p̂ = [2/3, 1/3], p = 0.5·[0.5, 0.5] + 0.5·p̂ =
     [0.5833, 0.4167].
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"ads alpha must be in [0, 1]; got {alpha}.")
-    if not (np.isfinite(r_init) and r_init >= 0):
-        raise ValueError(f"ads r_init must be a finite rate ≥ 0; got {r_init}.")
+    check_real("ads", "alpha", alpha, low=0, high=1, hint=" (EMA step; ADS: 0.3)")
+    check_real("ads", "r_init", r_init, low=0, high=1, hint=" (initial success rate; ADS: 0.5)")
     _check_reset(epoch_reset_steps)
-    if isinstance(epoch_prompts, bool) or not isinstance(epoch_prompts, (int, np.integer)) or epoch_prompts < 1:
-        raise ValueError(f"ads epoch_prompts must be a positive int; got {epoch_prompts!r}.")
+    check_int("ads", "epoch_prompts", epoch_prompts)
 
     def init(pool):
         c = pool.n_clusters
@@ -161,7 +157,7 @@ def _nearest_free(desired: int, direction: int, taken: set, size: int) -> int:
 
 
 def move_window(window, directions: dict, size: int) -> list[int]:
-    """One ADS window move (card 1, "Per-step algorithm"; paper Eq. 5–7).
+    """One ADS window move (arXiv 2606.22305, Eq. 5–7; docs/methods/ads.md).
 
     Args:
         window: the B current positions of M_k (any order).
@@ -309,11 +305,10 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
                         epoch_reset_steps: int | None = None) -> DataPolicy:
     """ADS intra-cluster selection: emit the boundary windows M_k of clusters drawn ∝ p.
 
-    Card 1 ("Online state", "Per-step algorithm"); see the module docstring for the
-    rule and for how n ≠ active_clusters · B is handled.
+    ADS (arXiv 2606.22305); see the module docstring for the rule and for how n ≠ active_clusters · B is handled.
 
     Args:
-        active_clusters: clusters per step in the card (4); sets the default epoch
+        active_clusters: clusters per step in ADS (4); sets the default epoch
             length len(pool) // (active_clusters · mini_cluster_size).
         mini_cluster_size: B, positions per window (32); B_k = min(B, cluster size).
         eps: keep band ρ ∈ [0.5 − ε, 0.5 + ε] (0.17).
@@ -323,11 +318,9 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
     Example: window {3, 4, 5} of a 10-prompt cluster with ρ = (0, 0, 1) at those
     positions moves to {2, 3, 6} (see `move_window`).
     """
-    for name, val in (("active_clusters", active_clusters), ("mini_cluster_size", mini_cluster_size)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-            raise ValueError(f"ads {name} must be a positive int; got {val!r}.")
-    if not 0.0 <= eps <= 0.5:
-        raise ValueError(f"ads eps must be in [0, 0.5] (keep band 0.5 ± eps); got {eps}.")
+    check_int("ads", "active_clusters", active_clusters, hint=" (ADS: 4)")
+    check_int("ads", "mini_cluster_size", mini_cluster_size, hint=" (ADS: 32)")
+    check_real("ads", "eps", eps, low=0, high=0.5, hint=" (keep band 0.5 ± eps; ADS: 0.17)")
     _check_reset(epoch_reset_steps)
     per_step = int(active_clusters) * int(mini_cluster_size)
 
@@ -391,17 +384,20 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
         return {"ads/window_position_frac": float(frac.mean()), "ads/batch_too_hard": float(too_hard),
                 "ads/batch_keep": float(keep), "ads/batch_too_easy": float(too_easy)}
 
-    return DataPolicy(SELECTION, init, update, apply, name="ads_boundary_window", metrics=metrics)
+    return DataPolicy(SELECTION, init, update, apply, name="ads_boundary_window", metrics=metrics,
+                      follows_mixture=True)   # clusters drawn ∝ the mixture (_cluster_weights)
 
 
 def ads(alpha: float = 0.3, r_init: float = 0.5, active_clusters: int = 4, mini_cluster_size: int = 32,
         eps: float = 0.17, epoch_reset_steps: int | None = None) -> Method:
-    """ADS (card 1): cluster EMA mixer + boundary-window selection + all-wrong groups dropped.
+    """ADS (arXiv 2606.22305): cluster EMA mixer, boundary-window selection, all-wrong groups dropped.
+
+    docs/methods/ads.md.
 
     Defaults are `train_ads.sh`'s: α = 0.3, r_init = 0.5, 4 active clusters, B = 32,
     ε = 0.17, an epoch reset every len(pool) // 128 updates. Needs `Pool(clusters=...,
     ranks=...)` (or `difficulty=`) from the offline pipeline to mean what ADS means.
-    Card-faithful batches: `propose(active_clusters * mini_cluster_size)` (= 128).
+    Faithful batches: `propose(active_clusters * mini_cluster_size)` (= 128).
 
     >>> import numpy as np; from rlpace import Pool, Scheduler
     >>> pool = Pool(["a"] * 40 + ["b"] * 40)      # clusters = domains, ranks = position

@@ -2,7 +2,7 @@
 and the combinators that make methods out of them.
 
 A `DataPolicy` is the optax `GradientTransformation` of data scheduling
-(`../shared/STYLE.md` §1): hyperparameters are closed over by a factory, state is a
+(`optax/_src/base.py`: init + update over explicit state): hyperparameters are closed over by a factory, state is a
 NamedTuple of arrays, and three functions are pure in the sense that matters here —
 everything they read is in their arguments:
 
@@ -56,6 +56,10 @@ class Admission(NamedTuple):
 
     keep: np.ndarray  # bool[B, G] rollouts that enter the loss
     refill: int       # replacement prompts the trainer should generate (DAPO-style)
+    # How a trainer computes the advantages of a partly kept group: False (the default, PODS and
+    # GFPO) recomputes them on the kept rollouts (`rlpace.kept_group_advantages`); True keeps the
+    # full group's advantages and only masks the dropped rollouts (DataFlex-RL's `topk`).
+    full_group_advantages: bool = False
 
 
 class DataPolicy(NamedTuple):
@@ -69,6 +73,24 @@ class DataPolicy(NamedTuple):
         arms: for mixtures, what the distribution is over: "domain" or "cluster".
         name: registry name or a description, for logs and errors.
         metrics: optional (state, pool) -> dict[str, float] for logging.
+        check_state: optional (state, pool) -> None that raises a ValueError naming the
+            field when a restored state breaks a constraint only this policy knows (e.g.
+            "ids in the buffer are distinct"). `Scheduler.load_state_dict` calls it before
+            replacing anything, after its generic checks (every float finite, and the
+            rules of rlpace's own state records: see `policies/_state_checks.py`).
+        update_losses: optional (state, pool, losses) -> state for policies that learn from
+            held-out loss curves: `Scheduler.observe_losses` validates a `LossFeedback`
+            (rlpace.types) and passes it here; policies without it never see losses.
+        follows_mixture: for selections, True when `apply` honours the mixture it is
+            composed with: given `probs` over `arms`, the mixture decides how many slots
+            each arm gets and the selection's own rule which of the arm's prompts fill
+            them (mopps and the learnability selections: n_k ~ Multinomial(n, probs) over
+            the non-empty arms; uniform_within_arm: an arm per slot ~ probs; ADS's window:
+            clusters drawn ∝ probs). False (the default) for a selection that ignores
+            `probs`: `compose` refuses to pair it with a mixture, which would otherwise
+            do nothing at all.
+
+    State holds finite floats: a state with NaN or inf is rejected on load.
     """
 
     kind: str
@@ -78,6 +100,9 @@ class DataPolicy(NamedTuple):
     arms: str | None = None
     name: str = ""
     metrics: Callable[[Any, Pool], dict] | None = None
+    check_state: Callable[[Any, Pool], None] | None = None
+    update_losses: Callable[[Any, Pool, Any], Any] | None = None
+    follows_mixture: bool = False
 
 
 class Method(NamedTuple):
@@ -124,7 +149,8 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     At most one mixture and one selection; several admission or reweighting policies are
     stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
     drawn arm by arm from it (`uniform_within_arm`); without, uniformly from the pool;
-    admission keeps everything; weights are 1.
+    admission keeps everything; weights are 1. A mixture with a selection whose
+    `follows_mixture` is False is a ValueError: the mixture would be silently ignored.
 
     >>> from rlpace.policies import make_policy
     >>> m = compose(make_policy("dump"), make_policy("dapo_dynamic_sampling"))
@@ -155,6 +181,17 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     mixture = slots[MIXTURE][0] if slots[MIXTURE] else None
     if slots[SELECTION]:
         selection = slots[SELECTION][0]
+        if mixture is not None and not selection.follows_mixture:
+            # The Scheduler would pass the mixture's probs to a selection that drops them:
+            # the method would run as the selection alone, under the pair's name.
+            raise ValueError(
+                f"selection {selection.name!r} does not follow a mixture (its DataPolicy."
+                f"follows_mixture is False), so mixture {mixture.name!r} composed with it would "
+                f"have no effect on which prompts are drawn. Drop one of the two, or use a "
+                f"selection that follows a mixture (uniform_within_arm, the default when no "
+                f"selection is given; mopps; learnability_buffer; prioritized_learnability; "
+                f"ads_boundary_window). A selection of your own that honours `probs` sets "
+                f"follows_mixture=True.")
     else:
         selection = uniform_within_arm() if mixture is not None else uniform_pool()
     admission = chain(*slots[ADMISSION]) if slots[ADMISSION] else keep_all()
@@ -200,7 +237,8 @@ def chain(*policies: DataPolicy) -> DataPolicy:
         outs = [p.apply(s, pool, batch) for p, s in zip(policies, state)]
         if kind == ADMISSION:
             keep = np.logical_and.reduce([o.keep for o in outs])
-            return Admission(keep, int(sum(o.refill for o in outs)))
+            return Admission(keep, int(sum(o.refill for o in outs)),
+                             any(o.full_group_advantages for o in outs))
         return np.prod(np.stack(outs), axis=0)
 
     def metrics(state, pool):
@@ -210,8 +248,13 @@ def chain(*policies: DataPolicy) -> DataPolicy:
                 out.update(p.metrics(s, pool))
         return out
 
+    def check_state(state, pool):
+        for p, s in zip(policies, state):
+            if p.check_state is not None:
+                p.check_state(s, pool)
+
     return DataPolicy(kind, init, update, apply, name=">".join(p.name for p in policies),
-                      metrics=metrics)
+                      metrics=metrics, check_state=check_state)
 
 
 def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:

@@ -1,8 +1,8 @@
 """DUMP: distribution-level UCB on the expected absolute advantage.
 
 Wang, Cui, Li, Wan, Zhao. "DUMP: Automated Distribution-Level Curriculum Learning for
-RL-based LLM Post-training", arXiv 2504.09710 — methods-core.md card 10 ("Code: exact
-logic", from `ZhentingWang/DUMP` `verl/utils/curriculum_learning.py`).
+RL-based LLM Post-training", arXiv 2504.09710, checked against `ZhentingWang/DUMP`
+`verl/utils/curriculum_learning.py`; docs/methods/dump.md.
 
 For each distribution (arm) d, keep the |A| of its last `window` rollouts and the count
 n_d of rollouts ever seen (cumulative, never windowed). After every update:
@@ -14,7 +14,7 @@ n_d of rollouts ever seen (cumulative, never windowed). After every update:
 and each prompt slot draws its source from p (`uniform_within_arm`). Defaults follow the
 code: window 300 rollouts, c = 1, T = 0.1, no floor.
 
-Deviations and options (card 10, "Library notes"):
+Deviations and options:
   * Validation data never enters the window: DUMP's code pushes one validation entry per
     source (with rewards standing in for advantages); we only see training `Feedback`.
   * `window_unit` may be "rollouts" (the code), "prompts" (one entry per group: the
@@ -22,6 +22,8 @@ Deviations and options (card 10, "Library notes"):
   * `counting` may be "cumulative" (the code) or "windowed" (n_d = entries in the window,
     a sliding-window UCB for non-stationary arms).
   * `floor` mixes in the uniform distribution: p' = (1 − K·floor)·p + floor.
+  * |A| is clipped to 1e100 before it enters the window, so a window mean of finite
+    advantages cannot overflow (no real advantage comes near; `_checks.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
 from ._base import MIXTURE, DataPolicy, softmax
+from ._checks import check_choice, check_int, check_real, clip_signal, shifted
 
 
 class DumpState(NamedTuple):
@@ -42,7 +45,9 @@ class DumpState(NamedTuple):
 def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
              window_unit: str = "rollouts", counting: str = "cumulative",
              floor: float = 0.0, arms: str = "domain") -> DataPolicy:
-    """DUMP's UCB mixture (card 10). See the module docstring for the rule.
+    """DUMP (arXiv 2504.09710): softmax over arms of windowed mean |A| plus a UCB bonus, at `temperature`.
+
+    See the module docstring for the rule and docs/methods/dump.md.
 
     Args:
         temperature: softmax temperature T (DUMP: 0.1).
@@ -57,14 +62,13 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     N = 4, score = [1 + sqrt(2 ln 5 / 5), 0 + sqrt(2 ln 5 / 1)] = [1.802, 1.794],
     p = softmax(score / 0.1) = [0.520, 0.480].
     """
-    if temperature <= 0:
-        raise ValueError(f"dump temperature must be > 0; got {temperature}.")
-    if window_unit not in ("rollouts", "prompts", "steps"):
-        raise ValueError(f"dump window_unit must be 'rollouts', 'prompts' or 'steps'; got {window_unit!r}.")
-    if counting not in ("cumulative", "windowed"):
-        raise ValueError(f"dump counting must be 'cumulative' or 'windowed'; got {counting!r}.")
-    if c < 0 or floor < 0:
-        raise ValueError("dump c and floor must be ≥ 0.")
+    check_real("dump", "temperature", temperature, low=0, low_open=True, hint=" (DUMP: 0.1)")
+    check_real("dump", "c", c, low=0, hint=" (DUMP: 1.0)")
+    check_int("dump", "window", window, hint=" (DUMP: 300)")
+    check_choice("dump", "window_unit", window_unit, ("rollouts", "prompts", "steps"))
+    check_choice("dump", "counting", counting, ("cumulative", "windowed"))
+    check_real("dump", "floor", floor, low=0, high=1, high_open=True)
+    check_choice("dump", "arms", arms, ("domain", "cluster"))
 
     def init(pool):
         k = pool.n_arms(arms)
@@ -75,7 +79,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        abs_adv = np.abs(batch.advantages)                        # [B, G]
+        abs_adv = np.abs(clip_signal(batch.advantages))           # [B, G], ≤ 1e100 (_checks.py)
         arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
         if window_unit == "rollouts":
             # [B, G] with one arm per row: window_push keeps row order then column order,
@@ -100,7 +104,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         n = state.count if counting == "cumulative" else state.window.filled
         total = max(1, int(n.sum()))
         score = mu + c * np.sqrt(2.0 * np.log(total + 1) / (n + 1))
-        p = softmax(score, temperature)
+        p = softmax(shifted(score), temperature)
         k = p.shape[0]
         return (1.0 - k * floor) * p + floor
 

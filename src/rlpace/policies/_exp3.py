@@ -1,8 +1,7 @@
 """ODM: EXP3 over domains with a decaying exploration rate.
 
 Albalak, Pan, Raffel, Wang, "Efficient Online Data Mixing For Language Model
-Pre-Training", arXiv 2312.02406 — methods-peers-and-engines.md card A13, from
-`alon-albalak/online-data-mixing` `megatron/data/data_sampling_utils.py`
+Pre-Training", arXiv 2312.02406, from `alon-albalak/online-data-mixing` `megatron/data/data_sampling_utils.py`
 (`Exp3WeightUpdater.update`). At update t = 1, 2, ... (ε_0 = 1/K):
 
     R̂_i += (r_i / scale) / π_i                 for arms i present in the batch
@@ -10,15 +9,16 @@ Pre-Training", arXiv 2312.02406 — methods-peers-and-engines.md card A13, from
     w_i  = exp(ε_{t−1}·R̂_i)·(1 − K·ε_t) / Σ_j exp(ε_{t−1}·R̂_j) + ε_t
     π    = w / Σ w
 
-RLVR adaptation (card A13): ODM's reward is a domain's training loss; ours is the
+RLVR adaptation (ours; docs/methods/exp3.md): ODM's reward is a domain's training loss; ours is the
 domain's learnability in this batch, r_i = mean over its groups of the group's mean |A|
 (the same signal as SEC and DUMP). π_i in the importance weight is the distribution the
 batch was proposed from (the current state's π, which only `update` changes).
 
 Notes: ε_t = 1/K — and so π uniform — for the first t ≤ K·ln K updates, as in the code.
 The exponent is max-subtracted (a softmax), which leaves w unchanged but cannot
-overflow. t counts our updates; ODM uses the trainer iteration (equal when it updates
-every step without warm-up).
+overflow; R̂ is capped at 1e300 and |A| at 1e100 (`_checks.py`), so any finite
+advantages and any scale > 0 keep the state finite. t counts our updates; ODM uses the
+trainer iteration (equal when it updates every step without warm-up).
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ._base import MIXTURE, DataPolicy, softmax
+from ._checks import check_choice, check_real, shifted
 from ._sec import arm_mean_abs_advantage
 
 __all__ = ["exp3"]
+
+_REWARD_CAP = 1e300
 
 
 class Exp3State(NamedTuple):
@@ -41,7 +44,9 @@ class Exp3State(NamedTuple):
 
 
 def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
-    """EXP3 domain mixture (ODM, card A13). See the module docstring for the rule.
+    """ODM's EXP3 mixture over arms (arXiv 2312.02406), rewarded by each arm's mean |A| over `scale`.
+
+    See the module docstring for the rule and docs/methods/exp3.md.
 
     Args:
         scale: rewards are divided by this before importance weighting (the code's
@@ -53,10 +58,8 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
     with r = [1, 0.5] gives R̂ = [0.4, 0.1], ε_2 = sqrt(ln 2 / 4) = 0.416277, and with
     ε_1 = 1/2: w = softmax([0.2, 0.05])·(1 − 2·0.416277) + 0.416277 = [0.506267, 0.493733].
     """
-    if not (np.isfinite(scale) and scale > 0):
-        raise ValueError(f"exp3 scale must be > 0; got {scale!r}.")
-    if arms not in ("domain", "cluster"):
-        raise ValueError(f"exp3 arms must be 'domain' or 'cluster'; got {arms!r}.")
+    check_real("exp3", "scale", scale, low=0, low_open=True, hint=" (ODM: 10)")
+    check_choice("exp3", "arms", arms, ("domain", "cluster"))
 
     def init(pool):
         k = pool.n_arms(arms)
@@ -68,10 +71,13 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
         k = state.prob.shape[0]
         r, present = arm_mean_abs_advantage(pool, batch, arms, k)
         state.reward[present] += (r[present] / scale) / state.prob[present]
+        # r ≤ 1e100 (clipped), but a tiny `scale` or π could still push R̂ past the float
+        # range: cap it where exp(ε·R̂) has long saturated anyway (module docstring).
+        np.minimum(state.reward, _REWARD_CAP, out=state.reward)
         state.t[...] += 1
         eps_prev = float(state.eps)
         eps = min(1.0 / k, float(np.sqrt(np.log(k) / (k * int(state.t)))))
-        w = softmax(state.reward * eps_prev, 1.0) * (1.0 - k * eps) + eps
+        w = softmax(shifted(state.reward * eps_prev), 1.0) * (1.0 - k * eps) + eps
         state.prob[:] = w / w.sum()
         state.eps[...] = eps
         return state

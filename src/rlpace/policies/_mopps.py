@@ -3,7 +3,7 @@ candidate pool, keep the candidates predicted closest to a target success rate.
 
 Qu, Wang, Mao, Hu, Ommer, Ji, "Can Prompt Difficulty be Online Predicted for
 Accelerating RL Finetuning of Reasoning Models?", arXiv 2507.04632 —
-methods-peers-and-engines.md card A1, from `thu-rllab/MoPPS` `recipe/ours/mopps.py`
+docs/methods/mopps.md; checked against `thu-rllab/MoPPS` `recipe/ours/mopps.py`
 (`PosteriorSampler.train` / `sample_batch`, strategy 'topk').
 
 Update, for each observed group of prompt i with n = G rollouts and pass rate s:
@@ -12,7 +12,9 @@ Update, for each observed group of prompt i with n = G rollouts and pass rate s:
     β_i ← λ·β_i + (1 − λ)·β0 + n·(1 − s)
 
 Selection: draw ratio·n candidates uniformly, draw γ̂_i ~ Beta(α_i, β_i) for each,
-keep the n with the smallest (γ̂_i − target)².
+keep the n with the smallest (γ̂_i − target)². Composed with a mixture over arms, the
+n slots are first split as n_k ~ Multinomial(n, probs) and the rule runs inside each
+arm (rlpace's extension; the paper has no mixture).
 
 Deviations: (1) the reference writes `… + s*n if n > 1 else 8`, which Python parses as
 `(… + s*n) if n > 1 else 8`, overwriting α with 8 when G = 1; here G = 1 updates by the
@@ -30,13 +32,23 @@ import numpy as np
 
 from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
+from ._checks import check_int, check_real
+from ..predict._logistic import PredictorState, check_predictor_state, predictor
 
-__all__ = ["mopps", "beta_posterior_update"]
+__all__ = ["mopps", "beta_posterior_update", "split_by_arm"]
 
 
 class MoppsState(NamedTuple):
     alpha: np.ndarray  # float64[N] Beta α per prompt (prior α0)
     beta: np.ndarray   # float64[N] Beta β per prompt (prior β0)
+
+
+class MoppsPriorState(NamedTuple):
+    """MoPPS state with the predictor prior on (`prior_strength` > 0)."""
+
+    alpha: np.ndarray         # float64[N] Beta α per prompt (prior α0)
+    beta: np.ndarray          # float64[N] Beta β per prompt (prior β0)
+    predictor: PredictorState  # the pass-rate model over prompt features (rlpace.predict)
 
 
 def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
@@ -111,9 +123,62 @@ def _closest(dist: np.ndarray, n: int) -> np.ndarray:
     return keep[np.argsort(dist[keep], kind="stable")]
 
 
+def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.ndarray:
+    """MoPPS's ratio·n candidates among positions 0..size−1: without replacement
+    (`Generator.choice`, O(ratio·n) for large pools); every position when ratio·n > size
+    ≥ n; with replacement when n > size (nothing else can fill n slots)."""
+    m = ratio * n
+    if m <= size:
+        return rng.choice(size, size=m, replace=False)
+    if n <= size:
+        return rng.permutation(size)                                # size < ratio·n: O(ratio·n)
+    return rng.integers(0, size, size=m)
+
+
+def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
+                 owner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How a selection that follows a mixture splits n slots over the arms.
+
+    Returns (counts int64[K], order, offsets) with (order, offsets) = `pool.members(arms)`
+    and counts ~ Multinomial(n, p), p = probs restricted to the arms that have prompts and
+    renormalised (all of them in proportion to their size when probs puts no mass on a
+    non-empty arm, as `uniform_within_arm`). So E[counts[k]] = n·p[k] exactly: the slots
+    are the i.i.d. per-slot arm draws of DUMP (arXiv 2504.09710) and of
+    `uniform_within_arm`, counted. (Largest-remainder rounding would have a lower
+    variance, but it never gives an arm with n·p[k] < 1/2 a slot, e.g. with n = 1 the
+    second arm of p = [0.6, 0.4] would never be drawn: a bias a bandit cannot learn past.)
+    The multinomial is drawn over the arms with p[k] > 0 only, so an empty arm never gets
+    a slot (numpy gives its last category the remainder n − Σ others, which rounding could
+    leave positive for a last arm of probability 0).
+
+    Raises ValueError naming `owner` when probs is not K finite non-negative numbers.
+
+    >>> import numpy as np; from rlpace import Pool
+    >>> pool = Pool(["a", "a", "b", "c"])
+    >>> c, _, _ = split_by_arm(pool, 5, [0.0, 1.0, 0.0], "domain", np.random.default_rng(0), "x")
+    >>> c.tolist()
+    [0, 5, 0]
+    """
+    order, offsets = pool.members(arms)
+    sizes = np.diff(offsets)
+    p = np.asarray(probs, dtype=np.float64)
+    if p.shape != sizes.shape or not (np.isfinite(p).all() and (p >= 0).all()):
+        raise ValueError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
+                         f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
+    p = np.where(sizes > 0, p, 0.0)
+    total = p.sum()
+    p = p / total if total > 0 else sizes / sizes.sum()
+    counts = np.zeros(sizes.shape[0], dtype=np.int64)
+    live = np.flatnonzero(p > 0)
+    counts[live] = rng.multinomial(n, p[live] / p[live].sum())
+    return counts, order, offsets
+
+
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
-          prior_beta: float = 1.0) -> DataPolicy:
-    """MoPPS prompt selection (card A1). See the module docstring for the rule.
+          prior_beta: float = 1.0, prior_strength: float = 0.0, prior_stage_steps: int = 20) -> DataPolicy:
+    """MoPPS (arXiv 2507.04632): Thompson-sample Beta posteriors of `ratio`·n candidates, keep the n nearest `target`.
+
+    See the module docstring for the rule and docs/methods/mopps.md.
 
     Args:
         ratio: candidates per selected prompt (`ts_ratio`; 16 in the math scripts, 8 for
@@ -122,30 +187,45 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         decay: λ in [0, 1] (`bandit_decay_ratio`; 1 = plain conjugate counting, the
             default; 0.5 in the countdown / geo3k scripts).
         prior_alpha, prior_beta: Beta prior α0, β0 (1, 1).
+        prior_strength: κ ≥ 0 (rlpace's extension, default 0 = off: the paper's rule). With
+            κ > 0 a candidate never observed (α, β still at α0, β0) is drawn from
+            Beta(α0 + κ·π̂, β0 + κ·(1 − π̂)), π̂ the pass rate a predictor over the prompt's
+            features, domain and cluster gives (`rlpace.predict`, refit every
+            `prior_stage_steps` updates on all observed groups). Observed prompts keep
+            their own posterior.
 
     Candidates are drawn without replacement (`Generator.choice`, O(ratio·n) for large
     pools); when ratio·n exceeds the pool every prompt is a candidate, and when n itself
     exceeds the pool candidates are drawn with replacement. Cost per step O(ratio·n·log)
     for the draw and sort, O(B log B) for the update; memory 2 floats per prompt.
 
+    Composed with a mixture (`"dump+mopps"`, `compose(dump_ucb(), mopps())`) the mixture
+    decides how many prompts each arm gets and MoPPS which ones: n_k ~ Multinomial(n,
+    probs) (`split_by_arm`), then the rule above inside each arm — ratio·n_k candidates
+    from arm k's prompts (the same three cases with |arm k| for the pool), one Thompson
+    draw, the n_k closest to `target` kept; the ids come arm by arm. Extra cost per step:
+    O(K), a candidate draw per arm drawn, and one O(m log m) sort of the m ≈ ratio·n
+    candidates by (arm, distance) in place of the O(m) partition. Without a mixture the
+    pool-wide rule runs exactly as before (the paper's).
+
     Example (hand-computed, λ = 1): a fresh prompt (α, β) = (1, 1) with 3 of 4 rollouts
     correct becomes (4, 2); with λ = 0.5 it becomes (0.5 + 0.5 + 3, 0.5 + 0.5 + 1) = (4, 2)
     as well, and a second such group gives (0.5·4 + 0.5 + 3, 0.5·2 + 0.5 + 1) = (5.5, 2.5).
     """
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
-        raise ValueError(f"mopps ratio (candidates per selected prompt) must be a positive int; "
-                         f"got {ratio!r}.")
-    if not 0.0 <= target <= 1.0:
-        raise ValueError(f"mopps target success rate must be in [0, 1]; got {target}.")
-    if not 0.0 <= decay <= 1.0:
-        raise ValueError(f"mopps decay λ must be in [0, 1]; got {decay}.")
-    if not (prior_alpha > 0 and prior_beta > 0 and np.isfinite(prior_alpha) and np.isfinite(prior_beta)):
-        raise ValueError(f"mopps prior_alpha and prior_beta must be finite and > 0; got "
-                         f"{prior_alpha}, {prior_beta}.")
+    check_int("mopps", "ratio", ratio, hint=" (candidates per selected prompt; MoPPS: 16)")
+    check_real("mopps", "target", target, low=0, high=1, hint=" (target success rate; MoPPS: 0.5)")
+    check_real("mopps", "decay", decay, low=0, high=1, hint=" (λ; 1 = never forget)")
+    check_real("mopps", "prior_alpha", prior_alpha, low=0, low_open=True, hint=" (Beta prior α0)")
+    check_real("mopps", "prior_beta", prior_beta, low=0, low_open=True, hint=" (Beta prior β0)")
+    check_real("mopps", "prior_strength", prior_strength, low=0,
+               hint=" (weight of the predictor prior for unseen prompts; 0 = off)")
+    check_int("mopps", "prior_stage_steps", prior_stage_steps, hint=" (updates per predictor stage)")
+    pr = predictor(stage_steps=prior_stage_steps, owner="mopps") if prior_strength > 0 else None
 
     def init(pool):
         n = len(pool)
-        return MoppsState(np.full(n, float(prior_alpha)), np.full(n, float(prior_beta)))
+        a, b = np.full(n, float(prior_alpha)), np.full(n, float(prior_beta))
+        return MoppsState(a, b) if pr is None else MoppsPriorState(a, b, pr.init(pool))
 
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
@@ -154,21 +234,49 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         losses = batch.rewards.shape[1] - wins                     # n·(1 − s)
         beta_posterior_update(state.alpha, state.beta, batch.prompt_ids, wins, losses,
                               decay, prior_alpha, prior_beta)
+        if pr is not None:
+            g = float(batch.rewards.shape[1])
+            b = batch.prompt_ids.shape[0]
+            state = state._replace(predictor=pr.update(state.predictor, pool, batch.prompt_ids, wins,
+                                                       np.full(b, g), np.ones(b)))
         return state
 
     def apply(state, pool, n, probs, arms, rng):
-        size = len(pool)
-        m = ratio * n
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        if m <= size:
-            cand = rng.choice(size, size=m, replace=False)
-        elif n <= size:
-            cand = rng.permutation(size)                            # size < ratio·n: O(ratio·n)
-        else:
-            cand = rng.integers(0, size, size=m)
-        gamma = _beta_draw(rng, state.alpha[cand], state.beta[cand])  # Thompson draw
+        if probs is None:                                           # the paper's rule, pool-wide
+            cand, counts = _candidates(rng, len(pool), n, ratio), None
+        else:                                                       # per arm: n_k, then the rule
+            counts, order, offsets = split_by_arm(pool, n, probs, arms, rng, "mopps")
+            active = np.flatnonzero(counts)
+            parts = [order[offsets[k] + _candidates(rng, int(offsets[k + 1] - offsets[k]), int(counts[k]),
+                                                    ratio)] for k in active]
+            cand = np.concatenate(parts)
+        a, b = state.alpha[cand], state.beta[cand]
+        if pr is not None:
+            unseen = (a == prior_alpha) & (b == prior_beta)
+            if unseen.any():
+                pi = pr.predict(state.predictor, pool, cand[unseen])
+                a, b = a.copy(), b.copy()
+                a[unseen] += prior_strength * pi
+                b[unseen] += prior_strength * (1.0 - pi)
+        gamma = _beta_draw(rng, a, b)                                  # Thompson draw
         dist = (gamma - target) ** 2
-        return cand[_closest(dist, n)].astype(np.int64)
+        if counts is None:
+            return cand[_closest(dist, n)].astype(np.int64)
+        # Each arm keeps its counts[k] candidates closest to the target among its own
+        # (`cand` holds the arms' candidates one arm after another): one stable sort by
+        # (arm, distance), then the first counts[k] of each arm — `_closest` per arm, without
+        # a Python loop over hundreds of clusters.
+        lens = np.array([part.size for part in parts], dtype=np.int64)
+        arm = np.repeat(np.arange(active.size), lens)                 # [m] segment of each candidate
+        by = np.lexsort((dist, arm))                                  # arm-major, nearest first
+        rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
+        return cand[by[rank < counts[active][arm[by]]]].astype(np.int64)
 
-    return DataPolicy(SELECTION, init, update, apply, name="mopps")
+    def check_state(state, pool):
+        if pr is not None:
+            check_predictor_state(state.predictor, "predictor")
+
+    return DataPolicy(SELECTION, init, update, apply, name="mopps",
+                      check_state=check_state if pr is not None else None, follows_mixture=True)

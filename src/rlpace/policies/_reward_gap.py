@@ -1,7 +1,7 @@
 """DataFlex-RL `reward_gap`: tilt the domain mixture towards domains with lower reward.
 
 Liang, Chen, Feng, Qiang, Zhang, "DataFlex-RL: An Evaluation Platform for RLVR Data
-Policies", arXiv 2609.06107 — methods-core.md card 3, configuration 11, read from
+Policies", arXiv 2609.06107, configuration 11 (docs/methods/reward_gap.md), read from
 `haolpku/DataFlex-RL` (`mixers.py::RewardGapMixer`, `DomainStatsTracker`, and
 `trainer.py::DataFlexMixSyncTrainer._compute_advantage`). After every step:
 
@@ -31,6 +31,8 @@ Deviations:
     prompts from those already buffered and tops up oldest-first, so its achievable
     shift is bounded by the buffer. We draw each slot's domain i.i.d. from p'.
   * DataFlex takes T as max(T, 1e-6); we require T > 0.
+  * Rewards are clipped to ±1e100 before they enter the window (`_checks.py`), so the
+    window means of any finite rewards stay finite; real rewards are never near it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
 from ._base import MIXTURE, DataPolicy, softmax
+from ._checks import check_choice, check_int, check_real, clip_signal, shifted
 
 __all__ = ["reward_gap", "apply_floor"]
 
@@ -54,17 +57,11 @@ class RewardGapState(NamedTuple):
 def check_mixer_args(method: str, temperature: float, floor: float, window: int,
                      floor_rule: str, arms: str) -> None:
     """ValueError naming the argument and the fix, for the DataFlex mixers' shared arguments."""
-    if not (np.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"{method} temperature must be a finite number > 0; got {temperature!r}.")
-    if not (np.isfinite(floor) and 0.0 <= floor < 1.0):
-        raise ValueError(f"{method} floor must be in [0, 1) (DataFlex: 0.05); got {floor!r}.")
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"{method} window must be a positive int (DataFlex: 50); got {window!r}.")
-    if floor_rule not in FLOOR_RULES:
-        raise ValueError(f"{method} floor_rule must be 'mix' (every arm ≥ floor) or 'clip' "
-                         f"(DataFlex's max(p, floor) then renormalise); got {floor_rule!r}.")
-    if arms not in ("domain", "cluster"):
-        raise ValueError(f"{method} arms must be 'domain' or 'cluster'; got {arms!r}.")
+    check_real(method, "temperature", temperature, low=0, low_open=True, hint=" (DataFlex: 1.0)")
+    check_real(method, "floor", floor, low=0, high=1, high_open=True, hint=" (DataFlex: 0.05)")
+    check_int(method, "window", window, hint=" (DataFlex: 50)")
+    check_choice(method, "floor_rule", floor_rule, FLOOR_RULES)
+    check_choice(method, "arms", arms, ("domain", "cluster"))
 
 
 def check_floor_feasible(method: str, floor: float, k: int) -> None:
@@ -93,12 +90,15 @@ def apply_floor(p: np.ndarray, floor: float, rule: str) -> np.ndarray:
 
 def reward_gap(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
                floor_rule: str = "mix", arms: str = "domain") -> DataPolicy:
-    """DataFlex-RL's reward-gap mixture (card 3, config 11); rule in the module docstring.
+    """DataFlex-RL's reward-gap mixture: softmax over arms of (best windowed mean reward − own) / `temperature`.
+
+    DataFlex-RL (arXiv 2609.06107) configuration 11; rule in the module docstring and
+    docs/methods/reward_gap.md.
 
     Args:
         temperature: softmax temperature T (DataFlex: 1.0). With rewards in [0, 1] the
             largest probability ratio between two domains is e^(1/T) ≈ 2.7 at T = 1: a
-            gentle tilt (card 3).
+            gentle tilt.
         floor: minimum share per arm (DataFlex: 0.05); needs K·floor ≤ 1.
         window: rollouts kept per arm (DataFlex: 50).
         floor_rule: "mix" (default, every arm ≥ floor) or "clip" (DataFlex's code).
@@ -127,12 +127,12 @@ def reward_gap(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
         arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
         # [B, G] rows with one arm each: pushed row by row, rollouts in column order —
         # DataFlex's `for d, r in zip(domains_per_row, per_seq)` over a prompt-major batch.
-        window_push(state.window, arm, batch.rewards)
+        window_push(state.window, arm, clip_signal(batch.rewards))  # ±1e100: means stay finite
         return state
 
     def apply(state, pool, *_):
         mean = window_mean(state.window, empty=0.0)                # [K] r̄, 0 for unseen arms
-        p = softmax(mean.max() - mean, temperature)
+        p = softmax(shifted(mean.max() - mean), temperature)
         return apply_floor(p, floor, floor_rule)
 
     def metrics(state, pool):

@@ -1,11 +1,16 @@
 """Loss reweighting: per-rollout weights that multiply each rollout's policy-gradient
-term, as in DataFlex-RL's reweighters (methods-core.md card 3, configs 3–5: `per`,
-`softmax`, `diffband`).
+term, as in DataFlex-RL's reweighters (Liang et al., arXiv 2609.06107; configurations
+`per`, `softmax`, `diffband`; docs/methods/per_advantage.md, softmax_advantage.md,
+difficulty_band.md).
 
 All three are stateless functions of one batch, mean-normalised to 1 over its B·G
 rollouts so that the effective step size matches unweighted GRPO and only the relative
 emphasis changes (DataFlex `_normalize_mean_one`). DataFlex writes the weights into
 verl's per-token `rollout_is_weights`; a rollout's weight is the same for all its tokens.
+
+Every weight is finite for any finite input: |A| and rewards are clipped to ±1e100
+(`_checks.py`), |A|^α is computed on |A| / max|A| (the mean normalisation cancels the
+scale) and the softmax is max-subtracted before the temperature divides it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update, softmax
+from ._checks import check_real, clip_signal, shifted
 
 __all__ = ["per_advantage", "difficulty_band", "softmax_advantage"]
 
@@ -24,9 +30,9 @@ def _mean_one(w: np.ndarray) -> np.ndarray:
 
 
 def per_advantage(alpha: float = 0.5) -> DataPolicy:
-    """w = |A|^α, mean-normalised to 1 over the batch's rollouts (DataFlex-RL `per`).
+    """Weight each rollout by |A|^`alpha`, mean-normalised to 1 over the batch (DataFlex-RL per).
 
-    Methods-core.md card 3, config 3: scorer `advantage_magnitude` (the rollout's |A|;
+    DataFlex-RL (arXiv 2609.06107) configuration `per`; docs/methods/per_advantage.md: scorer `advantage_magnitude` (the rollout's |A|;
     with GRPO the per-token advantage is constant over a sequence, so its mean is |A|),
     actuator `per_advantage` with α = 0.5. A batch whose |A| are all 0 gets weights 1.
     α = 0 gives weights 1 (0⁰ = 1).
@@ -38,21 +44,23 @@ def per_advantage(alpha: float = 0.5) -> DataPolicy:
     >>> p.apply(p.init(pool), pool, b).tolist()     # |A| = [1, 3], mean 2
     [[0.5, 1.5]]
     """
-    if not (np.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"per_advantage alpha must be a finite number ≥ 0; got {alpha!r}.")
+    check_real("per_advantage", "alpha", alpha, low=0, hint=" (DataFlex: 0.5)")
 
     def apply(state, pool, batch):
-        return _mean_one(np.abs(batch.advantages) ** alpha)
+        a = np.abs(clip_signal(batch.advantages))
+        top = a.max() if a.size else 0.0
+        # (|A| / max)^α, in [0, 1]: the same weights after mean normalisation, and no overflow.
+        return _mean_one((a / top if top > 0 else a) ** alpha)
 
     return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="per_advantage")
 
 
 def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2.0,
                     outside: float = 1.0) -> DataPolicy:
-    """Weight `inside` for rollouts whose reward lies in the batch's [q_low, q_high]
-    quantile band, `outside` otherwise; mean-normalised (DataFlex-RL `diffband`).
+    """Weight `inside` for rollouts whose reward lies between the batch's `low_q` and `high_q` quantiles, else `outside`.
 
-    Methods-core.md card 3, config 5: scorer `reward_difficulty` (per-sequence reward),
+    Mean-normalised to 1 over the batch. DataFlex-RL (arXiv 2609.06107) configuration
+    `diffband`; docs/methods/difficulty_band.md: scorer `reward_difficulty` (per-sequence reward),
     actuator `difficulty_band` with quantiles 0.25 / 0.75 (linear interpolation, as
     `torch.quantile`) and focus weight 2 (others 1), over all B·G rollouts of the batch.
     A batch of one rollout gets weight 1 (DataFlex). With binary rewards the band often
@@ -65,14 +73,15 @@ def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2
     >>> p.apply(p.init(pool), pool, b).round(4).tolist()   # band [0.3, 0.7]: w = [1,2,2,1]/1.5
     [[0.6667, 1.3333, 1.3333, 0.6667]]
     """
-    if not (0.0 <= low_q <= high_q <= 1.0):
+    check_real("difficulty_band", "low_q", low_q, low=0, high=1)
+    check_real("difficulty_band", "high_q", high_q, low=0, high=1)
+    if low_q > high_q:
         raise ValueError(f"difficulty_band needs 0 ≤ low_q ≤ high_q ≤ 1; got {low_q}, {high_q}.")
-    if not (inside >= 0 and outside >= 0 and np.isfinite(inside) and np.isfinite(outside)):
-        raise ValueError(f"difficulty_band inside/outside weights must be finite and ≥ 0; "
-                         f"got inside={inside}, outside={outside}.")
+    check_real("difficulty_band", "inside", inside, low=0, hint=" (DataFlex: 2)")
+    check_real("difficulty_band", "outside", outside, low=0, hint=" (DataFlex: 1)")
 
     def apply(state, pool, batch):
-        r = batch.rewards
+        r = clip_signal(batch.rewards)
         if r.size <= 1:
             return np.ones(r.shape)
         lo, hi = np.quantile(r, [low_q, high_q])
@@ -83,8 +92,10 @@ def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2
 
 
 def softmax_advantage(temperature: float = 1.0) -> DataPolicy:
-    """w = softmax(|A| / T) · M over the batch's M = B·G rollouts (mean exactly 1),
-    DataFlex-RL `softmax` (methods-core.md card 3, config 4; T = 1).
+    """Weight rollouts by softmax(|A| / `temperature`) · M over the batch's M = B·G rollouts (mean 1).
+
+    DataFlex-RL (arXiv 2609.06107) configuration `softmax` with T = 1;
+    docs/methods/softmax_advantage.md.
 
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
@@ -93,13 +104,13 @@ def softmax_advantage(temperature: float = 1.0) -> DataPolicy:
     >>> p.apply(p.init(pool), pool, b).round(6).tolist()   # 2·[1, 3]/4
     [[0.5, 1.5]]
     """
-    if not (np.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"softmax_advantage temperature must be > 0; got {temperature!r}.")
+    check_real("softmax_advantage", "temperature", temperature, low=0, low_open=True,
+               hint=" (DataFlex: 1.0)")
 
     def apply(state, pool, batch):
-        a = np.abs(batch.advantages)
+        a = np.abs(clip_signal(batch.advantages))
         if a.size == 0:
             return np.ones(a.shape)
-        return (softmax(a.ravel(), temperature) * a.size).reshape(a.shape)
+        return (softmax(shifted(a.ravel()), temperature) * a.size).reshape(a.shape)
 
     return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="softmax_advantage")

@@ -2,8 +2,8 @@
 advantage, Boltzmann sampling.
 
 Chen, Lu, Kim, Zhang, Tang, Piché, Gontier, Bengio, Kamalloo, "Self-Evolving Curriculum
-for LLM Reasoning", arXiv 2505.14970 — methods-peers-and-engines.md card A2. No official
-code; the card gives the standard TD(0) / Boltzmann form:
+for LLM Reasoning", arXiv 2505.14970; docs/methods/sec.md. No official code was found;
+we implement the standard TD(0) / Boltzmann form the paper describes:
 
     r_t(c)     = mean over the batch's groups of category c of (1/G)·Σ_j |Â_j|
     Q_{t+1}(c) = α·r_t(c) + (1 − α)·Q_t(c)       for categories present in the batch
@@ -11,7 +11,7 @@ code; the card gives the standard TD(0) / Boltzmann form:
 
 Prompts are then drawn uniformly inside each category drawn from π (the composed
 `uniform_within_arm` selection). A category whose groups are all-0 or all-1 earns 0 and
-fades — the learnability signal DUMP uses with UCB (card 10).
+fades — the learnability signal DUMP uses with UCB (arXiv 2504.09710).
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ from typing import NamedTuple
 import numpy as np
 
 from ._base import MIXTURE, DataPolicy, softmax
+from ._checks import check_choice, check_real, clip_signal, shifted
 
 __all__ = ["sec", "arm_mean_abs_advantage"]
 
 
 def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean float64[K], present bool[K]): per arm, the mean over the batch's groups of the
-    group's mean |A|; `present` marks arms with at least one group."""
+    group's mean |A|; `present` marks arms with at least one group. |A| is clipped to
+    1e100 first (`clip_signal`), so the sums stay finite for any finite advantages."""
     arm = pool.arm_codes(arms)[batch.prompt_ids]
     count = np.bincount(arm, minlength=k)
-    total = np.bincount(arm, weights=np.abs(batch.advantages).mean(axis=1), minlength=k)
+    total = np.bincount(arm, weights=np.abs(clip_signal(batch.advantages)).mean(axis=1), minlength=k)
     present = count > 0
     return np.where(present, total / np.maximum(count, 1), 0.0), present
 
@@ -40,10 +42,12 @@ class SecState(NamedTuple):
 
 
 def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> DataPolicy:
-    """SEC category mixture (card A2). See the module docstring for the rule.
+    """SEC (arXiv 2505.14970): Boltzmann mixture over arms of TD(0) values of their mean |A|.
+
+    See the module docstring for the rule and docs/methods/sec.md.
 
     Args:
-        alpha: TD(0) step α. [unverified] The card could not read the paper's value;
+        alpha: TD(0) step α. [unverified] We could not read the paper's value;
             0.5 is our choice (one update halves the weight of the past).
         temperature: Boltzmann τ. [unverified] Our choice: 0.2. With |A|-rewards in
             [0, 1] (GRPO: mean |A| = 2·sqrt(p(1 − p)) ≤ 1), τ = 1 would bound the
@@ -58,12 +62,9 @@ def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> D
     groups have mean |A| 1.0 and 0.6 and category 1 is absent: r_0 = 0.8, Q = [0.4, 0],
     π = softmax([0.4, 0]) = [0.5987, 0.4013].
     """
-    if not 0.0 < alpha <= 1.0:
-        raise ValueError(f"sec alpha (TD step) must be in (0, 1]; got {alpha}.")
-    if not (np.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"sec temperature must be > 0; got {temperature}.")
-    if arms not in ("domain", "cluster"):
-        raise ValueError(f"sec arms must be 'domain' or 'cluster'; got {arms!r}.")
+    check_real("sec", "alpha", alpha, low=0, high=1, low_open=True, hint=" (TD step)")
+    check_real("sec", "temperature", temperature, low=0, low_open=True)
+    check_choice("sec", "arms", arms, ("domain", "cluster"))
 
     def init(pool):
         return SecState(np.zeros(pool.n_arms(arms)))
@@ -76,7 +77,7 @@ def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> D
         return state
 
     def apply(state, pool, *_):
-        return softmax(state.q, temperature)
+        return softmax(shifted(state.q), temperature)
 
     def metrics(state, pool):
         return {"sec/q_max": float(state.q.max()), "sec/q_min": float(state.q.min())}

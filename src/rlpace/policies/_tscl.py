@@ -1,7 +1,7 @@
 """DataFlex-RL `tscl`: sample domains by learning progress, |slope| of their reward curve.
 
 Liang, Chen, Feng, Qiang, Zhang, "DataFlex-RL: An Evaluation Platform for RLVR Data
-Policies", arXiv 2609.06107 — methods-core.md card 3, configuration 13 (`TSCLMixer` in
+Policies", arXiv 2609.06107, configuration 13 (docs/methods/tscl.md; `TSCLMixer` in
 `haolpku/DataFlex-RL` `mixers.py`), after Matiisen, Oliver, Cohen, Schulman,
 "Teacher-Student Curriculum Learning", arXiv 1707.00183 (the "Window" teacher: the
 slope of a linear regression of each task's recent scores on the time they were
@@ -17,12 +17,12 @@ and the last `window` entries (y, t) of each arm give
 
 Defaults are DataFlex's: T = 1, floor = 0.05, window = 50 (here: 50 steps in which the
 arm appeared). t is `Feedback.step`, so late or repeated feedback sits at its own step;
-a trainer that leaves every step at 0 gets slope 0 and a uniform mixture.
+a trainer that leaves every step at 0 gets slope 0 and a uniform mixture, and tscl
+warns once (UserWarning) when an arm's last min(window, 8) entries share one step.
 
-This is the *intended* rule (card 3 "(intended)" and the `TSCLMixer` docstring). The
-July 2026 snapshot (card 3, "Important code findings for the mixers") never computes
-slopes: its trainer hands every mixer the windowed mean reward, so `tscl` ran as
-softmax(|mean reward| / T) — identical to its `dump_ucb` whenever all means are ≥ 0.
+This is the *intended* rule (the `TSCLMixer` docstring). The July 2026 code snapshot
+(commit `f4d305be`) never computes slopes: its trainer hands every mixer the windowed
+mean reward, so `tscl` ran as softmax(|mean reward| / T) — identical to its `dump_ucb` whenever all means are ≥ 0.
 We do not reproduce that degenerate rule. The snapshot's unused
 `DomainStatsTracker.slope` regresses on the rollout index inside the 50-rollout buffer;
 with ≥ 50 rollouts of a domain per step that spans less than one step and measures
@@ -41,14 +41,18 @@ and domains are drawn i.i.d. per slot rather than through DataFlex's replay buff
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from ._base import MIXTURE, DataPolicy, softmax
+from ._checks import check_int, clip_signal, shifted
 from ._reward_gap import apply_floor, check_floor_feasible, check_mixer_args
 
 __all__ = ["tscl", "windowed_slopes"]
+
+_SAME_STEP_ENTRIES = 8   # entries of one arm at a single step before tscl warns
 
 
 class TsclState(NamedTuple):
@@ -82,13 +86,16 @@ def windowed_slopes(reward: np.ndarray, step: np.ndarray, filled: np.ndarray) ->
 
 def tscl(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
          floor_rule: str = "mix", arms: str = "domain") -> DataPolicy:
-    """TSCL learning-progress mixture as DataFlex-RL intended it (card 3, config 13).
+    """DataFlex-RL's TSCL mixture: softmax over arms of the |slope| of each arm's per-step mean reward.
+
+    TSCL (arXiv 1707.00183) as DataFlex-RL (arXiv 2609.06107, configuration 13) intended
+    it; docs/methods/tscl.md.
 
     Args:
         temperature: softmax temperature T on |slope| (DataFlex: 1.0; see "Scale" in the
             module docstring: at T = 1 the mixture is nearly uniform).
         floor: minimum share per arm (DataFlex: 0.05); needs K·floor ≤ 1.
-        window: per-step entries kept per arm (DataFlex: 50).
+        window: per-step entries kept per arm, ≥ 2 (DataFlex: 50).
         floor_rule: "mix" (default, every arm ≥ floor) or "clip" (DataFlex's code).
         arms: "domain" (DataFlex's domains) or "cluster".
 
@@ -98,6 +105,28 @@ def tscl(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
     p' = 0.9·p + 0.05 = [0.923619, 0.076381].
     """
     check_mixer_args("tscl", temperature, floor, window, floor_rule, arms)
+    check_int("tscl", "window", window, low=2, hint=" (a slope needs two steps; DataFlex: 50)")
+    same_step_entries = max(2, min(int(window), _SAME_STEP_ENTRIES))
+    warned = [False]                                               # once per policy instance
+
+    def warn_if_one_step(state, a):
+        # Slopes are regressions on Feedback.step: a trainer that never sets it (default 0)
+        # gets slope 0 everywhere and a uniform mixture. Say so once, with the fix.
+        full = a[state.filled[a] >= same_step_entries]
+        if full.size == 0:
+            return
+        steps = state.step[full]
+        valid = np.arange(steps.shape[1]) < state.filled[full][:, None]
+        hi = np.where(valid, steps, np.iinfo(np.int64).min).max(axis=1)
+        lo = np.where(valid, steps, np.iinfo(np.int64).max).min(axis=1)
+        one = np.flatnonzero(hi == lo)
+        if one.size:
+            warned[0] = True
+            warnings.warn(
+                f"tscl: the last {int(state.filled[full[one[0]]])} feedback batches of arm "
+                f"{int(full[one[0]])} all carry step={int(hi[one[0]])}, so its reward slope is 0 and "
+                f"tscl falls back to a uniform mixture. Pass the trainer step with each batch: "
+                f"Feedback(..., step=<trainer step>).", UserWarning, stacklevel=4)
 
     def init(pool):
         k = pool.n_arms(arms)
@@ -111,7 +140,7 @@ def tscl(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
             return state
         k, w = state.reward.shape
         arm = pool.arm_codes(arms)[batch.prompt_ids]               # [B]
-        total = np.bincount(arm, weights=batch.rewards.sum(axis=1), minlength=k)
+        total = np.bincount(arm, weights=clip_signal(batch.rewards).sum(axis=1), minlength=k)
         count = np.bincount(arm, minlength=k) * batch.rewards.shape[1]
         a = np.flatnonzero(count)                                 # arms present, each once
         slot = state.cursor[a]
@@ -119,11 +148,13 @@ def tscl(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
         state.step[a, slot] = batch.step
         state.cursor[a] = (slot + 1) % w
         state.filled[a] = np.minimum(state.filled[a] + 1, w)
+        if not warned[0]:
+            warn_if_one_step(state, a)
         return state
 
     def apply(state, pool, *_):
         slope = windowed_slopes(state.reward, state.step, state.filled)
-        p = softmax(np.abs(slope), temperature)
+        p = softmax(shifted(np.abs(slope)), temperature)
         return apply_floor(p, floor, floor_rule)
 
     def metrics(state, pool):

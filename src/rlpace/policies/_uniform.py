@@ -1,8 +1,8 @@
 """Non-adaptive baselines: uniform prompts, and a fixed mixture over domains.
 
 `uniform` is plain GRPO sampling (every prompt equally likely, i.e. domains in proportion
-to their size); `fixed_mixture` is DataFlex-RL's `static` control (card 3, config 10:
-a fixed share per domain, equal by default), against which adaptive mixtures must be
+to their size); `fixed_mixture` is DataFlex-RL's `static` control (arXiv 2609.06107,
+configuration 10: a fixed share per domain, equal by default), against which adaptive mixtures must be
 compared.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._base import MIXTURE, SELECTION, DataPolicy, EmptyState, _empty_init, _no_update
+from ._checks import check_choice
 
 
 def uniform_pool() -> DataPolicy:
@@ -30,7 +31,7 @@ def uniform_pool() -> DataPolicy:
 
 def uniform_within_arm() -> DataPolicy:
     """Selection: for each of the n slots draw an arm k ~ probs (DUMP's per-sample source
-    draw, card 10), then a prompt uniformly (with replacement) inside arm k. Arms with no
+    draw, arXiv 2504.09710), then a prompt uniformly (with replacement) inside arm k. Arms with no
     prompts get their mass spread over the others. O(n).
     """
     def apply(state, pool, n, probs, arms, rng):
@@ -42,7 +43,8 @@ def uniform_within_arm() -> DataPolicy:
         arm = _choice(rng, p, n)
         within = (rng.random(n) * sizes[arm]).astype(np.int64)
         return order[offsets[arm] + within]
-    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm")
+    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm",
+                      follows_mixture=True)
 
 
 def _choice(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
@@ -59,7 +61,9 @@ def _choice(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
 
 
 def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:
-    """Mixture: a fixed distribution over arms, equal by default (DataFlex-RL `static`).
+    """Mixture: a fixed distribution over arms, equal by default (DataFlex-RL's static control).
+
+    DataFlex-RL (arXiv 2609.06107) configuration 10; docs/methods/fixed_mixture.md.
 
     Args:
         weights: K non-negative weights, normalised to sum 1; None → equal shares 1/K.
@@ -70,10 +74,17 @@ def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:
     >>> m = fixed_mixture([3, 1]); m.apply(m.init(pool), pool).tolist()
     [0.75, 0.25]
     """
-    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    check_choice("fixed_mixture", "arms", arms, ("domain", "cluster"))
+    try:
+        w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        w = np.array([np.nan])                                    # reported just below
     if w is not None and (w.ndim != 1 or (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0):
         raise ValueError(f"fixed_mixture weights must be a 1-D list of finite non-negative numbers "
                          f"with a positive sum; got {weights!r}.")
+
+    if w is not None and not np.isfinite(w.sum()):
+        w = w / w.max()                                   # finite weights whose sum overflows
 
     def init(pool):
         k = pool.n_arms(arms)

@@ -1,6 +1,6 @@
 """Offline preparation of a prompt dataset: semantic clusters and NLL difficulty.
 
-ADS (methods-core.md card 1, "Offline pipeline") in pieces that also work alone:
+ADS (arXiv 2606.22305; docs/methods/ads.md, "Offline pipeline") in pieces that also work alone:
 
     texts = embedding_texts(question_texts(t), answer_texts(t), "question")
     emb = embed_texts(texts)                              # MiniLM, or a causal LM's mean hidden state
@@ -18,11 +18,11 @@ from ._difficulty import answer_nll, fill_infinite, rank_within_clusters
 from ._embed import embed_texts, embedding_texts
 from ._io import answer_texts, question_texts, read_table, write_table
 from ._models import check_model, default_embed_model_path
-from ._pipeline import PrepareResult, prepare, sidecar_paths
+from ._pipeline import PrepareResult, default_k, prepare, sidecar_paths
 from ._summary import plot_summary, summarize
 
 __all__ = [
-    "prepare", "PrepareResult", "sidecar_paths",
+    "prepare", "PrepareResult", "sidecar_paths", "default_k",
     "read_table", "write_table", "question_texts", "answer_texts",
     "embedding_texts", "embed_texts", "check_model", "default_embed_model_path",
     "Clusters", "cluster_embeddings", "project_embeddings", "l2_normalize", "suggest_k",

@@ -1,4 +1,4 @@
-"""Semantic clusters: L2 normalisation → PCA → k-means (ADS card 1, "Offline pipeline",
+"""Semantic clusters: L2 normalisation → PCA → k-means (ADS, arXiv 2606.22305, docs/methods/ads.md, "Offline pipeline",
 step 2; ADS `src/cluster_embeddings.py`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Offline difficulty: mean token NLL of the reference answer, and easy → hard ranks
-inside each cluster (ADS card 1, "Offline pipeline", steps 3–4; ADS
+inside each cluster (ADS, arXiv 2606.22305, docs/methods/ads.md, "Offline pipeline", steps 3–4; ADS
 `src/compute_difficulty.py` and `src/sort_clusters_by_difficulty.py`)."""
 
 from __future__ import annotations

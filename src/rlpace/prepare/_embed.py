@@ -1,4 +1,4 @@
-"""Text embeddings for semantic clustering (ADS card 1, "Offline pipeline", step 1)."""
+"""Text embeddings for semantic clustering (ADS, arXiv 2606.22305, docs/methods/ads.md, "Offline pipeline", step 1)."""
 
 from __future__ import annotations
 

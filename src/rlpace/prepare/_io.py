@@ -10,7 +10,7 @@ Formats, chosen by the path:
     a directory                a Hugging Face dataset saved with `save_to_disk`
                                (`datasets.load_from_disk`; a DatasetDict needs `split`)
 
-Text extraction follows ADS `src/data_utils.py` (methods-core.md card 1, "Offline
+Text extraction follows ADS `src/data_utils.py` (arXiv 2606.22305, docs/methods/ads.md, "Offline
 pipeline"): the question is the stripped contents of the `user` messages of the verl
 `prompt` chat list joined by a blank line (all roles when there is no user message), the
 reference answer is a stripped string.

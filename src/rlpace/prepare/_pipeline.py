@@ -1,4 +1,4 @@
-"""`prepare`: read → check → embed → cluster → score → rank → write (ADS card 1)."""
+"""`prepare`: read → check → embed → cluster → score → rank → write (ADS, arXiv 2606.22305)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ from ._models import check_model
 from ._summary import plot_summary, summarize
 
 DEFAULT_K_CANDIDATES = (2, 4, 8, 16, 32, 64)
+MAX_DEFAULT_K = 64      # ADS's k (its datasets hold 10^4-10^5 prompts)
+
+
+def default_k(n: int) -> int:
+    """The number of clusters when none is given: k = clamp(round(√(N/2)), 2, 64), at most N.
+
+    The √(N/2) rule of thumb keeps ~√(2N) prompts per cluster, so ADS's per-cluster windows
+    have room to move as N grows (200 rows → k = 10 of ~20 prompts; 2,000 → 32 of ~63); ADS's
+    k = 64 is reached from N = 8,065 rows on. A fixed k = 64 on 200 rows would make clusters of
+    1–8 prompts whose easy → hard ranks mean little.
+
+    >>> [default_k(n) for n in (1, 5, 200, 2000, 8064, 8065, 10**6)]
+    [1, 2, 10, 32, 63, 64, 64]
+    """
+    return int(min(n, max(2, min(MAX_DEFAULT_K, round((n / 2) ** 0.5)))))
 
 
 class PrepareResult(NamedTuple):
@@ -38,7 +53,7 @@ def sidecar_paths(out: str | Path) -> dict[str, Path]:
             ("embeddings.npy", "embeddings.json", "summary.json", "summary.png")}
 
 
-def prepare(input: str | Path, out: str | Path, *, k: int | str = 64,
+def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
             k_candidates: Sequence[int] = DEFAULT_K_CANDIDATES, embed_model: str | Path | None = None,
             nll_model: str | Path | None = None, text_mode: str = "question",
             question_key: str = "prompt", answer_key: str = "reward_model.ground_truth",
@@ -47,9 +62,9 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str = 64,
             device: str = "cpu", dtype: str = "float32", split: str | None = None,
             reuse_embeddings: str | Path | None = None, on_missing: str = "keep",
             plot: bool = True, progress: bool = True) -> PrepareResult:
-    """Annotate a prompt dataset with semantic clusters and NLL difficulty (ADS, card 1).
+    """Annotate a prompt dataset with semantic clusters and NLL difficulty (ADS, arXiv 2606.22305).
 
-    Pipeline (ADS `scripts/build_ads_dataset.sh`, "Offline pipeline" of card 1):
+    Pipeline (ADS `scripts/build_ads_dataset.sh`, ADS's offline pipeline, docs/methods/ads.md):
       1. text of row i: its question, or "Question:\\n{q}\\n\\nAnswer:\\n{a}" when
          `text_mode="question_plus_cot"`;
       2. e_i = embedding (MiniLM by default; a causal LM's mean last hidden state, the ADS way);
@@ -81,7 +96,8 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str = 64,
     Args:
         input: .parquet, .jsonl/.json, or a `save_to_disk` directory (verl schema).
         out: output path; its suffix picks the format.
-        k: number of clusters (ADS: 64), or "auto" for the silhouette pick over `k_candidates`.
+        k: number of clusters (ADS: 64), "auto" for the silhouette pick over `k_candidates`,
+            or None (default) for `default_k(N)` = clamp(round(√(N/2)), 2, 64).
         k_candidates: candidates for k="auto".
         embed_model: local sentence-transformers or causal-LM directory; None = MiniLM.
         nll_model: local causal-LM directory for difficulty; None = no difficulty (NaN,
@@ -142,6 +158,9 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str = 64,
         _io.check_column(table, answer_key, "reference answer", "answer_key (--answer-key)")
     ids, index_created = _io.resolve_index(table)
 
+    k_rule = None
+    if k is None:
+        k, k_rule = default_k(n), f"default: clamp(round(sqrt(N/2)), 2, {MAX_DEFAULT_K}) with N = {n}"
     if k == "auto":
         ks = [c for c in k_candidates if 2 <= int(c) <= n - 1]
         if not ks:
@@ -242,7 +261,7 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str = 64,
 
     summary = summarize(clusters.labels, difficulty if nll_model is not None else None)
     summary.update({
-        "k": int(k), "k_suggestion": k_report, "pca_dim": clusters.pca_dim,
+        "k": int(k), "k_rule": k_rule, "k_suggestion": k_report, "pca_dim": clusters.pca_dim,
         "cluster_method": clusters.method, "inertia": clusters.inertia,
         "difficulty_infinite": {"count": n_inf, "filled_with": fill},
         "missing": missing, "index_created": index_created,

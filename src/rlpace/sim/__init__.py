@@ -15,10 +15,10 @@ forgetting (see `rlpace.sim._learner` for the exact step).
 ((3,), (10, 12))
 """
 
-from ._learner import (SimResult, batch_dependent_kwargs, group_signal, heldout_accuracy, progress_bar,
-                       proposal_names, simulate)
+from ._learner import (SimResult, batch_dependent_kwargs, group_signal, heldout_accuracy, oracle_kwargs,
+                       progress_bar, proposal_names, simulate)
 from ._scenarios import SCENARIOS, Scenario, World, build_world, make_scenario, sigmoid
 
 __all__ = ["SCENARIOS", "Scenario", "make_scenario", "simulate", "SimResult", "World", "build_world",
            "heldout_accuracy", "group_signal", "sigmoid", "batch_dependent_kwargs", "progress_bar",
-           "proposal_names"]
+           "proposal_names", "oracle_kwargs"]

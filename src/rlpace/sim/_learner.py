@@ -45,13 +45,14 @@ import numpy as np
 
 from ..policies._registry import _resolve
 from ..scheduler import Scheduler
-from ..types import Feedback
+from ..types import Feedback, kept_group_advantages
 from ._scenarios import Scenario, World, build_world, sigmoid
 
 __all__ = ["SimResult", "simulate", "heldout_accuracy", "group_signal", "progress_bar", "batch_dependent_kwargs",
-           "proposal_names"]
+           "proposal_names", "oracle_kwargs"]
 
 _STREAM_ROLLOUT = 0x5101
+_STREAM_MEASURE = 0x5102
 
 
 @dataclass
@@ -78,6 +79,8 @@ class SimResult:
         final_metrics: `Scheduler.metrics()` at the end of the run.
         config: scenario fields, policy kwargs, seed and provenance (versions, git commit).
         wall_s: seconds the run took.
+        measurement_rollouts: rollouts spent measuring pass rates for an oracle
+            (`simulate(measure_every=...)`), not included in `rollouts`.
     """
 
     scenario: str
@@ -102,6 +105,7 @@ class SimResult:
     final_metrics: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     wall_s: float = 0.0
+    measurement_rollouts: int = 0
 
     def accuracy_at(self, step: int) -> float:
         """Mean held-out accuracy at the last evaluation at or before `step`."""
@@ -155,9 +159,7 @@ def _group_terms(rewards, keep, weights):
     sums let `simulate` rescale weights to mean 1 over the kept informative rollouts."""
     k = keep.astype(np.float64)                                   # [B, G]
     n = np.maximum(k.sum(axis=1, keepdims=True), 1.0)             # [B, 1]
-    mean = (rewards * k).sum(axis=1, keepdims=True) / n
-    std = np.sqrt((((rewards - mean) ** 2) * k).sum(axis=1, keepdims=True) / n)
-    adv = np.where(std > 0, (rewards - mean) / (std + 1e-6), 0.0)  # [B, G]
+    adv = kept_group_advantages(rewards, keep)                    # [B, G] 0 where not kept
     signal = (np.abs(adv) * weights * k).sum(axis=1) / n[:, 0]   # [B]
     live = k * (np.abs(adv) > 0)                                  # kept rollouts with signal
     return signal, float((weights * live).sum()), float(live.sum())
@@ -166,21 +168,45 @@ def _group_terms(rewards, keep, weights):
 def proposal_names(adaptive_only: bool = False) -> list[str]:
     """Registered names whose method acts before rollout: it has a mixture, or a
     selection other than uniform over the pool. With `adaptive_only`, keep those whose
-    mixture or selection learns from feedback (drops `fixed_mixture`).
+    mixture or selection learns from feedback (drops `fixed_mixture`). The `oracle_*`
+    measurement tools are left out: they need `simulate(measure_every=...)` and are
+    headroom references, not methods (`benchmarks/headroom.py` runs them).
 
     >>> "dump" in proposal_names(True) and "fixed_mixture" not in proposal_names(True)
     True
+    >>> any(n.startswith("oracle_") for n in proposal_names())
+    False
     """
     from ..policies import make_method, names
     from ..policies._base import _no_update
     out = []
     for name in names():
+        if name.startswith("oracle_"):
+            continue
         m = make_method(name)
         mix = m.mixture is not None and (not adaptive_only or m.mixture.update is not _no_update)
         sel = m.selection.name != "uniform_pool" and (not adaptive_only or m.selection.update is not _no_update)
         if mix or sel:
             out.append(name)
     return out
+
+
+def oracle_kwargs(scenario: Scenario | str, policy: str, group_size: int) -> dict:
+    """The hyperparameters that make `oracle_progress` exact on `scenario`: the run's
+    group size and the scenario's transfer matrix in the pool's domain order (the pool
+    sorts domain labels; `World.pool_order` maps scenario order to pool codes). Empty for
+    any other policy (`oracle_boundary` needs none).
+
+    >>> oracle_kwargs("ladder", "oracle_progress", 16)["transfer"][1][0]
+    0.5
+    """
+    if policy != "oracle_progress":
+        return {}
+    from . import SCENARIOS
+    sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+    inv = np.argsort(build_world(sc).pool_order)          # pool code -> scenario index
+    m = sc.transfer_matrix()[np.ix_(inv, inv)]
+    return {"group_size": int(group_size), "transfer": m.tolist()}
 
 
 def batch_dependent_kwargs(policy: Any, batch_size: int, policy_kwargs: dict) -> dict:
@@ -263,7 +289,8 @@ def _provenance() -> dict:
 def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0, batch_size: int = 128,
              group_size: int = 16, eval_every: int = 10, target: float | None = None,
              policy_kwargs: dict | None = None, progress: bool = False, max_gen_batches: int = 10,
-             stop_at_target: bool = False, weight_norm: str = "informative") -> SimResult:
+             stop_at_target: bool = False, weight_norm: str = "informative", measure_every: int = 0,
+             measure_rollouts: int = 64, measure_exact: bool = True) -> SimResult:
     """Run `policy` on the synthetic learner of `scenario` for `steps` training steps.
 
     Args:
@@ -284,6 +311,16 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         weight_norm: "informative" (loss weights rescaled to mean 1 over the step's kept
             informative rollouts: a reweighting redistributes the step, it does not
             enlarge it) or "none" (weights used as given). See the module docstring.
+        measure_every: every this many steps (0 = never), before the step's first
+            proposal, measure every training prompt's current pass rate and pass it to the
+            Scheduler as `Feedback(arange(N), rewards[N, m], step=t)` — the feed of the
+            `oracle_*` policies (docs/methods/oracle.md). Measurement rollouts are counted in
+            `SimResult.measurement_rollouts`, never in `rollouts` (the oracle is an upper
+            bound, not a method).
+        measure_rollouts: m, rollouts per prompt per measurement.
+        measure_exact: True: each row holds exactly round(p·m) successes (the true p,
+            quantised to 1/m, no sampling noise); False: m Bernoulli(p) draws, as a trainer
+            measures.
 
     Returns:
         A `SimResult`.
@@ -301,7 +338,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             raise ValueError(f"unknown scenario {scenario!r}; valid: {', '.join(sorted(SCENARIOS))}.")
         scenario = SCENARIOS[scenario]
     for name, v, lo in (("steps", steps, 0), ("batch_size", batch_size, 1), ("group_size", group_size, 1),
-                        ("eval_every", eval_every, 1), ("max_gen_batches", max_gen_batches, 1)):
+                        ("eval_every", eval_every, 1), ("max_gen_batches", max_gen_batches, 1),
+                        ("measure_every", measure_every, 0), ("measure_rollouts", measure_rollouts, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"simulate {name} must be an int ≥ {lo}; got {v!r}.")
     if weight_norm not in ("informative", "none"):
@@ -327,6 +365,7 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     dshare = np.zeros((steps, k))
     rollouts = np.zeros(steps, dtype=np.int64)
     spent = 0
+    measured = 0
     reached = None
 
     def evaluate(t):
@@ -345,6 +384,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     for t in range(steps):
         if has_mix:
             dprob[t] = sched.domain_probs()[perm]
+        if measure_every and t % measure_every == 0:
+            measured += _measure(sched, skill, dom, diff, t, int(measure_rollouts), bool(measure_exact), seed)
         rng = np.random.default_rng([int(seed), t, _STREAM_ROLLOUT])
         gain = np.zeros(k)
         w_live = n_live = 0.0
@@ -408,5 +449,22 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         config={"scenario": _jsonable(asdict(scenario)), "policy": policy if isinstance(policy, str)
                 else sched.name, "policy_kwargs": _jsonable(kwargs), "seed": int(seed),
                 "steps": int(steps), "batch_size": b, "group_size": g, "eval_every": int(eval_every),
-                "max_gen_batches": int(max_gen_batches), "target": target, "weight_norm": weight_norm, **dict(_provenance())},
-        wall_s=time.perf_counter() - t0)
+                "max_gen_batches": int(max_gen_batches), "target": target, "weight_norm": weight_norm,
+                "measure_every": int(measure_every), "measure_rollouts": int(measure_rollouts),
+                "measure_exact": bool(measure_exact), **dict(_provenance())},
+        wall_s=time.perf_counter() - t0, measurement_rollouts=int(measured))
+
+
+def _measure(sched: Scheduler, skill: np.ndarray, dom: np.ndarray, diff: np.ndarray, t: int, m: int,
+             exact: bool, seed: int) -> int:
+    """Measure every training prompt's pass rate at skill `skill` and feed it to `sched`;
+    returns the rollouts it took (N·m). Exact: row i has its first round(p_i·m) entries 1."""
+    p = sigmoid(skill[dom] - diff)                                               # [N]
+    if exact:
+        wins = np.rint(p * m)
+        rewards = (np.arange(m)[None, :] < wins[:, None]).astype(np.float64)     # [N, m]
+    else:
+        rng = np.random.default_rng([int(seed), t, _STREAM_MEASURE])
+        rewards = (rng.random((p.shape[0], m)) < p[:, None]).astype(np.float64)  # [N, m]
+    sched.observe(Feedback(np.arange(p.shape[0], dtype=np.int64), rewards, step=t))
+    return int(rewards.size)

@@ -1,7 +1,7 @@
 """Sum tree: O(log N) update and O(log N) draw of an index with probability ∝ its weight.
 
 Layout as in Prioritized Experience Replay (Schaul et al. 2015; openai/baselines
-`segment_tree.py`; methods-peers-and-engines.md card A15): capacity C is a power of two,
+`segment_tree.py`; docs/methods/prioritized_learnability.md): capacity C is a power of two,
 leaf i lives at `tree[C + i]`, and `tree[j] = tree[2j] + tree[2j+1]`, so `tree[1]` is the
 total. Updates and draws are vectorised over a batch: B leaves are set (or B draws
 walk the tree) together, level by level, so a batch costs O(B log N) numpy work.

@@ -2,7 +2,7 @@
 
 `window_push` appends a batch of (arm, value) pairs in order — the same result as the
 per-item loop `for a, v in zip(arms, values): buf[a].append(v); buf[a] = buf[a][-W:]`
-(DUMP's `LearnabilityEstimator`, methods-core.md card 10) — in O(M log M) numpy for M
+(DUMP's `LearnabilityEstimator`, docs/methods/dump.md) — in O(M log M) numpy for M
 values, with no per-item Python loop. Unfilled slots hold 0, so the mean over a window is
 `sum / filled`.
 """

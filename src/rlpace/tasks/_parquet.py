@@ -45,8 +45,19 @@ def _prompt_text(prompt) -> str:
 
 
 def rows_to_items(rows) -> list[Item]:
-    """Items from verl-schema rows. Rows without `extra_info.index` get their position;
-    without `extra_info.difficulty`, NaN."""
+    """Items from verl-schema rows; without `extra_info.difficulty`, NaN.
+
+    `extra_info.index` is required in every row (ValueError listing the rows otherwise), as
+    `Pool.from_records` and the verl adapter require it: it is the prompt's id in feedback,
+    checkpoints and run records, and verl silently defaults a missing index to 0."""
+    missing = [i for i, r in enumerate(rows) if not isinstance(r.get("extra_info"), dict)
+               or r["extra_info"].get("index") is None]
+    if missing:
+        raise ValueError(f"extra_info.index is missing in {len(missing)} of {len(rows)} rows (first rows: "
+                         f"{missing[:5]}); rlpace names prompts by this stable id (verl would default it to "
+                         f"0). Write a unique extra_info.index per row, e.g. with `rlpace prepare IN --out OUT` "
+                         f"or, in pandas, df['extra_info'] = [{{**(e or {{}}), 'index': i}} "
+                         f"for i, e in enumerate(df['extra_info'])].")
     out = []
     for i, r in enumerate(rows):
         for col in ("data_source", "prompt", "reward_model"):
@@ -58,7 +69,7 @@ def rows_to_items(rows) -> list[Item]:
         out.append(Item(prompt=_prompt_text(r["prompt"]), answer=str(r["reward_model"]["ground_truth"]),
                         domain=str(r["data_source"]),
                         difficulty=math.nan if diff is None else float(diff),
-                        index=int(extra["index"]) if extra.get("index") is not None else i,
+                        index=int(extra["index"]),
                         ability=str(r.get("ability") or "exact"), entry=extra.get("entry") or ""))
     return out
 
@@ -84,6 +95,13 @@ def read_parquet(path) -> list[Item]:
     return rows_to_items(pq.read_table(path).to_pylist())
 
 
+def _read_named(path, what: str) -> list[Item]:
+    try:
+        return read_parquet(path)
+    except ValueError as e:
+        raise ValueError(f"{what} file {str(path)!r}: {e}") from None
+
+
 def write_taskset(ts: TaskSet, directory) -> tuple[Path, Path]:
     """`directory/train.parquet` and `directory/test.parquet` (held-out), as verl reads them."""
     d = Path(directory)
@@ -97,8 +115,8 @@ def read_taskset(train_path, test_path=None, name: str | None = None) -> TaskSet
     from ._rg import rg_score
     from ._verify import exact_score, math_score
 
-    train = read_parquet(train_path)
-    test = read_parquet(test_path) if test_path is not None else []
+    train = _read_named(train_path, "training")
+    test = _read_named(test_path, "held-out") if test_path is not None else []
     scorers = {"exact": exact_score, "math": math_score, "reasoning_gym": rg_score}
     for it in train + test:
         if it.ability not in scorers:

@@ -1,7 +1,7 @@
 """Bridge to reasoning-gym (≥ 0.1.25): any of its datasets, by name and config, as one
 distribution of a `TaskSet`, graded with that dataset's own `score_answer`.
 
-`knights_knaves_suite()` builds DUMP's setup (Wang et al. 2025, methods-core.md card 10):
+`knights_knaves_suite()` builds DUMP's setup (Wang et al. 2025, arXiv 2504.09710; docs/methods/dump.md):
 Knights and Knaves with 3…14 people, one distribution per size, `difficulty = n_people`.
 
 Items are reasoning-gym entries (`question`, `answer`, `metadata`); the entry is stored as
@@ -139,7 +139,7 @@ def _jsonable(x):
 
 def knights_knaves_specs(people=range(3, 15)) -> list:
     """DUMP's 12 Knights-and-Knaves distributions (3…14 people), labelled `kk03`…`kk14`,
-    difficulty = number of people (card 10)."""
+    difficulty = number of people (DUMP, arXiv 2504.09710)."""
     return [rg_spec("knights_knaves", f"kk{n:02d}", float(n), n_people=n) for n in people]
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
-from ._embedded import DEFAULT_SUITE, embedded_suite
+from ._embedded import DEFAULT_SUITE, SUITES, embedded_suite
 from ._parquet import read_taskset
 from ._rg import knights_knaves_suite, reasoning_gym_suite, rg_spec
 from ._types import TaskSet
 
 __all__ = ["make_taskset", "SPEC_HELP"]
 
-SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'embedded:add1,rev3,...', "
+SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostly_solved' (the "
+             "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'embedded:add1,rev3,...', "
              "'knights_knaves' (DUMP's 3…14 people via reasoning-gym), "
              "'rg:NAME[:key=value;key=value]|rg:NAME2...' (reasoning-gym datasets, one "
              "distribution each), or a path to a verl train .parquet (test.parquet beside it "
@@ -59,6 +61,9 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
     if s == "embedded":
         return embedded_suite(DEFAULT_SUITE, train_per_domain=train_per_domain,
                               heldout_per_domain=heldout_per_domain, seed=seed)
+    if s in SUITES:               # the headroom suites (issue 10); their warm-up shares: SUITES[s][1]
+        return embedded_suite(SUITES[s][0], train_per_domain=train_per_domain,
+                              heldout_per_domain=heldout_per_domain, seed=seed)
     if s.startswith("embedded:"):
         return embedded_suite(s[len("embedded:"):], train_per_domain=train_per_domain,
                               heldout_per_domain=heldout_per_domain, seed=seed)
@@ -72,5 +77,12 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
         if not path.is_file():
             raise ValueError(f"tasks={s!r}: no such parquet file.")
         test = path.with_name("test.parquet")
-        return read_taskset(path, test if test.is_file() and test != path else None, name=s)
+        has_test = test.is_file() and test != path
+        ts = read_taskset(path, test if has_test else None, name=s)
+        if not has_test:
+            # Loud, not silent: without it every held-out accuracy is NaN ("nan -> nan").
+            warnings.warn(f"tasks={s!r}: no held-out file {str(test)!r} beside it, so held-out accuracy "
+                          f"is not measured (reported as NaN). Write the held-out prompts there in the "
+                          f"same schema (verl's test.parquet).", UserWarning, stacklevel=2)
+        return ts
     raise ValueError(f"unknown task set {spec!r}; use {SPEC_HELP}.")

@@ -8,8 +8,11 @@ the counters restores the random streams (STYLE.md §3).
 from __future__ import annotations
 
 import json
+import math
 import os
+import pickle
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +50,11 @@ def check_resumable(directory, config: TrainConfig) -> dict:
                          f"(or point out=... at the run to continue).")
     state = json.loads((d / "state.json").read_text())
     saved, now = state["config"], config.to_dict()
+    # A field the saved config lacks was added to TrainConfig after that run: the run had
+    # its default behaviour (every new field defaults to the old behaviour), so compare
+    # against the default, not against "missing".
+    defaults = TrainConfig().to_dict()
+    saved = {**{k: defaults[k] for k in now if k not in saved}, **saved}
     diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now
             if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
     if diff:
@@ -55,11 +63,78 @@ def check_resumable(directory, config: TrainConfig) -> dict:
     return state
 
 
+def _check_model_state(saved: dict, model) -> None:
+    """ValueError unless `saved` has exactly the model's keys, shapes and dtypes: checked
+    before loading, as `load_state_dict` would overwrite the matching tensors before it
+    reports a mismatched one."""
+    own = model.state_dict()
+    if not isinstance(saved, dict):
+        raise ValueError(f"model.pt holds {type(saved).__name__}, not a state dict; the checkpoint is corrupt.")
+    missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    if missing or extra:
+        raise ValueError(f"model.pt does not match the model (missing {missing[:5]}, unexpected "
+                         f"{extra[:5]}); was it written with another model config?")
+    for k, v in own.items():
+        got = saved[k]
+        if not isinstance(got, torch.Tensor) or got.shape != v.shape or got.dtype != v.dtype:
+            raise ValueError(f"model.pt[{k!r}] is {getattr(got, 'dtype', type(got).__name__)} "
+                             f"{tuple(getattr(got, 'shape', ()))}, the model has {v.dtype} {tuple(v.shape)}; "
+                             f"the checkpoint is corrupt or from another model config.")
+        if got.is_floating_point() and not torch.isfinite(got).all():
+            raise ValueError(f"model.pt[{k!r}] has NaN or inf values; the checkpoint is corrupt.")
+
+
+def _check_optimizer_state(saved: dict, optimizer) -> None:
+    """ValueError unless `saved` has the optimizer's parameter groups, group by group (what
+    `optimizer.load_state_dict` checks, done here before anything is restored)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) \
+            or not isinstance(saved.get("state"), dict):
+        raise ValueError("optimizer.pt is not an optimizer state dict; the checkpoint is corrupt.")
+    groups = saved["param_groups"]
+    sizes = [len(g.get("params", ())) for g in groups if isinstance(g, dict)]
+    own = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != own:
+        raise ValueError(f"optimizer.pt has parameter groups of sizes {sizes}, the optimizer {own}; the "
+                         f"checkpoint was written for another model or optimizer.")
+
+
+def _check_counters(counters) -> dict:
+    if not isinstance(counters, dict):
+        raise ValueError("state.json has no 'counters' mapping; the checkpoint is corrupt.")
+    for key in ("step", "rollouts"):
+        v = counters.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"state.json counters[{key!r}] is {v!r}; it must be an int ≥ 0. The "
+                             f"checkpoint is corrupt.")
+    v = counters.get("seconds")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"state.json counters['seconds'] is {v!r}; it must be a finite number ≥ 0. The "
+                         f"checkpoint is corrupt.")
+    return counters
+
+
 def load_checkpoint(directory, *, model, optimizer, scheduler) -> dict:
-    """Restore model, optimizer and Scheduler in place; returns the saved counters."""
+    """Restore model, optimizer and Scheduler in place; returns the saved counters.
+
+    Everything is read and checked first — the four files, the model's keys, shapes and
+    dtypes, the optimizer's parameter groups, the Scheduler state (`check_state_dict`: the
+    pool, method, hyperparameters and every value), the counters — and only then restored,
+    so a corrupt or mismatched checkpoint raises a ValueError and changes nothing."""
     d = Path(directory)
-    model.load_state_dict(torch.load(d / "model.pt", map_location=next(model.parameters()).device))
-    optimizer.load_state_dict(torch.load(d / "optimizer.pt"))
-    with np.load(d / "scheduler.npz", allow_pickle=False) as z:
-        scheduler.load_state_dict({k: z[k] for k in z.files})
-    return json.loads((d / "state.json").read_text())["counters"]
+    device = next(model.parameters()).device
+    try:
+        counters = _check_counters(json.loads((d / "state.json").read_text()).get("counters"))
+        model_sd = torch.load(d / "model.pt", map_location=device, weights_only=True)
+        optim_sd = torch.load(d / "optimizer.pt", weights_only=True)
+        with np.load(d / "scheduler.npz", allow_pickle=False) as z:
+            sched_sd = {k: z[k] for k in z.files}
+    except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
+        raise ValueError(f"cannot read the checkpoint in {str(d)!r}: {e}") from e
+    _check_model_state(model_sd, model)
+    _check_optimizer_state(optim_sd, optimizer)
+    scheduler.check_state_dict(sched_sd)
+    # Everything checked: restore. The Scheduler last, as its load cannot fail after its check.
+    model.load_state_dict(model_sd)
+    optimizer.load_state_dict(optim_sd)
+    scheduler.load_state_dict(sched_sd)
+    return counters

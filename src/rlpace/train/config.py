@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["TrainConfig", "from_overrides", "RESUMABLE_CHANGES", "field_help"]
+__all__ = ["TrainConfig", "from_overrides", "RESUMABLE_CHANGES", "field_help", "load_config", "resume_config"]
 
 
 def _f(default, help_text: str):
@@ -33,11 +34,41 @@ class TrainConfig:
     policy_kwargs: str = _f("{}", "JSON object of the policy's hyperparameters, e.g. '{\"c\": 0.5}'")
     success_threshold: float = _f(0.5, "a rollout succeeds when its reward ≥ this")
     max_refill_rounds: int = _f(4, "cap on extra generation rounds when admission requests refills (DAPO dynamic sampling)")
-    lilo_candidates: int = _f(0, "LILO probe (card 9): propose k·B candidates, probe each, keep the top-B by p(1−p); "
+    lilo_candidates: int = _f(0, "LILO probe (arXiv 2502.12272): propose k·B candidates, probe each, keep the top-B by p(1−p); "
                                  "k here, 0 = off")
     lilo_probes: int = _f(4, "LILO: probe rollouts per candidate (counted in the rollout budget)")
+    # oracle measurement (issue 10): only with an oracle_* policy, which is a measurement tool, not a method
+    oracle_every: int = _f(10, "oracle_* policies: measure every training prompt's pass rate every k steps "
+                               "(and at step 0) and feed it to the Scheduler")
+    oracle_rollouts: int = _f(8, "oracle_* policies: m rollouts per prompt per measurement; logged as "
+                                 "oracle_rollouts, NOT counted in rollouts / max_rollouts")
+    # held-out loss probe (issue 15): only with a policy that reads loss curves (epiplexity)
+    loss_probe_every: int = _f(5, "loss-curve policies (epiplexity): every k steps (and at step 0) measure the "
+                                  "teacher-forced NLL of reference answers on a fixed probe set per domain, "
+                                  "in one batched forward, and feed it to Scheduler.observe_losses")
+    loss_probe_per_domain: int = _f(16, "loss-curve policies: probe items per domain (its first held-out items; "
+                                        "training items where a domain has none)")
+    # epiplexity-guided generator (issue 15): only with tasks=generated:<family>
+    gen_lr: float = _f(0.1, "tasks=generated:<family>: REINFORCE step size of the generator over the family's sizes")
+    gen_entropy: float = _f(0.01, "tasks=generated:<family>: entropy bonus β of the generator")
+    gen_buffer: int = _f(32, "tasks=generated:<family>: previously generated items whose NLL drop is the reward")
+    # per-rollout gradient features (issue 11): Feedback.grads / ref_grad for diem and dvc
+    grad_features: str = _f("auto", "compute per-rollout gradient features: auto (when a policy reads them: "
+                                    "diem, dvc) | on | off")
+    grad_params: str = _f("lm_head", "parameters the features cover: lm_head | last_block | all (nn.Linear "
+                                     "layers; projected per layer by a seeded Kronecker sketch, arXiv 2405.13954)")
+    grad_dim: int = _f(256, "upper bound on the feature dimension d (Σ per layer k_out·k_in)")
+    grad_exact: bool = _f(True, "exact features: one forward of [prompt | completion] per rollout; false = the "
+                                "shared-prompt forward, features from completion positions only (cheaper, "
+                                "approximate: prompt positions and lm_head's first completion token left out)")
+    grad_reference: str = _f("heldout", "Feedback.ref_grad: heldout (gradient of the NLL of held-out reference "
+                                        "answers, every grad_ref_every steps) | previous (the previous step's batch "
+                                        "gradient) | none")
+    grad_ref_every: int = _f(10, "steps between held-out reference gradients (grad_reference=heldout)")
     # ---- tasks
-    tasks: str = _f("embedded", "task set: 'embedded', 'embedded:add2,rev5,...', 'knights_knaves', "
+    tasks: str = _f("embedded", "task set: 'embedded', 'ladder', 'mostly_solved', 'embedded:add2,rev5,...', "
+                                "'generated:<family>' (an epiplexity-guided generator over the family's sizes), "
+                                "'knights_knaves', "
                                 "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet")
     train_per_domain: int = _f(256, "training prompts per distribution (the Scheduler's pool)")
     heldout_per_domain: int = _f(64, "held-out prompts per distribution (greedy evaluation)")
@@ -55,7 +86,8 @@ class TrainConfig:
     warmup_lr: float = _f(3e-3, "tiny model: warm-up peak learning rate")
     warmup_decay: float = _f(1.0, "tiny model: warm-up share of size level k is decay**k")
     warmup_mistakes: str = _f("default", "tiny model: share of each distribution's warm-up answers replaced by its "
-                                         "family's typical mistake: 'default' (rlpace.tasks.DEFAULT_MISTAKES), "
+                                         "family's typical mistake: 'default' (the suite's own: rlpace.tasks.SUITES, "
+                                         "else DEFAULT_MISTAKES), "
                                          "'none', or 'max3=0.5,last4=0.75,...' (unlisted: 0)")
     # ---- RL
     batch_prompts: int = _f(16, "B: prompts per step")
@@ -66,7 +98,10 @@ class TrainConfig:
     clip_low: float = _f(-1.0, "ε_low of the ratio clip; negative = the objective's paper value")
     clip_high: float = _f(-1.0, "ε_high of the ratio clip; negative = the objective's paper value")
     kl_coef: float = _f(0.0, "β of the k3 KL penalty to the base policy (0 = no reference model)")
-    lr: float = _f(3e-4, "AdamW learning rate (constant after the warm-up)")
+    lr: float = _f(3e-4, "AdamW learning rate, and that of every other `optimizer` (constant after the warm-up)")
+    optimizer: str = _f("adamw", "adamw | iso_adamw | muon | iso_muon: iso_* keep each hidden matrix's base "
+                                 "spectrum and train its singular frames (ISO, arXiv 2607.19331; "
+                                 "docs/methods/iso.md); muon = torch.optim.Muon on hidden matrices + AdamW")
     lr_warmup: int = _f(10, "linear learning-rate warm-up steps (Adam's first steps on noisy policy gradients "
                             "are otherwise the largest)")
     epochs: int = _f(1, "optimizer steps on each batch (μ); >1 makes the ratio clip matter")
@@ -76,16 +111,22 @@ class TrainConfig:
     eval_every: int = _f(10, "greedy held-out evaluation every k steps (and at the start and end)")
     eval_batch: int = _f(512, "prompts per evaluation forward")
     checkpoint_every: int = _f(50, "save model, optimizer, Scheduler state every k steps (0 = only at the end)")
+    logger: str = _f("jsonl", "where step records go besides metrics.jsonl (always written): tensorboard "
+                              "(out/tensorboard/), wandb (offline, out/wandb/), or both, e.g. 'tensorboard,wandb'")
     resume: bool = _f(False, "continue from out/checkpoint (must be the same config, except steps / max_rollouts / "
                              "reporting fields)")
     progress: bool = _f(True, "show a progress bar")
+
+    def __post_init__(self):
+        from .logging import parse_loggers
+        parse_loggers(self.logger)      # an unknown or uninstalled logger fails before any work
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 RESUMABLE_CHANGES = frozenset({"steps", "max_rollouts", "resume", "progress", "threads", "checkpoint_every",
-                               "out", "eval_batch", "cache_dir"})
+                               "out", "eval_batch", "cache_dir", "logger"})
 
 
 def field_help() -> list[tuple[str, str, object, str]]:
@@ -141,3 +182,38 @@ def load_config(path) -> TrainConfig:
     """The config a run saved in its `config.json`."""
     with open(path) as f:
         return from_overrides(json.load(f))
+
+
+def resume_config(overrides, out: str | None = None) -> TrainConfig:
+    """The config to continue a run with: `out/config.json` as the run saved it, with
+    `overrides` (key=value strings or a dict) applied, `resume=True`.
+
+    Only fields in `RESUMABLE_CHANGES` may differ from the saved run — how long it runs
+    (`steps`, `max_rollouts`) and how it reports (`progress`, `threads`, `checkpoint_every`,
+    `eval_batch`, `cache_dir`) — since anything else would change the trajectory; an
+    override equal to the saved value is accepted. `out` defaults to the `out=` override,
+    else TrainConfig's default.
+
+    >>> resume_config(["out=runs/dump", "steps=300"])      # doctest: +SKIP
+    TrainConfig(out='runs/dump', ..., steps=300, ..., resume=True, ...)
+    """
+    items = dict(overrides) if isinstance(overrides, dict) else dict(_split(o) for o in overrides)
+    out = out or items.get("out") or TrainConfig().out
+    path = Path(out) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--resume: {str(path)!r} does not exist, so there is no run to continue at "
+                         f"out={out}; point out=DIR at the run's folder, or drop --resume to start one.")
+    try:
+        saved = load_config(path)
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise ValueError(f"--resume: {str(path)!r} is not a config rlpace wrote ({e}); start a new run "
+                         f"with another out=DIR.") from None
+    wanted = from_overrides({**items, "out": out}, saved)
+    diff = [f"{k}={getattr(wanted, k)!r} (the run has {getattr(saved, k)!r})" for k in items
+            if k not in RESUMABLE_CHANGES and getattr(wanted, k) != getattr(saved, k)]
+    if diff:
+        allowed = ", ".join(sorted(RESUMABLE_CHANGES - {"resume", "out"}))
+        raise ValueError(f"--resume continues the run in {out} with its saved config; it cannot change "
+                         f"{'; '.join(diff)}. Only {allowed} may change on resume; start a new run with "
+                         f"another out=DIR to change the rest.")
+    return dataclasses.replace(wanted, resume=True)

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -164,9 +165,21 @@ def supervised_warmup(model, tokenizer, items, weights, *, steps: int, batch: in
 
 
 def _taskset_key(taskset) -> str:
-    h = hashlib.sha256(taskset.name.encode())
-    for it in taskset.train + taskset.heldout:
-        h.update(f"{it.domain}\x00{it.prompt}\x00{it.answer}\x01".encode())
+    """A hash of what the build reads from the task set. Embedded suites hash their spec
+    string too (it selects the warm-up corpus; their key is unchanged since version 1).
+    Any other task set — a parquet file, reasoning-gym — is keyed on its content only
+    (domain, prompt, answer and difficulty, which sets the warm-up level): two copies of one
+    file under different names share one base, and an edited file gets a new one."""
+    if taskset.name.startswith("embedded"):
+        h = hashlib.sha256(taskset.name.encode())
+        for it in taskset.train + taskset.heldout:
+            h.update(f"{it.domain}\x00{it.prompt}\x00{it.answer}\x01".encode())
+        return h.hexdigest()[:16]
+    h = hashlib.sha256(b"content")
+    for part, items in (("train", taskset.train), ("heldout", taskset.heldout)):
+        h.update(f"\x02{part}\x02".encode())
+        for it in items:
+            h.update(f"{it.domain}\x00{it.prompt}\x00{it.answer}\x00{float(it.difficulty)!r}\x01".encode())
     return h.hexdigest()[:16]
 
 
@@ -197,6 +210,12 @@ def build_base_policy(taskset, *, hidden: int = 64, layers: int = 2, heads: int 
     out = base_policy_dir(taskset, cache_dir, **spec)
     if (out / "rlpace_base.json").is_file():
         return out
+    if progress:
+        # Say what is happening and for how long before the first slow step: the build is
+        # a one-off per task set and spec, but it is minutes on long prompts.
+        print(f"base policy: none cached for this task set; building it once ({warmup_steps} supervised "
+              f"warm-up steps of {warmup_batch} sequences, one CPU thread: ~30–90 s on the embedded suite, "
+              f"several minutes on long prompts). Cached in {out} for later runs.", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)      # bit-identical rebuilds (reduction order depends on threads)
@@ -223,6 +242,9 @@ def build_base_policy(taskset, *, hidden: int = 64, layers: int = 2, heads: int 
         tmp.rename(out)
     except OSError:               # another process finished the same build first
         shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        print(f"base policy: built in {meta['seconds']:.0f} s (final warm-up loss {meta['final_loss']:.3f}).",
+              file=sys.stderr, flush=True)
     return out
 
 

@@ -2,8 +2,10 @@
 
     setup:  tasks → Pool → Scheduler;  base policy (tiny, cached) or --model DIR;  optimizer
     loop:   propose → generate G rollouts per prompt → verify → observe → admit (+refills)
-            → loss weights → loss (GRPO / Dr. GRPO / DAPO / GSPO, optional KL) → step
+            → advantages on the kept rollouts → loss weights (per token: Scheduler.token_weights)
+            → loss (GRPO / Dr. GRPO / DAPO / GSPO, optional KL) → step
             held-out greedy eval every k steps; one JSONL record per step; checkpoints
+            loss-curve policies (epiplexity): probe NLL per domain every k steps → observe_losses
     end:    final eval, summary.json
 
 The objectives are pure functions in `rlpace.train.losses`; sampling and log-probs in
@@ -27,20 +29,29 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ...optim import build_optimizer
 from ...scheduler import Scheduler
 from ...tasks import make_taskset, parse_mistakes
-from ...types import Feedback
+from ...tasks._generator import (GENERATED_PREFIX, buffer_push, family_configs, generated_taskset,
+                                 generator_from_json, generator_init, generator_probs, generator_sample,
+                                 generator_to_json, generator_update)
+from ...types import Feedback, group_advantages
 from ..checkpoint import check_resumable, load_checkpoint, save_checkpoint
 from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
+from ..gradfeatures import GradFeatures, heldout_reference, needs_grad_features, split_with_grads
+from ..logging import StepLogger
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
 from ..report import rollouts_before
 from ..rollout import Rollout, completion_logprobs, decode_completions, encode_prompts, generate, left_pad, right_pad
 
-__all__ = ["train", "check_config", "base_policy", "Groups", "sample_groups", "lilo_select", "summarize"]
+__all__ = ["train", "check_config", "base_policy", "Groups", "sample_groups", "lilo_select", "summarize",
+           "uses_oracle", "oracle_measure", "uses_losses", "LossProbe", "build_loss_probe", "probe_losses"]
 
 _SAMPLE, _PROBE = 0, 1          # random streams of the generation seed
+_ORACLE = 2                     # stream of the oracle measurement (issue 10)
+_GENERATE = 3                   # stream of the generator's draws (tasks=generated:<family>, issue 15)
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -61,6 +72,8 @@ def check_config(cfg: TrainConfig) -> None:
     need(cfg.max_new_tokens >= 1, f"max_new_tokens must be ≥ 1; got {cfg.max_new_tokens}.")
     need(cfg.temperature > 0, f"temperature must be > 0; got {cfg.temperature}.")
     need(cfg.lr > 0, f"lr must be > 0; got {cfg.lr}.")
+    need(cfg.optimizer in ("adamw", "iso_adamw", "muon", "iso_muon"),
+         f"optimizer must be one of adamw, iso_adamw, muon, iso_muon; got {cfg.optimizer!r}.")
     need(cfg.lr_warmup >= 0, f"lr_warmup must be ≥ 0; got {cfg.lr_warmup}.")
     need(cfg.epochs >= 1, f"epochs must be ≥ 1; got {cfg.epochs}.")
     need(cfg.eval_every >= 1, f"eval_every must be ≥ 1; got {cfg.eval_every}.")
@@ -69,8 +82,29 @@ def check_config(cfg: TrainConfig) -> None:
     need(cfg.lilo_probes >= 2 or cfg.lilo_candidates == 0,
          f"lilo_probes must be ≥ 2 to estimate p(1−p); got {cfg.lilo_probes}.")
     need(cfg.max_refill_rounds >= 0, f"max_refill_rounds must be ≥ 0; got {cfg.max_refill_rounds}.")
+    need(cfg.oracle_every >= 1, f"oracle_every must be ≥ 1 (steps between oracle measurements); "
+                                f"got {cfg.oracle_every}.")
+    need(cfg.oracle_rollouts >= 1, f"oracle_rollouts must be ≥ 1 (rollouts per prompt per oracle measurement); "
+                                   f"got {cfg.oracle_rollouts}.")
     need(cfg.threads >= 1, f"threads must be ≥ 1; got {cfg.threads}.")
+    need(cfg.loss_probe_every >= 1, f"loss_probe_every must be ≥ 1 (steps between loss probes); got "
+                                    f"{cfg.loss_probe_every}.")
+    need(cfg.loss_probe_per_domain >= 1, f"loss_probe_per_domain must be ≥ 1; got {cfg.loss_probe_per_domain}.")
+    if cfg.tasks.strip().startswith(GENERATED_PREFIX):
+        family_configs(cfg.tasks.strip()[len(GENERATED_PREFIX):].strip())        # names the valid families
+        need(cfg.lilo_candidates == 0, "tasks=generated:<family> chooses the prompts itself; set lilo_candidates=0.")
+    need(cfg.gen_lr > 0 and math.isfinite(cfg.gen_lr), f"gen_lr must be a finite number > 0; got {cfg.gen_lr}.")
+    need(cfg.gen_entropy >= 0 and math.isfinite(cfg.gen_entropy),
+         f"gen_entropy must be a finite number ≥ 0; got {cfg.gen_entropy}.")
+    need(cfg.gen_buffer >= 1, f"gen_buffer must be ≥ 1; got {cfg.gen_buffer}.")
     need(cfg.heldout_per_domain >= 1, f"heldout_per_domain must be ≥ 1; got {cfg.heldout_per_domain}.")
+    need(cfg.grad_features in ("auto", "on", "off"), f"grad_features must be auto, on or off; got {cfg.grad_features!r}.")
+    need(cfg.grad_params in ("lm_head", "last_block", "all"),
+         f"grad_params must be lm_head, last_block or all; got {cfg.grad_params!r}.")
+    need(cfg.grad_dim >= 1, f"grad_dim must be ≥ 1 (feature dimension); got {cfg.grad_dim}.")
+    need(cfg.grad_reference in ("heldout", "previous", "none"),
+         f"grad_reference must be heldout, previous or none; got {cfg.grad_reference!r}.")
+    need(cfg.grad_ref_every >= 1, f"grad_ref_every must be ≥ 1; got {cfg.grad_ref_every}.")
     parse_mistakes(cfg.warmup_mistakes)
     try:
         kw = json.loads(cfg.policy_kwargs)
@@ -92,6 +126,7 @@ class Groups(NamedTuple):
     completions: list            # B·G token-id lists (EOS included when produced)
     rewards: np.ndarray          # float32[B, G]
     tokens: int                  # completion tokens generated
+    lengths: np.ndarray          # int64[B, G] completion tokens of each rollout (EOS included)
 
 
 def _generator(cfg: TrainConfig, step: int, round_: int, stream: int) -> torch.Generator:
@@ -109,11 +144,12 @@ def sample_groups(model, tok, tasks, prompt_tokens, ids, g: int, cfg: TrainConfi
     rewards = tasks.score(items, texts).reshape(len(ids), g)
     lens = ro.completion_mask.sum(1).long().tolist()
     comps = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lens)]
-    return Groups(np.asarray(ids, dtype=np.int64), prompts, comps, rewards, int(sum(lens)))
+    return Groups(np.asarray(ids, dtype=np.int64), prompts, comps, rewards, int(sum(lens)),
+                  np.asarray(lens, dtype=np.int64).reshape(len(ids), g))
 
 
 def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int):
-    """LILO (Foster et al. 2025, card 9): propose k·B candidates, spend `lilo_probes`
+    """LILO (Foster et al. 2025, arXiv 2502.12272): propose k·B candidates, spend `lilo_probes`
     rollouts on each, keep the B with the largest p̂(1−p̂) (ties: proposal order).
     Returns (ids int64[B], probe rollouts spent). The probes only score; they are neither
     trained on nor observed by the Scheduler (LILO keeps only the scores)."""
@@ -126,12 +162,141 @@ def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step:
     return cand[keep], cand.size * cfg.lilo_probes
 
 
+# ---- oracle measurement (issue 10) -------------------------------------------------------
+def uses_oracle(sched) -> bool:
+    """Whether the Scheduler runs an `oracle_*` policy (a measurement tool that needs the
+    true current pass rate of every training prompt)."""
+    return any(p.name.startswith("oracle") for p in sched.method.policies().values())
+
+
+def oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int) -> int:
+    """Measure every training prompt's current pass rate with m = `oracle_rollouts` extra
+    rollouts (the training sampling: same temperature and token budget, batched
+    `eval_batch` prompts at a time) and feed them to the Scheduler as ONE measurement
+    `Feedback(all ids, rewards[N, m], step)`; an oracle policy overwrites its per-prompt
+    pass rate with it. Returns the rollouts spent, N·m, which the recipe logs as
+    `oracle_rollouts` and never adds to the budget counter: the oracle is an upper bound
+    on what scheduling could save, not a method."""
+    n, m = len(tasks.train), cfg.oracle_rollouts
+    gen = _generator(cfg, step, 0, _ORACLE)
+    chunk = max(1, cfg.eval_batch)
+    rewards = np.concatenate([sample_groups(model, tok, tasks, prompt_tokens, np.arange(s, min(n, s + chunk)),
+                                            m, cfg, gen).rewards for s in range(0, n, chunk)])   # [N, m]
+    sched.observe(Feedback(np.arange(n, dtype=np.int64), rewards, step=step))
+    return n * m
+
+
+# ---- held-out loss probe (issue 15) ----------------------------------------------------------
+def uses_losses(sched) -> bool:
+    """Whether a policy of the Scheduler learns from held-out loss curves (`epiplexity`)."""
+    return any(p.update_losses is not None for p in sched.method.policies().values())
+
+
+class LossProbe(NamedTuple):
+    """A fixed probe set: prompts with their reference answers, teacher-forced."""
+
+    rollout: Rollout             # [P] prompt (left-padded) + answer + EOS (right-padded)
+    domains: np.ndarray          # int64[P] pool domain code of each row
+    names: tuple                 # pool domain labels (code order)
+
+
+def build_loss_probe(tasks, pool, tok, cfg: TrainConfig) -> LossProbe:
+    """The first `loss_probe_per_domain` held-out items of each domain (its first training
+    items where it has no held-out ones): never trained on, fixed for the whole run."""
+    held = tasks.heldout_by_domain()
+    items, codes = [], []
+    for code, name in enumerate(pool.domain_names):
+        src = held.get(name) or [it for it in tasks.train if it.domain == name]
+        chosen = list(src[: cfg.loss_probe_per_domain])
+        items += chosen
+        codes += [code] * len(chosen)
+    return LossProbe(_answer_rollout(tok, items, cfg), np.asarray(codes, dtype=np.int64), tuple(pool.domain_names))
+
+
+def _answer_rollout(tok, items, cfg: TrainConfig) -> Rollout:
+    """Each item's prompt (left-padded) with its reference answer + EOS as the completion."""
+    prompts = encode_prompts(tok, [it.prompt for it in items], cfg.chat)
+    answers = [tok.encode(it.answer, add_special_tokens=False) + [tok.eos_token_id] for it in items]
+    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+    c_ids, c_mask = right_pad(answers, tok.pad_token_id)
+    dev = cfg.device
+    return Rollout(p_ids.to(dev), p_mask.to(dev), c_ids.to(dev), c_mask.to(dev))
+
+
+@torch.no_grad()
+def probe_losses(model, probe: LossProbe) -> np.ndarray:
+    """float64[K] mean NLL per answer token (nats) of each domain's probe rows, in one batched
+    forward at temperature 1: Σ_rows Σ_t −log π(a_t | q, a_<t) / Σ_rows (answer tokens + EOS);
+    NaN for a domain without probe rows."""
+    logp = completion_logprobs(model, probe.rollout, 1.0)                            # [P, T]
+    mask = probe.rollout.completion_mask.float()
+    nll = (-(logp * mask).sum(1)).double().cpu().numpy()                             # [P]
+    ntok = mask.sum(1).double().cpu().numpy()                                        # [P]
+    k = len(probe.names)
+    num = np.bincount(probe.domains, weights=nll, minlength=k)
+    den = np.bincount(probe.domains, weights=ntok, minlength=k)
+    # LossFeedback bounds a loss to [0, 1e4]; a −inf log-prob (fp16 underflow) would break it
+    return np.where(den > 0, np.minimum(num / np.maximum(den, 1.0), 1e4), np.nan)
+
+
+def _domain_tokens(counters: dict, k: int) -> np.ndarray:
+    """float64[K] answer tokens trained on per domain, from a checkpoint's counters."""
+    raw = counters.get("domain_tokens", [0] * k)
+    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
+    if arr.shape != (k,) or not (np.isfinite(arr).all() and (arr >= 0).all()):
+        raise ValueError(f"state.json counters['domain_tokens'] is {raw!r}; it must be a list of {k} "
+                         f"numbers ≥ 0. The checkpoint is corrupt.")
+    return arr
+
+
+def _grad_ref(counters: dict, gf) -> np.ndarray | None:
+    """float32[d] reference direction from a checkpoint's counters (None when absent)."""
+    raw = counters.get("grad_ref")
+    if raw is None or gf is None:
+        return None
+    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
+    if arr.shape != (gf.dim,) or not np.isfinite(arr).all():
+        raise ValueError(f"state.json counters['grad_ref'] must be a list of {gf.dim} finite numbers; the "
+                         f"checkpoint is corrupt.")
+    return arr.astype(np.float32)
+
+
+# ---- epiplexity-guided generator: tasks=generated:<family> (issue 15) ------------------------
+def generated_ids(gen, pool, n: int, cfg: TrainConfig, step: int, round_: int) -> np.ndarray:
+    """int64[n] pool positions: n configurations drawn from the generator, and for each a
+    uniformly drawn item of that configuration (its domain), from (seed, step, round)."""
+    rng = np.random.default_rng([cfg.seed, step, round_, _GENERATE])
+    configs = generator_sample(gen, n, rng)                                          # [n] domain codes
+    order = np.argsort(pool.domains, kind="stable")
+    counts = np.bincount(pool.domains, minlength=pool.n_domains)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return order[starts[configs] + rng.integers(0, counts[configs])].astype(np.int64)
+
+
+@torch.no_grad()
+def buffer_nll(model, tok, tasks, gen, cfg: TrainConfig) -> float | None:
+    """Mean NLL per answer token of the generator's buffer of previously generated items
+    (teacher-forced reference answers, one batched forward); None while the buffer is empty."""
+    n = int(gen.buffer_len)
+    if n == 0:
+        return None
+    items = [tasks.train[i] for i in gen.buffer[:n].tolist()]
+    ro = _answer_rollout(tok, items, cfg)
+    logp = completion_logprobs(model, ro, 1.0)                                       # [n, T]
+    mask = ro.completion_mask.float()
+    return float(-(logp * mask).sum() / mask.sum())
+
+
+def _generator_state(counters: dict, pool, cfg: TrainConfig):
+    return generator_from_json(counters.get("generator"), pool.n_domains, cfg.gen_buffer, len(pool))
+
+
 def base_policy(cfg: TrainConfig, tasks, progress: bool | None = None):
     """Directory of the tiny base policy for this config (built once, then cached)."""
     return build_base_policy(
         tasks, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, warmup_steps=cfg.warmup_steps,
         warmup_batch=cfg.warmup_batch, warmup_lr=cfg.warmup_lr, warmup_decay=cfg.warmup_decay,
-        warmup_mistakes=parse_mistakes(cfg.warmup_mistakes),
+        warmup_mistakes=parse_mistakes(cfg.warmup_mistakes, cfg.tasks),     # 'default': the suite's shares
         seed=cfg.seed, cache_dir=cfg.cache_dir or None, progress=cfg.progress if progress is None else progress)
 
 
@@ -141,11 +306,17 @@ def train(cfg: TrainConfig) -> dict:
 
     # ---- 0. check everything that can fail, before any work -----------------------------
     check_config(cfg)
-    tasks = make_taskset(cfg.tasks, train_per_domain=cfg.train_per_domain,
-                         heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
+    generated = cfg.tasks.strip().startswith(GENERATED_PREFIX)   # the generator picks the prompts
+    tasks = (generated_taskset if generated else make_taskset)(
+        cfg.tasks.strip() if generated else cfg.tasks, train_per_domain=cfg.train_per_domain,
+        heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
     pool = tasks.pool()
     sched = Scheduler(pool, cfg.policy, seed=cfg.seed, success_threshold=cfg.success_threshold,
                       **json.loads(cfg.policy_kwargs))
+    if generated and (sched.method.mixture is not None or sched.method.selection.name != "uniform_pool"):
+        raise ValueError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
+                         f"have a mixture or a selection; admission and reweighting policies are fine "
+                         f"(e.g. policy=uniform or policy=dapo_dynamic_sampling).")
     out = Path(cfg.out)
     ckpt_dir = out / "checkpoint"
     if cfg.resume:
@@ -156,23 +327,37 @@ def train(cfg: TrainConfig) -> dict:
     model_dir = cfg.model or base_policy(cfg, tasks)
     model, tok = load_policy(model_dir, cfg.device)
     ref = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)  # iso_*: frames
     lr_at = lambda s: cfg.lr * min(1.0, (s + 1) / max(1, cfg.lr_warmup))      # noqa: E731
     prompt_tokens = encode_prompts(tok, [it.prompt for it in tasks.train], cfg.chat)
     clip_low = None if cfg.clip_low < 0 else cfg.clip_low
     clip_high = None if cfg.clip_high < 0 else cfg.clip_high
     b, g = cfg.batch_prompts, cfg.group_size
+    measure = uses_oracle(sched)                 # oracle_* policies: measured pass rates (issue 10)
+    # loss-curve policies (epiplexity): probe NLL per domain against completion tokens trained on
+    probe = build_loss_probe(tasks, pool, tok, cfg) if uses_losses(sched) else None
+    domain_tokens = np.zeros(pool.n_domains)     # float64[K] kept completion tokens trained on
+    # per-rollout gradient features (issue 11): only when a policy reads them (diem, dvc)
+    gf = (GradFeatures(model, cfg.grad_params, cfg.grad_dim, cfg.seed)
+          if needs_grad_features(sched, cfg.grad_features) else None)
+    ref_probe = (probe or build_loss_probe(tasks, pool, tok, cfg)) \
+        if gf is not None and cfg.grad_reference == "heldout" else None
+    grad_ref = None                              # float32[d] Feedback.ref_grad (checkpointed)
+    gen = generator_init(pool.n_domains, cfg.gen_buffer) if generated else None   # checkpointed
     step, spent, seconds = 0, 0, 0.0
     if cfg.resume:
         counters = load_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched)
         step, spent, seconds = counters["step"], counters["rollouts"], counters["seconds"]
+        domain_tokens = _domain_tokens(counters, pool.n_domains)
+        gen = _generator_state(counters, pool, cfg) if generated else None
+        grad_ref = _grad_ref(counters, gf)
         _truncate_log(out / "metrics.jsonl", step)
     else:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-    log_path = out / "metrics.jsonl"
+    log = StepLogger(out, cfg.logger, config=cfg.to_dict(), start_step=step)   # metrics.jsonl (+ TB, wandb)
 
     def evaluate(rec):
         acc = heldout_accuracy(model, tok, tasks, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
@@ -188,47 +373,71 @@ def train(cfg: TrainConfig) -> dict:
         rec: dict = {"step": step}
         if step % cfg.eval_every == 0:
             last_acc = evaluate(rec)
+        if probe is not None and step % cfg.loss_probe_every == 0:
+            model.eval()
+            nll = probe_losses(model, probe)                                          # [K] nats
+            measured = {str(d): (float(domain_tokens[i]), float(nll[i]))
+                        for i, d in enumerate(pool.domain_names) if np.isfinite(nll[i])}
+            sched.observe_losses(measured, step=step)
+            rec.update({f"probe_loss/{d}": v for d, (_, v) in measured.items()})
+        if ref_probe is not None and step % cfg.grad_ref_every == 0:
+            model.eval()           # Feedback.ref_grad: gradient feature of the held-out answers' NLL
+            grad_ref = heldout_reference(model, gf, ref_probe.rollout, cfg.temperature)
 
         # 2a. propose B prompts (LILO: probe k·B candidates and keep the most learnable)
         model.eval()
+        # oracle_* policies only: measure every prompt, logged apart, not charged to the budget
+        oracle_rollouts = 0
+        if measure and step % cfg.oracle_every == 0:
+            oracle_rollouts = oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg, step)
         probe_rollouts = 0
         if cfg.lilo_candidates:
             ids, probe_rollouts = lilo_select(sched, model, tok, tasks, prompt_tokens, cfg, step)
         else:
-            ids = sched.propose(b)
+            ids = sched.propose(b) if gen is None else generated_ids(gen, pool, b, cfg, step, 0)
 
-        # 2b. generate → verify → observe → admit; refill dropped groups while asked to
+        # 2b. generate → verify → observe → admit; refill dropped groups while asked to.
+        # The Scheduler always sees GRPO group-normalised advantages (`group_advantages`),
+        # whatever the objective: DUMP, SEC, EXP3 and top-k read one scale under every loss.
         pieces, admitted, round_, gen_tokens = [], 0, 0, 0
+        fbs = []                                                # each round's Feedback
         while True:
             grp = sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg,
                                 _generator(cfg, step, round_, _SAMPLE))
-            adv = advantages(torch.from_numpy(grp.rewards), cfg.objective).numpy()     # [B, G]
-            fb = Feedback(grp.ids, grp.rewards, adv, step)
-            sched.observe(fb)                                   # every group, kept or not
-            adm = sched.admission(fb)
-            weight = sched.loss_weights(fb) * adm.keep          # [B, G] 0 = not in the loss
-            pieces.append((grp, adv, weight))
+            fb = Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards), step, lengths=grp.lengths)
+            if gf is None:
+                sched.observe(fb)                               # every group, kept or not
+            else:
+                # With gradient features every round is observed after the loss forward (2d), so the
+                # trained groups carry Feedback.grads; admission reads the state before this step.
+                fbs.append(fb)
+            adm = sched.admission(fb)                           # keep bool[B, G]: what enters the loss
+            pieces.append((grp, adm.keep))
             gen_tokens += grp.tokens
             admitted += int(adm.keep.any(axis=1).sum())
             if adm.refill <= 0 or admitted >= b or round_ >= cfg.max_refill_rounds:
                 break
             round_ += 1
-            ids = sched.propose(int(adm.refill))
+            ids = (sched.propose(int(adm.refill)) if gen is None
+                   else generated_ids(gen, pool, int(adm.refill), cfg, step, round_))
         rollouts = probe_rollouts + sum(p[0].rewards.size for p in pieces)
         spent += rollouts
 
-        # 2c. the training batch: the first B groups with an admitted rollout
-        prompts, comps, adv_list, w_list = [], [], [], []
-        taken = 0
-        for grp, adv, weight in pieces:
-            for j in range(grp.ids.size):
-                if taken == b or not weight[j].any():
-                    continue
-                taken += 1
+        # 2c. the training batch: the first B groups with an admitted rollout. Advantages
+        # are recomputed on each group's kept rollouts (PODS, GFPO: the subset is trained as
+        # if it were the group; equal to the full-group advantages when a group is kept whole),
+        # unless the admission policy says otherwise (`Admission.full_group_advantages`: topk).
+        prompts, comps, rows, src = [], [], [], []
+        for pi, (grp, keep) in enumerate(pieces):
+            for j in np.flatnonzero(keep.any(axis=1))[: b - len(rows)]:
                 prompts += grp.prompts[j * g:(j + 1) * g]
                 comps += grp.completions[j * g:(j + 1) * g]
-                adv_list.append(adv[j])
-                w_list.append(weight[j])
+                rows.append((grp.ids[j], grp.rewards[j], keep[j]))
+                src.append((pi, j))                     # round and row of each trained group
+        taken = len(rows)
+
+        # generator: NLL of previously generated items before this step's update (the reward's "before")
+        nll_before = buffer_nll(model, tok, tasks, gen, cfg) if gen is not None else None
 
         # 2d. loss and optimizer step(s)
         stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
@@ -239,36 +448,75 @@ def train(cfg: TrainConfig) -> dict:
             n = len(comps)
             p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
             c_ids, c_mask = right_pad(comps, tok.pad_token_id)
-            adv_t = torch.tensor(np.concatenate(adv_list), dtype=torch.float32, device=dev)   # [N]
-            w_t = torch.tensor(np.concatenate(w_list), dtype=torch.float32, device=dev)       # [N]
+            ids_t = np.array([i for i, _, _ in rows], dtype=np.int64)                        # [Bt]
+            rew_t = np.stack([r_ for _, r_, _ in rows])                                      # [Bt, G]
+            keep_np = np.stack([k_ for _, _, k_ in rows])                                    # [Bt, G]
+            subset = not adm.full_group_advantages       # the method's rule, e.g. True for topk
+            adv_t = advantages(torch.from_numpy(rew_t), cfg.objective,
+                               torch.from_numpy(keep_np) if subset else None).reshape(-1).to(dev)  # [N]
+            keep_t = torch.from_numpy(keep_np.reshape(-1)).float().to(dev)                   # [N] 0/1
+            fb_t = Feedback(ids_t, rew_t, group_advantages(rew_t), step,
+                            lengths=np.array([len(x) for x in comps], dtype=np.int64).reshape(taken, g))
             mb = cfg.micro_batch or n                    # a multiple of G: whole groups per chunk
             chunks = [slice(s, min(n, s + mb)) for s in range(0, n, mb)]
             batches = [Rollout(p_ids[c].to(dev), p_mask[c].to(dev), c_ids[c].to(dev), c_mask[c].to(dev))
                        for c in chunks]
-            total_units = sum(aggregation_units(cfg.objective, r.completion_mask, w_t[c])
+            total_units = sum(aggregation_units(cfg.objective, r.completion_mask, keep_t[c])
                               for r, c in zip(batches, chunks)) or 1.0
-            total_tokens = float((c_mask * (w_t.cpu() > 0).float()[:, None]).sum()) or 1.0
+            total_tokens = float((c_mask * keep_t.cpu()[:, None]).sum()) or 1.0
             with torch.no_grad():
+                # π_old of every token, before the first update: the Scheduler's token weights
+                # are normalised over the whole batch. One forward, one epoch: that forward's own
+                # log-probs are π_old, read inside the loop (no extra pass).
                 old = ([completion_logprobs(model, r, cfg.temperature, g) for r in batches]
-                       if cfg.epochs > 1 else None)
+                       if cfg.epochs > 1 or len(batches) > 1 else None)
                 ref_lp = ([completion_logprobs(ref, r, cfg.temperature, g) for r in batches]
                           if ref is not None else None)
+            pre = None
+            if gf is not None:
+                # Features (issue 11): one forward of [prompt | completion] per rollout, the unit-
+                # weight loss's per-rollout gradient features, then weights; the graph is kept and
+                # reused by the first epoch's weighted backward (rlpace.train.gradfeatures).
+                pre, feats = [], []
+                for k, (r, c) in enumerate(zip(batches, chunks)):
+                    with gf.capture():       # grad_exact: one row per rollout in every call
+                        logp = completion_logprobs(model, r, cfg.temperature, 1 if cfg.grad_exact else g)
+                        lo = policy_loss(cfg.objective, logp, old[k] if old else logp.detach(), adv_t[c],
+                                         r.completion_mask, keep_t[c], clip_low=clip_low, clip_high=clip_high,
+                                         max_tokens=cfg.max_new_tokens)
+                    share = aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) / total_units
+                    feats.append(gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact))  # [n, d]
+                    pre.append(logp)
+                grads_np = torch.cat(feats).cpu().numpy().reshape(taken, g, gf.dim)         # [Bt, G, d]
+                fb_t = Feedback(fb_t.prompt_ids, fb_t.rewards, fb_t.advantages, step, lengths=fb_t.lengths,
+                                grads=grads_np, ref_grad=grad_ref)
+                for pi, fb_r in enumerate(fbs):
+                    mine = [i for i, (p_, _) in enumerate(src) if p_ == pi]
+                    for part in split_with_grads(fb_r, [src[i][1] for i in mine], grads_np[mine], grad_ref):
+                        sched.observe(part)
+                fbs = []
+                if cfg.grad_reference == "previous":
+                    grad_ref = grads_np.sum(axis=(0, 1))          # the next step's reference
+            w_tok = None if old is None else _token_weights(sched, fb_t, old, c_mask, g)  # [N, T]
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
-            for _ in range(cfg.epochs):
+            for epoch in range(cfg.epochs):
                 opt.zero_grad(set_to_none=True)
                 for k, (r, c) in enumerate(zip(batches, chunks)):
-                    logp = completion_logprobs(model, r, cfg.temperature, g)              # [n, T]
-                    lo = policy_loss(cfg.objective, logp, old[k] if old else logp.detach(), adv_t[c],
-                                     r.completion_mask, w_t[c], clip_low=clip_low, clip_high=clip_high,
+                    logp = pre[k] if pre and epoch == 0 else completion_logprobs(model, r, cfg.temperature, g)
+                    old_k = old[k] if old else logp.detach()
+                    if w_tok is None:
+                        w_tok = _token_weights(sched, fb_t, [old_k], c_mask, g)
+                    lo = policy_loss(cfg.objective, logp, old_k, adv_t[c], r.completion_mask, keep_t[c],
+                                     w_tok[c].to(dev), clip_low=clip_low, clip_high=clip_high,
                                      max_tokens=cfg.max_new_tokens)
-                    share = aggregation_units(cfg.objective, r.completion_mask, w_t[c]) / total_units
+                    share = aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) / total_units
                     loss = lo.loss * share
                     stats["pg_loss"] += lo.loss.item() * share / cfg.epochs
                     stats["clip_fraction"] += lo.clip_fraction * share / cfg.epochs
                     if ref is not None:
-                        tok_share = float((r.completion_mask * (w_t[c] > 0).float()[:, None]).sum()) / total_tokens
-                        kl = kl_k3(logp, ref_lp[k], r.completion_mask, w_t[c])
+                        tok_share = float((r.completion_mask * keep_t[c][:, None]).sum()) / total_tokens
+                        kl = kl_k3(logp, ref_lp[k], r.completion_mask, keep_t[c])
                         loss = loss + cfg.kl_coef * kl * tok_share
                         stats["kl"] += kl.item() * tok_share / cfg.epochs
                     loss.backward()
@@ -276,6 +524,23 @@ def train(cfg: TrainConfig) -> dict:
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
+            trained = (c_mask.sum(1).double().numpy().reshape(taken, g) * keep_np).sum(1)   # [Bt] tokens
+            np.add.at(domain_tokens, pool.domains[ids_t], trained)
+
+        for fb_r in fbs:                                # features on, nothing trained: plain feedback
+            sched.observe(fb_r)
+
+        # generator: reward = the buffer's NLL drop from this step (prequential epiplexity gain)
+        if gen is not None:
+            if taken and nll_before is not None:
+                model.eval()
+                nll_after = buffer_nll(model, tok, tasks, gen, cfg)
+                configs = np.concatenate([pool.domains[p[0].ids] for p in pieces])    # every drawn prompt
+                gen = generator_update(gen, configs, nll_before - nll_after, lr=cfg.gen_lr,
+                                       entropy_coef=cfg.gen_entropy)
+                rec.update({"gen/reward": nll_before - nll_after, "gen/buffer_nll": nll_after})
+            gen = buffer_push(gen, np.concatenate([p[0].ids for p in pieces]))
+            rec.update({f"gen/prob/{d}": float(q) for d, q in zip(pool.domain_names, generator_probs(gen))})
 
         # 2e. one JSONL record per step
         all_rewards = np.concatenate([p[0].rewards.ravel() for p in pieces])
@@ -289,11 +554,12 @@ def train(cfg: TrainConfig) -> dict:
             "groups_trained": taken, "refill_rounds": round_,
             "prompt_ids": [int(i) for p in pieces for i in p[0].ids],
             "rollouts": rollouts, "probe_rollouts": probe_rollouts, "rollouts_total": spent,
+            "oracle_rollouts": oracle_rollouts,
             "tokens": gen_tokens, "seconds": dt, "train_seconds": time.perf_counter() - t_train,
             "seconds_total": seconds,
         })
         rec.update({f"sched/{k}": v for k, v in sched.metrics().items()})
-        _append_jsonl(log_path, rec)
+        log(rec)
         step += 1
         bar.update(1)
         bar.set_postfix(acc=f"{last_acc['mean']:.2f}" if last_acc else "-", reward=f"{rec['reward_mean']:.2f}")
@@ -301,19 +567,38 @@ def train(cfg: TrainConfig) -> dict:
         # 2f. checkpoint (model, optimizer, Scheduler, counters; the RNG is the step)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                            counters={"step": step, "rollouts": spent, "seconds": seconds})
+                            counters={"step": step, "rollouts": spent, "seconds": seconds,
+                                      "domain_tokens": domain_tokens.tolist(),
+                                      "generator": None if gen is None else generator_to_json(gen),
+                                      "grad_ref": None if grad_ref is None else grad_ref.tolist()})
     bar.close()
 
     # ---- 3. final evaluation, checkpoint, summary --------------------------------------
     final = {"step": step, "final": True}
     evaluate(final)
-    _append_jsonl(log_path, final)
+    log(final)
+    log.close()
     save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                    counters={"step": step, "rollouts": spent, "seconds": seconds})
+                    counters={"step": step, "rollouts": spent, "seconds": seconds,
+                              "domain_tokens": domain_tokens.tolist(),
+                              "generator": None if gen is None else generator_to_json(gen),
+                              "grad_ref": None if grad_ref is None else grad_ref.tolist()})
     summary = summarize(out / "metrics.jsonl")
     summary.update({"policy": sched.name, "model_dir": str(model_dir), "config": cfg.to_dict()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _token_weights(sched, fb: Feedback, old_logp: list, c_mask: torch.Tensor, g: int) -> torch.Tensor:
+    """float32[N, T] loss weights of the training batch's tokens from the Scheduler
+    (`Scheduler.token_weights`): a rollout-level reweighter's weight on each real token, or
+    a token-level one's (`ar`) from the sampling policy's token probabilities exp(old_logp)."""
+    lp = torch.cat([x.detach().float().cpu() for x in old_logp])                     # [N, T]
+    bt, t = fb.rewards.shape[0], lp.shape[1]
+    probs = torch.exp(lp).clamp(max=1.0).reshape(bt, g, t).double().numpy()          # [Bt, G, T]
+    mask = (c_mask > 0).reshape(bt, g, t).numpy()
+    w = sched.token_weights(fb, np.where(mask, probs, 0.0), mask)                    # [Bt, G, T]
+    return torch.from_numpy(w.reshape(bt * g, t)).float()
 
 
 def _append_jsonl(path: Path, rec: dict) -> None:
@@ -346,6 +631,7 @@ def summarize(metrics_path) -> dict:
         "curve": curve,
         "steps": groups,
         "rollouts_total": steps[-1]["rollouts_total"] if steps else 0,
+        "oracle_rollouts_total": int(sum(r.get("oracle_rollouts", 0) for r in steps)),
         "informative_fraction": float(np.mean([r["informative_groups"] for r in steps])) if steps else math.nan,
         "seconds_total": steps[-1]["seconds_total"] if steps else 0.0,
     }

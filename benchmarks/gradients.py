@@ -1,0 +1,233 @@
+"""Step time of the built-in GRPO recipe with and without per-rollout gradient features,
+side by side in one run (issue 11; not a timed test).
+
+Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each):
+
+    plain     policy=uniform                      no features (the shared-prompt forward)
+    features  policy=uniform grad_features=on     features computed, weights 1
+    diem      policy=diem                         features → DIEM weights → weighted backward
+    diem_shared  ... grad_exact=false               the shared-prompt forward, approximate features
+    dvc       policy=dvc                          features → observe → EXP3.S mixture
+    diem_ref  policy=diem grad_reference=heldout  + a held-out reference gradient every k steps
+
+They run in alternating rounds (plain, features, diem, dvc, diem_ref, plain, ...) so slow
+drifts of a shared machine hit every configuration alike. Reported per configuration: the
+median step time, the median time of the loss/backward part (`train_seconds`), and both
+relative to `plain`. The first `--skip` steps of every run are left out (warm-up).
+
+`--synthetic H,L,V,P,T` instead times one loss forward + backward of a random Qwen2 (hidden
+H, L layers, vocabulary V, P prompt and T completion tokens, B·G rows) without the trainer:
+shared-prompt vs per-row forward, and the feature computation for each parameter subset in
+both modes — how the overhead scales beyond the tiny model.
+
+Usage:
+    python benchmarks/gradients.py                         # B = 16, G = 8, lm_head, d = 256
+    python benchmarks/gradients.py --steps 10 --rounds 2 --grad-params last_block
+    python benchmarks/gradients.py --synthetic 256,4,4096,32,64 --batch-prompts 8
+    python benchmarks/gradients.py --learning --seeds 3 --steps 60   # final accuracy vs uniform
+
+`--learning` trains each of `LEARNING` for `--steps` steps on `--seeds` seeds (paired: the seed
+sets the base policy, the Scheduler and the sampling) and reports the final held-out accuracy
+(mean of the last 3 evaluations) and its paired difference to uniform, mean ± 1.96·s/√n over
+seeds (a normal approximation: with a handful of seeds, read it as a rough interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+CONFIGS = {
+    "plain": dict(policy="uniform", grad_features="off"),
+    "features": dict(policy="uniform", grad_features="on", grad_reference="none"),
+    "diem": dict(policy="diem", grad_reference="none"),
+    "diem_shared": dict(policy="diem", grad_reference="none", grad_exact=False),
+    "dvc": dict(policy="dvc", grad_reference="none"),
+    "diem_ref": dict(policy="diem", grad_reference="heldout"),
+}
+
+
+LEARNING = {
+    "uniform": dict(policy="uniform"),
+    "diem_batch": dict(policy="diem", grad_reference="none"),            # the default: the published rule
+    "diem_loo": dict(policy="diem", policy_kwargs='{"importance": "loo", "ridge": 1e-3}', grad_reference="none"),
+    "diem_reference": dict(policy="diem", policy_kwargs='{"importance": "reference", "ridge": 1e-3}'),
+    "diem_loo_ridge1": dict(policy="diem", policy_kwargs='{"importance": "loo", "ridge": 1.0}',
+                            grad_reference="none"),
+    "diem_loo_softmax": dict(policy="diem", policy_kwargs='{"importance": "loo", "solver": "softmax"}',
+                             grad_reference="none"),
+    "dvc": dict(policy="dvc"),
+    "dvc_reward": dict(policy="dvc", policy_kwargs='{"signal": "reward"}'),
+    "dvc_swucb": dict(policy="dvc", policy_kwargs='{"bandit": "swucb", "window": 20}'),
+}
+
+
+def learning(base, names, seeds: int, steps: int, seed0: int = 0) -> dict:
+    """Final accuracy of each configuration and its paired difference to uniform (module docstring)."""
+    import numpy as np
+
+    from rlpace.train import train
+    final = {n: [] for n in names}
+    for seed in range(seed0, seed0 + seeds):
+        for n in names:
+            out = Path(tempfile.mkdtemp(prefix=f"rlpace-learn-{n}-{seed}-"))
+            summary = train(dataclasses.replace(base, out=str(out), steps=steps, seed=seed, eval_every=10,
+                                                **LEARNING[n]))
+            accs = [c["mean"] for c in summary["curve"]]
+            final[n].append(float(np.mean(accs[-3:])))
+    print(f"final held-out accuracy after {steps} steps, seeds {seed0}..{seed0 + seeds - 1} (paired by seed)")
+    print(f"{'config':<16} {'accuracy':>9} {'vs uniform':>22}")
+    rows = {}
+    for n in names:
+        acc = np.array(final[n])
+        d = acc - np.array(final["uniform"])
+        half = 1.96 * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+        rows[n] = {"final": acc.tolist(), "mean": float(acc.mean()), "diff": float(d.mean()), "half_ci": float(half)}
+        print(f"{n:<16} {acc.mean():9.3f} {d.mean():+10.3f} ± {half:.3f}")
+    return {"steps": steps, "seeds": list(range(seed0, seed0 + seeds)), "rows": rows}
+
+
+def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[float]]:
+    from rlpace.train import train
+    out = Path(tempfile.mkdtemp(prefix=f"rlpace-grad-{name}-"))
+    cfg = dataclasses.replace(base, out=str(out), steps=steps + skip, **CONFIGS[name])
+    train(cfg)
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs = [r for r in recs if not r.get("final")][skip:]
+    return [r["seconds"] for r in recs], [r["train_seconds"] for r in recs]
+
+
+def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dict:
+    """Median seconds of one loss forward + backward (module docstring, `--synthetic`)."""
+    import time
+
+    import numpy as np
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlpace.train.gradfeatures import GradFeatures
+    from rlpace.train.losses import policy_loss
+    from rlpace.train.rollout import Rollout, completion_logprobs
+
+    torch.set_num_threads(1)
+    h, layers, v, p, t = (int(x) for x in spec.split(","))
+    cfg = Qwen2Config(vocab_size=v, hidden_size=h, intermediate_size=4 * h, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=p + t + 8,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).train()
+    n = b * g
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, v, (b, p), generator=gen).repeat_interleave(g, 0)
+    ro = Rollout(prompts, torch.ones(n, p, dtype=torch.long), torch.randint(3, v, (n, t), generator=gen),
+                 torch.ones(n, t))
+    adv, keep = torch.randn(n, generator=gen), torch.ones(n)
+
+    def step(group, gf=None):
+        model.zero_grad(set_to_none=True)
+        ctx = gf.capture() if gf is not None else _null()
+        with ctx:
+            lp = completion_logprobs(model, ro, 1.0, group)
+            loss = policy_loss("grpo", lp, lp.detach(), adv, ro.completion_mask, keep).loss
+        if gf is not None:
+            gf.features(loss, n, shared_prefix=group > 1)
+        loss.backward()
+
+    def timed(fn):
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    rows = {"shared": timed(lambda: step(g)), "per_row": timed(lambda: step(1))}
+    for gp in ("lm_head", "last_block", "all"):
+        gf = GradFeatures(model, gp, grad_dim)
+        rows[f"exact_{gp}"] = timed(lambda: step(1, gf))
+        rows[f"shared_{gp}"] = timed(lambda: step(g, gf))
+    print(f"synthetic Qwen2 H={h} L={layers} V={v} P={p} T={t}, N={n} rows, d≤{grad_dim} "
+          f"({repeats} repeats, median)")
+    for k, sec in rows.items():
+        print(f"  {k:<18} {sec:8.3f} s  {100 * (sec / rows['shared'] - 1):+6.1f}% vs shared")
+    return {"spec": spec, "rows": rows}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of each run")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds over the configurations")
+    ap.add_argument("--batch-prompts", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--grad-params", default="lm_head", choices=["lm_head", "last_block", "all"])
+    ap.add_argument("--grad-dim", type=int, default=256)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
+    ap.add_argument("--out", default="", help="write the figures as JSON here")
+    ap.add_argument("--synthetic", default="", help="H,L,V,P,T: time a random Qwen2's loss step instead")
+    ap.add_argument("--learning", action="store_true", help="final accuracy vs uniform instead of step time")
+    ap.add_argument("--seeds", type=int, default=3, help="--learning: seeds (paired)")
+    ap.add_argument("--seed0", type=int, default=0, help="--learning: first seed")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.learning:
+        from rlpace.train import TrainConfig
+        names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs != ",".join(CONFIGS) \
+            else list(LEARNING)
+        base = TrainConfig(batch_prompts=args.batch_prompts, group_size=args.group_size, checkpoint_every=0,
+                           progress=False, threads=1, grad_params=args.grad_params, grad_dim=args.grad_dim)
+        result = learning(base, ["uniform"] + [n for n in names if n != "uniform"], args.seeds, args.steps,
+                          args.seed0)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
+    if args.synthetic:
+        result = synthetic(args.synthetic, args.batch_prompts, args.group_size, args.grad_dim)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
+
+    from rlpace.train import TrainConfig
+    base = TrainConfig(batch_prompts=args.batch_prompts, group_size=args.group_size, eval_every=10**9,
+                       checkpoint_every=0, progress=False, threads=1, grad_params=args.grad_params,
+                       grad_dim=args.grad_dim)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    step_s = {n: [] for n in names}
+    train_s = {n: [] for n in names}
+    for _ in range(args.rounds):
+        for n in names:
+            s, t = run_once(base, n, args.steps, args.skip)
+            step_s[n] += s
+            train_s[n] += t
+    ref = "plain" if "plain" in names else names[0]
+    ms, mt = statistics.median(step_s[ref]), statistics.median(train_s[ref])
+    result = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "rows": {}}
+    print(f"B={args.batch_prompts} G={args.group_size} grad_params={args.grad_params} grad_dim={args.grad_dim} "
+          f"({args.rounds} rounds × {args.steps} steps)")
+    print(f"{'config':<10} {'step s':>8} {'vs plain':>9} {'loss+bwd s':>11} {'vs plain':>9}")
+    for n in names:
+        s, t = statistics.median(step_s[n]), statistics.median(train_s[n])
+        result["rows"][n] = {"median_step_s": s, "median_train_s": t, "step_overhead": s / ms - 1,
+                             "train_overhead": t / mt - 1, "steps": len(step_s[n])}
+        print(f"{n:<10} {s:8.3f} {100 * (s / ms - 1):+8.1f}% {t:11.3f} {100 * (t / mt - 1):+8.1f}%")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

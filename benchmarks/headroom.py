@@ -1,0 +1,268 @@
+"""Headroom: how much could any scheduler save on a setup, and how much of it does each
+policy capture? (issue 10; not a timed test)
+
+For each suite, uniform vs the oracles vs every registered proposal and admission policy,
+over S seeds (runs with one seed are paired):
+
+* rollouts to 80% of uniform's gain, as a ratio to uniform's with a paired 95% bootstrap CI
+  (`rlpace.evaluation.efficiency_vs_baseline`: target_s = base_s + 0.8·(uniform final_s −
+  base_s), linear interpolation between evaluations, refills and probes counted; "≥" marks
+  a bound: the policy missed the target on some seed and counts its own budget there);
+* final accuracy Δ vs uniform (paired 95% bootstrap CI), informative fraction (share of
+  generated groups with a non-zero GRPO advantage), area under accuracy vs rollouts as a
+  ratio (> 1 better), steps ratio (secondary);
+* headroom = the best oracle's ratio (`oracle_boundary`: top-B prompts by true p(1 − p);
+  `oracle_progress`: the domain with the largest true expected accuracy gain;
+  docs/methods/oracle.md). Their measurement rollouts are *not* charged: the oracle is an
+  upper bound, not a method. Each policy's captured share = (1 − ratio) / (1 − oracle ratio).
+
+Suites: `sim:<scenario>` runs the simulator (exact oracle: true p every step, quantised to
+1/64); any other name is a built-in trainer task set looked up through `rlpace.tasks`
+(`embedded`, and the headroom suites `ladder` / `mostly_solved` once they exist; a name
+`make_taskset` does not know is skipped with its error). Trainer oracles measure every
+prompt with `oracle_rollouts` rollouts every `oracle_every` steps (TrainConfig).
+
+Usage:
+    python benchmarks/headroom.py                                   # simulator suites, 8 seeds
+    python benchmarks/headroom.py --suites embedded,ladder,mostly_solved --quick   # trainer, 2 seeds
+    python benchmarks/headroom.py --policies dump,mopps --seeds 4
+
+Writes `headroom.csv` and `headroom.md` to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+SIM_SUITES = ("sim:ladder", "sim:homogeneous", "sim:solved_majority")
+ORACLES = ("oracle_boundary", "oracle_progress")
+QUICK_TRAINER_POLICIES = ("uniform", "oracle_boundary", "dump", "dapo_dynamic_sampling")
+
+
+def compared_policies() -> list[str]:
+    """uniform, the oracles, then every registered proposal policy (a mixture or a
+    non-uniform selection) and every admission policy, each once."""
+    from rlpace.policies import make_method, names
+    from rlpace.sim import proposal_names
+    adm = [n for n in names() if not n.startswith("oracle_") and make_method(n).admission.name != "keep_all"]
+    return ["uniform", *ORACLES] + list(dict.fromkeys(proposal_names() + adm))
+
+
+# ---- simulator --------------------------------------------------------------------------
+def _sim_one(job: tuple) -> tuple:
+    scenario, policy, seed, steps, b, g, eval_every = job
+    import warnings
+
+    from rlpace.evaluation import Curve
+    from rlpace.sim import oracle_kwargs, simulate
+    oracle = policy.startswith("oracle_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # gfpo warns that the simulator has no lengths
+        res = simulate(scenario, policy, steps=steps, seed=seed, batch_size=b, group_size=g,
+                       eval_every=eval_every, measure_every=1 if oracle else 0, measure_rollouts=64,
+                       policy_kwargs=oracle_kwargs(scenario, policy, g))
+    cv = Curve(res.eval_rollouts.astype(float), res.mean_accuracy.copy(), res.eval_step.astype(float), None)
+    return scenario, policy, seed, cv, float(res.informative_fraction.mean()), int(res.measurement_rollouts)
+
+
+def run_sim(suite: str, policies, seeds, args) -> tuple[dict, dict]:
+    scenario = suite.split(":", 1)[1]
+    jobs = [(scenario, p, s, args.sim_steps, args.sim_batch, args.sim_group, args.sim_eval_every)
+            for p in policies for s in seeds]
+    curves: dict = {p: {} for p in policies}
+    inform: dict = {p: [] for p in policies}
+    with ProcessPoolExecutor(max_workers=args.jobs) as ex:
+        for _, p, s, cv, inf, _ in ex.map(_sim_one, jobs, chunksize=4):
+            curves[p][s] = cv
+            inform[p].append(inf)
+    return curves, {p: float(np.mean(v)) for p, v in inform.items()}
+
+
+# ---- built-in trainer ---------------------------------------------------------------------
+def trainer_available(name: str) -> str:
+    """'' when `rlpace.tasks.make_taskset` knows `name`, else its error."""
+    from rlpace.tasks import make_taskset
+    try:
+        make_taskset(name, train_per_domain=2, heldout_per_domain=1)
+    except Exception as e:  # noqa: BLE001 - any failure means "not available here"
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import learning_efficiency as le
+    ns = argparse.Namespace(out=str(Path(args.out) / suite.replace(":", "_")), steps=args.trainer_steps,
+                            batch_prompts=args.batch_prompts, group_size=args.group_size,
+                            eval_every=args.eval_every, heldout=args.heldout, tasks=suite,
+                            mistakes="default", lr=args.lr)
+
+    def cfg_for(p, s):
+        cfg = le.run_config(p, s, ns)
+        extra = {"train_per_domain": args.train_per_domain, "oracle_every": args.oracle_every,
+                 "oracle_rollouts": args.oracle_rollouts}
+        if p == "oracle_progress":
+            extra["policy_kwargs"] = json.dumps({"group_size": args.group_size})
+        return dataclasses.replace(cfg, **extra)
+
+    for s in seeds:                               # bases first: parallel runs never race on them
+        from rlpace.tasks import make_taskset
+        from rlpace.train.recipes.grpo import base_policy
+        c = cfg_for("uniform", s)
+        base_policy(c, make_taskset(c.tasks, train_per_domain=c.train_per_domain,
+                                    heldout_per_domain=c.heldout_per_domain, seed=c.seed), progress=False)
+    cfgs = {(p, s): cfg_for(p, s) for p in policies for s in seeds}
+    with ProcessPoolExecutor(max_workers=args.jobs) as ex:
+        list(ex.map(le._run_one, [c.to_dict() for c in cfgs.values()]))
+    curves: dict = {p: {} for p in policies}
+    inform: dict = {p: [] for p in policies}
+    for (p, s), c in cfgs.items():
+        recs = [json.loads(x) for x in (Path(c.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        curves[p][s] = le.curve(recs)
+        inform[p].append(float(np.mean([r["informative_groups"] for r in recs if "informative_groups" in r])))
+    return curves, {p: float(np.mean(v)) for p, v in inform.items()}
+
+
+# ---- the table ------------------------------------------------------------------------------
+def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, tail: int) -> list[dict]:
+    """One row per policy: ratios to uniform, the oracle's headroom and the captured share."""
+    from rlpace.evaluation import captured_share, efficiency_vs_baseline
+    eff = efficiency_vs_baseline(curves, baseline="uniform", fraction=fraction, tail=tail,
+                                 n_boot=10_000, random_state=0)
+    oracle_r = [eff[o].rollouts.estimate for o in ORACLES if o in eff and eff[o].rollouts is not None]
+    best_oracle = min(oracle_r) if oracle_r else math.nan
+    u_final = np.mean([c.accuracy[-1] for c in curves["uniform"].values()])
+    u_base = np.mean([c.accuracy[0] for c in curves["uniform"].values()])
+    rows = [{"suite": suite, "policy": "uniform", "seeds": len(curves["uniform"]), "ratio": 1.0, "ratio_low": 1.0,
+             "ratio_high": 1.0, "bound": "", "reached": len(curves["uniform"]), "captured": 0.0,
+             "final": float(u_final), "final_diff": 0.0, "final_low": 0.0, "final_high": 0.0,
+             "informative": inform["uniform"], "auc_ratio": 1.0, "steps_ratio": 1.0,
+             "base": float(u_base), "headroom": best_oracle}]
+    for p, e in eff.items():
+        r, d = e.rollouts, e.final_diff
+        rows.append({"suite": suite, "policy": p, "seeds": len(e.seeds), "ratio": r.estimate, "ratio_low": r.low,
+                     "ratio_high": r.high, "bound": r.bound, "reached": int(e.reached.sum()),
+                     "captured": math.nan if p in ORACLES else captured_share(r.estimate, best_oracle),
+                     "final": float(np.mean([curves[p][s].accuracy[-1] for s in e.seeds])),
+                     "final_diff": d.estimate if d else math.nan, "final_low": d.low if d else math.nan,
+                     "final_high": d.high if d else math.nan, "informative": inform[p],
+                     "auc_ratio": e.auc.estimate if e.auc else math.nan,
+                     "steps_ratio": e.steps.estimate if e.steps else math.nan,
+                     "base": float(u_base), "headroom": best_oracle})
+    order = {p: i for i, p in enumerate(["uniform", *ORACLES])}
+    rows.sort(key=lambda x: (order.get(x["policy"], 9), x["ratio"] if math.isfinite(x["ratio"]) else 9e9))
+    return rows
+
+
+def _f(x, fmt="{:.2f}"):
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+
+
+def markdown(rows: list[dict], fraction: float) -> str:
+    pct = f"{fraction:.0%}"
+    head = ["policy", f"rollouts to {pct} gain / uniform [95% CI]", "reached", "captured share",
+            "final acc", "Δ final vs uniform [95% CI]", "informative", "AUC / uniform", "steps / uniform"]
+    out = []
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        rs = [r for r in rows if r["suite"] == suite]
+        h = rs[0]["headroom"]
+        out.append(f"\n### {suite}: headroom (best oracle ratio) {_f(h)}; uniform {rs[0]['base']:.3f} → "
+                   f"{rs[0]['final']:.3f}, {rs[0]['seeds']} seeds\n")
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for r in rs:
+            ci = "" if r["policy"] == "uniform" else f" [{_f(r['ratio_low'])}, {_f(r['ratio_high'])}]"
+            dci = "" if r["policy"] == "uniform" else f" [{_f(r['final_low'], '{:+.3f}')}, {_f(r['final_high'], '{:+.3f}')}]"
+            out.append("| " + " | ".join([
+                r["policy"], f"{r['bound']}{_f(r['ratio'])}×{ci}", f"{r['reached']}/{r['seeds']}",
+                _f(r["captured"], "{:.0%}"), f"{r['final']:.3f}", f"{_f(r['final_diff'], '{:+.3f}')}{dci}",
+                f"{r['informative']:.2f}", _f(r["auc_ratio"]), _f(r["steps_ratio"])]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suites", default=",".join(SIM_SUITES),
+                    help="comma list: sim:<scenario> and/or trainer task sets (embedded, ladder, mostly_solved)")
+    ap.add_argument("--policies", default="", help="comma list (default: every proposal and admission policy); "
+                                                   "uniform and the oracles are always run")
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--oracles", default=",".join(ORACLES),
+                    help="comma list of the oracles to run with --policies (trainer oracles cost m·N "
+                         "measurement rollouts every k steps; oracle_progress only models the simulator)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"2 seeds; trainer suites only run {','.join(QUICK_TRAINER_POLICIES)} for a short budget")
+    ap.add_argument("--fraction", type=float, default=0.8, help="target = base + fraction·(uniform final − base)")
+    ap.add_argument("--sim-steps", type=int, default=400)
+    ap.add_argument("--sim-batch", type=int, default=128)
+    ap.add_argument("--sim-group", type=int, default=16)
+    ap.add_argument("--sim-eval-every", type=int, default=10)
+    ap.add_argument("--trainer-steps", type=int, default=100)
+    ap.add_argument("--batch-prompts", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--heldout", type=int, default=32)
+    ap.add_argument("--train-per-domain", type=int, default=256)
+    ap.add_argument("--oracle-every", type=int, default=10)
+    ap.add_argument("--oracle-rollouts", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", default="runs/bench/headroom")
+    args = ap.parse_args(argv)
+    args.oracles = [o for o in args.oracles.split(",") if o]
+    if any(o not in ORACLES for o in args.oracles):
+        ap.error(f"--oracles: choose from {', '.join(ORACLES)}")
+    if args.quick:
+        args.seeds = 2
+    seeds = list(range(args.seeds))
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    for suite in [x.strip() for x in args.suites.split(",") if x.strip()]:
+        sim = suite.startswith("sim:")
+        if args.policies:
+            pols = ["uniform", *args.oracles] + [p for p in args.policies.split(",") if p and p not in ("uniform", *ORACLES)]
+        elif args.quick and not sim:
+            pols = list(QUICK_TRAINER_POLICIES)
+        else:
+            pols = compared_policies()
+        if not sim:
+            why = trainer_available(suite)
+            if why:
+                print(f"headroom: suite {suite!r} skipped — not a task set here ({why})", flush=True)
+                continue
+            if args.quick:       # shows that the suite runs, not a measurement
+                args.trainer_steps = min(args.trainer_steps, 40)
+                args.train_per_domain = min(args.train_per_domain, 64)
+                args.oracle_rollouts = min(args.oracle_rollouts, 4)
+        t1 = time.perf_counter()
+        curves, inform = (run_sim if sim else run_trainer)(suite, pols, seeds, args)
+        # trainer evaluations are noisy: uniform's final = mean of its last 3 (as learning_efficiency)
+        suite_rows = headroom_rows(suite, curves, inform, fraction=args.fraction, tail=1 if sim else 3)
+        rows += suite_rows
+        print(markdown(suite_rows, args.fraction), flush=True)
+        print(f"({suite}: {len(pols)} policies × {len(seeds)} seeds in {time.perf_counter() - t1:.0f} s)", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if rows:
+        with open(out / "headroom.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        (out / "headroom.md").write_text(markdown(rows, args.fraction))
+    print(f"\nwrote {out / 'headroom.csv'} and headroom.md ({(time.perf_counter() - t0) / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""ISO benchmarks (not timed tests): the isospectral optimizer in the built-in trainer, and
+the ISO-Merger against task arithmetic and TIES (arXiv 2607.19331; docs/methods/iso.md).
+
+    python benchmarks/iso.py overhead                 # step time of every optimizer, one process
+    python benchmarks/iso.py efficiency --seeds 8     # rollouts to 80% of AdamW's gain
+    python benchmarks/iso.py merge                    # specialists on disjoint families, merged
+    python benchmarks/iso.py merge-time --shape 0.5b  # merge time of a random 0.5B-shaped model
+
+overhead: the trainer runs each optimizer for --steps steps from the same base policy, in
+one process, round-robin --repeats times; reports the median per-step time of the
+training phase (loss, backward, optimizer step: `train_seconds`) and of the whole step,
+and the optimizer step alone on the tiny model and on one Qwen2.5-0.5B-shaped decoder
+layer (hidden 896, MLP 4864), where the float64 SVD retraction is what ISO adds.
+
+efficiency: each optimizer trains the tiny base with uniform scheduling for --steps steps
+and S seeds (runs with one seed are paired: same base, same sampling streams); rollouts to
+80 % of the baseline's gain (iso_adamw vs adamw, iso_muon vs muon), paired 95 % bootstrap
+CIs, via `rlpace.evaluation.efficiency_vs_baseline` (tail = 3). Runs are cached under --out.
+
+merge: two specialists are trained with adamw from one base, each on one family of the
+embedded suite (default: max* and last*); they are merged by ISO-Merger, task arithmetic
+(λ = 1) and TIES (density 0.2, λ = 1); each merge's held-out accuracy on each specialist's
+families, as a share of that specialist's own (the paper reports 99.5–106 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _cfg(out, **kw):
+    from rlpace.train import TrainConfig
+    return TrainConfig(out=str(out), progress=False, threads=1, checkpoint_every=0, **kw)
+
+
+def _run(cfg, cache=True) -> dict:
+    from rlpace.train import train
+    import dataclasses
+    done = Path(cfg.out) / "summary.json"
+    if cache and done.is_file():
+        s = json.loads(done.read_text())
+        saved = s.get("config") or {}
+        # a field added to TrainConfig since the run was saved has its default there
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+        if all(saved.get(k, defaults[k]) == v for k, v in cfg.to_dict().items()):
+            return s
+    return train(cfg)
+
+
+# ---- overhead ----------------------------------------------------------------------------
+def overhead(args):
+    import torch
+
+    from rlpace.optim import build_optimizer
+    torch.set_num_threads(1)
+    opts = args.optimizers.split(",")
+    per = {o: {"train": [], "step": []} for o in opts}
+    for rep in range(args.repeats):
+        for o in opts:
+            cfg = _cfg(Path(args.out) / f"overhead_{o}_{rep}", optimizer=o, steps=args.steps, seed=args.seed,
+                       eval_every=10_000, tasks=args.tasks)
+            _run(cfg, cache=False)
+            recs = [json.loads(x) for x in Path(cfg.out, "metrics.jsonl").read_text().splitlines() if x.strip()]
+            recs = [r for r in recs if not r.get("final")][1:]          # the first step holds the eval
+            per[o]["train"] += [r["train_seconds"] for r in recs]
+            per[o]["step"] += [r["seconds"] for r in recs]
+    print(f"trainer, tasks={args.tasks}, {args.steps} steps × {args.repeats} repeats, median seconds per step:")
+    ref = statistics.median(per[opts[0]]["train"])
+    for o in opts:
+        tr, st = statistics.median(per[o]["train"]), statistics.median(per[o]["step"])
+        print(f"  {o:10s} train phase {tr:.4f} s ({tr / ref:.2f}× {opts[0]})   whole step {st:.4f} s")
+
+    def opt_step_time(model, name, n=args.micro):
+        opt = build_optimizer(name, model, lr=1e-4)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        opt.step()                                  # lazy state
+        t = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            opt.step()
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t)
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    shapes = {"tiny (hidden 64, 2 layers)": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=4, vocab_size=64),
+              "0.5B-shaped layer (896, MLP 4864)": dict(hidden_size=896, intermediate_size=4864,
+                                                        num_hidden_layers=1, num_attention_heads=14,
+                                                        num_key_value_heads=2, vocab_size=64)}
+    print("optimizer step alone (median seconds):")
+    for label, kw in shapes.items():
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **kw))
+        times = {o: opt_step_time(model, o) for o in opts}
+        base = times[opts[0]]
+        print(f"  {label}: " + ", ".join(f"{o} {t:.4f} ({t / base:.1f}×)" for o, t in times.items()))
+
+
+def _interval(iv) -> str:
+    return "-" if iv is None else f"{iv.estimate:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+
+
+# ---- efficiency ----------------------------------------------------------------------------
+def efficiency(args):
+    from rlpace.evaluation import efficiency_vs_baseline
+    from rlpace.evaluation._efficiency import Curve
+
+    opts = args.optimizers.split(",")
+    curves = {o: {} for o in opts}
+    t0 = time.time()
+    for seed in range(args.seeds):
+        for o in opts:
+            cfg = _cfg(Path(args.out) / f"{args.tasks.replace(':', '_')}__{o}__lr{args.lr:g}__seed{seed}",
+                       optimizer=o, steps=args.steps, seed=seed, tasks=args.tasks, lr=args.lr,
+                       eval_every=args.eval_every)
+            s = _run(cfg)
+            c = s["curve"]
+            curves[o][seed] = Curve(np.array([p["rollouts"] for p in c], float),
+                                    np.array([p["mean"] for p in c], float),
+                                    np.array([p["step"] for p in c], float))
+            print(f"  seed {seed} {o:10s} base {c[0]['mean']:.3f} final {c[-1]['mean']:.3f} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+    print(f"\ntasks={args.tasks}, {args.steps} steps, lr {args.lr:g}, {args.seeds} seeds; rollouts to "
+          f"{args.fraction:.0%} of the baseline's gain (ratio < 1: fewer), paired 95% CI:")
+    for base, method in (("adamw", "iso_adamw"), ("muon", "iso_muon")):
+        if base in curves and method in curves:
+            try:
+                eff = efficiency_vs_baseline({base: curves[base], method: curves[method]}, baseline=base,
+                                             fraction=args.fraction, tail=3)[method]
+            except ValueError as e:
+                print(f"  {method} vs {base}: no target ({e})")
+                continue
+            print(f"  {method} vs {base}: rollouts {eff.rollouts}  (reached {eff.rollouts.reached_method}/"
+                  f"{eff.rollouts.n}, baseline {eff.rollouts.reached_baseline}/{eff.rollouts.n});  "
+                  f"AUC {eff.auc};  final acc diff {_interval(eff.final_diff)}")
+    for o in opts:
+        fin = [curves[o][s].accuracy[-1] for s in curves[o]]
+        print(f"  {o:10s} mean base {np.mean([curves[o][s].accuracy[0] for s in curves[o]]):.3f} "
+              f"final {np.mean(fin):.3f}")
+
+
+# ---- merge ----------------------------------------------------------------------------------
+def _merge_seed(args, seed):
+    """Held-out accuracy by domain of base, specialists and merges for one seed, and merge times."""
+    import shutil
+
+    import torch
+
+    from rlpace.merge import merge_checkpoints
+    from rlpace.tasks import make_taskset
+    from rlpace.train.evaluate import heldout_accuracy
+    from rlpace.train.model import load_policy
+    from rlpace.train.recipes.grpo import base_policy
+
+    torch.set_num_threads(1)
+    out = Path(args.out) / f"merge_seed{seed}"
+    fams = [f.split("+") for f in args.families.split(",")]
+    common = dict(steps=args.steps, seed=seed, lr=args.lr, eval_every=args.steps)
+    full = _cfg(out / "base", tasks="embedded", **common)
+    tasks = make_taskset("embedded", train_per_domain=full.train_per_domain,
+                         heldout_per_domain=full.heldout_per_domain, seed=seed)
+    base_dir = Path(base_policy(full, tasks, progress=False))
+    names = tasks.pool().domain_names
+    specs = []
+    for i, fam in enumerate(fams):
+        doms = [n for n in names if any(n.startswith(f) for f in fam)]
+        # every specialist starts from the same base (the full suite's) and trains on its family only
+        cfg = _cfg(out / f"specialist{i}", tasks="embedded:" + ",".join(doms), model=str(base_dir), **common)
+        _run(cfg)
+        d = out / f"specialist{i}_hf"
+        if not d.exists():
+            m, tok = load_policy(base_dir, "cpu")
+            m.load_state_dict(torch.load(Path(cfg.out) / "checkpoint" / "model.pt", weights_only=True))
+            m.save_pretrained(d)
+            tok.save_pretrained(d)
+        specs.append(("+".join(fam), doms, d))
+
+    def acc(model_dir):
+        m, tok = load_policy(model_dir, "cpu")
+        return heldout_accuracy(m, tok, tasks, max_new_tokens=full.max_new_tokens, batch=512)
+
+    rows = {"base": acc(base_dir)}
+    for fam, _, d in specs:
+        rows[f"specialist {fam}"] = acc(d)
+    times = {}
+    for method in ("iso", "task_arithmetic", "ties"):
+        dst = out / f"merged_{method}"
+        shutil.rmtree(dst, ignore_errors=True)
+        t0 = time.perf_counter()
+        merge_checkpoints(base_dir, [d for _, _, d in specs], dst, method=method, progress=False)
+        times[method] = time.perf_counter() - t0
+        rows[f"merged {method}"] = acc(dst)
+    by_fam = {label: [float(np.mean([a[n] for n in doms])) for _, doms, _ in specs] for label, a in rows.items()}
+    return [f for f, _, _ in specs], by_fam, times
+
+
+def merge(args):
+    per_seed = []
+    for seed in range(args.seeds):
+        fams, by_fam, times = _merge_seed(args, seed)
+        per_seed.append(by_fam)
+        print(f"seed {seed}: " + "; ".join(f"{k} " + "/".join(f"{x:.3f}" for x in v) for k, v in by_fam.items())
+              + "; merge s " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()), flush=True)
+    print(f"\nheld-out accuracy on each specialist's families ({', '.join(fams)}), {args.seeds} seeds, "
+          f"specialists: {args.steps} GRPO steps from the seed's base, lr {args.lr:g}. Recovery = merged / "
+          f"specialist on that specialist's families, mean [min, max] over seeds:")
+    for label in per_seed[0]:
+        accs = np.array([s[label] for s in per_seed])                          # [S, F]
+        own = np.array([[s[f"specialist {f}"][j] for j, f in enumerate(fams)] for s in per_seed])
+        rec = accs / own
+        print(f"  {label:26s} acc " + " ".join(f"{m:.3f}" for m in accs.mean(0)) + "   recovery " +
+              "  ".join(f"{f} {r.mean():.1%} [{r.min():.1%}, {r.max():.1%}]" for f, r in zip(fams, rec.T)))
+    print("merge seconds (tiny model, 2 experts, CPU, last seed): " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
+
+
+def merge_time(args):
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlpace.merge import merge_checkpoints
+    torch.set_num_threads(args.threads)
+    shapes = {"0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                           num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+              "0.5b-1layer": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
+                                  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                  tie_word_embeddings=True)}
+    tmp = Path(tempfile.mkdtemp(prefix="iso-merge-time-", dir=args.tmp))
+    try:
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(**shapes[args.shape])).to(torch.bfloat16)
+        n = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(tmp / "base")
+        for i in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1e-3 * torch.randn_like(p))
+            model.save_pretrained(tmp / f"e{i}")
+        del model
+        for method in args.methods.split(","):
+            t0 = time.perf_counter()
+            merge_checkpoints(tmp / "base", [tmp / "e0", tmp / "e1"], tmp / f"m_{method}", method=method,
+                              progress=False)
+            print(f"{args.shape} ({n / 1e6:.0f} M parameters, bf16, 2 experts, CPU {args.threads} thread(s)): "
+                  f"{method} {time.perf_counter() - t0:.1f} s", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--optimizers", default="adamw,iso_adamw,muon,iso_muon")
+    o.add_argument("--steps", type=int, default=10)
+    o.add_argument("--repeats", type=int, default=2)
+    o.add_argument("--micro", type=int, default=5, help="optimizer steps timed alone per shape")
+    o.add_argument("--tasks", default="embedded")
+    o.add_argument("--seed", type=int, default=0)
+    e = sub.add_parser("efficiency")
+    e.add_argument("--optimizers", default="adamw,iso_adamw")
+    e.add_argument("--seeds", type=int, default=8)
+    e.add_argument("--steps", type=int, default=100)
+    e.add_argument("--eval-every", type=int, default=10)
+    e.add_argument("--lr", type=float, default=3e-4)
+    e.add_argument("--tasks", default="embedded")
+    e.add_argument("--fraction", type=float, default=0.8)
+    m = sub.add_parser("merge")
+    m.add_argument("--families", default="max,last", help="comma-separated specialists, '+' joins families")
+    m.add_argument("--steps", type=int, default=60)
+    m.add_argument("--lr", type=float, default=3e-4)
+    m.add_argument("--seeds", type=int, default=4)
+    t = sub.add_parser("merge-time")
+    t.add_argument("--shape", default="0.5b", choices=["0.5b", "0.5b-1layer"])
+    t.add_argument("--methods", default="iso,task_arithmetic,ties")
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--tmp", default=None)
+    for p in (o, e, m):
+        p.add_argument("--out", default="runs/bench_iso")
+    args = ap.parse_args(argv)
+    {"overhead": overhead, "efficiency": efficiency, "merge": merge, "merge-time": merge_time}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

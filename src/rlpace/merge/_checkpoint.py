@@ -1,0 +1,256 @@
+"""Merge whole Hugging Face checkpoints (safetensors, one file or sharded) of one base.
+
+Everything that can be wrong is checked before anything is written: the directories, their
+configs (same `model_type` and `architectures`), every shard the index names, the tensor
+names, shapes and dtypes of each expert against the base, and — on the first matrices —
+that each expert is a fine-tune of *this* base (relative displacement below
+`MAX_RELATIVE_DELTA`). The result is written to a temporary sibling of `out` and renamed,
+so a failure leaves no partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from ._methods import RHO_KEEP, iso_merge_matrix, task_arithmetic, task_vector_mean, ties
+
+__all__ = ["merge_checkpoints", "METHODS", "read_layout", "MAX_RELATIVE_DELTA"]
+
+METHODS = ("iso", "task_arithmetic", "ties")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_RELATIVE_DELTA = 0.5    # ‖W_i − W₀‖/‖W₀‖ above this: not a fine-tune of the base (RL moves ~1e-3)
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+def read_layout(directory) -> dict:
+    """{tensor name: (file path, dtype string, shape)} of a HF checkpoint directory, after
+    checking its config.json and that every file the index names exists."""
+    from safetensors import safe_open
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"{str(d)!r} is not a directory; pass a Hugging Face checkpoint directory.")
+    if not (d / "config.json").is_file():
+        raise ValueError(f"{str(d)!r} has no config.json; is it a Hugging Face checkpoint directory?")
+    if (d / _INDEX).is_file():
+        try:
+            weight_map = json.loads((d / _INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{str(d / _INDEX)!r} is not a safetensors index ({e}).") from None
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (d / f).is_file()]
+        if missing:
+            raise ValueError(f"{str(d)!r} is missing shard(s) {missing} named in {_INDEX}; copy the whole "
+                             f"checkpoint.")
+    elif (d / _SINGLE).is_file():
+        weight_map, files = None, [_SINGLE]
+    else:
+        raise ValueError(f"{str(d)!r} has neither {_SINGLE} nor {_INDEX}; rlpace merge reads safetensors "
+                         f"checkpoints (save with save_pretrained(safe_serialization=True)).")
+    layout = {}
+    for f in files:
+        try:
+            with safe_open(str(d / f), framework="pt") as h:
+                for name in h.keys():
+                    sl = h.get_slice(name)
+                    layout[name] = (str(d / f), sl.get_dtype(), tuple(sl.get_shape()))
+        except Exception as e:        # safetensors raises its own error types on a corrupt file
+            raise ValueError(f"cannot read {str(d / f)!r}: {e}") from None
+    if weight_map is not None:
+        absent = sorted(set(weight_map) - set(layout))
+        if absent:
+            raise ValueError(f"{str(d)!r}: tensors {absent[:3]} named in {_INDEX} are not in their shards; "
+                             f"the checkpoint is incomplete.")
+    return layout
+
+
+def _config(directory) -> dict:
+    try:
+        return json.loads((Path(directory) / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(Path(directory) / 'config.json')!r} is not JSON ({e}).") from None
+
+
+def _load(layout: dict, name: str, device) -> torch.Tensor:
+    from safetensors import safe_open
+    with safe_open(layout[name][0], framework="pt", device="cpu") as h:
+        return h.get_tensor(name).to(device)
+
+
+def _rule(method: str, shape, dtype: str) -> str:
+    """How a tensor is merged: 'frames' (ISO, ≥ 2 dims), 'mean' (ISO, 1-D task-vector mean),
+    'delta' (task arithmetic / TIES, any floating tensor) or 'copy' (from the base)."""
+    if dtype not in ("F64", "F32", "F16", "BF16") or len(shape) == 0:
+        return "copy"
+    if method != "iso":
+        return "delta"
+    return "frames" if len(shape) >= 2 and min(shape[-2:]) > 0 else ("mean" if len(shape) == 1 else "copy")
+
+
+def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = "cpu", out_dtype: str | None = None,
+                      rho_keep: float = RHO_KEEP, scale: float = 1.0, density: float = 0.2,
+                      progress: bool = True) -> dict:
+    """Merge the `experts` (HF checkpoint directories fine-tuned from `base`) into `out`.
+
+    Args:
+        method: "iso" (ISO-Merger, arXiv 2607.19331: every floating tensor with ≥ 2 dims by
+            the fixed-spectrum frame merge, a 3-D stack [E, m, n] matrix by matrix; 1-D by the
+            task-vector mean; others copied from the base), "task_arithmetic" (w₀ + scale·Σ τ_i
+            on every floating tensor) or "ties" (TIES with `density`, `scale`).
+        device: where the float64 algebra runs ("cpu", "cuda", "cuda:1").
+        out_dtype: "float32" | "bfloat16" | "float16"; None = each tensor's dtype in the base.
+        rho_keep: ISO's share of singular modes whose frame motion is kept (paper: 0.9).
+        progress: a tqdm bar over tensors.
+
+    Writes `out/` with the base's file layout (one file, or the same shards and an index whose
+    `total_size` is the written size), config.json (dtype set to what was written), every
+    other non-weight file of the base (tokenizer, generation config), and
+    `retention_coefficients.json` (iso: `{"tensors": [[name, [c_1..c_K]], ...]}`). Returns a
+    summary dict (tensors by kind, seconds).
+
+    >>> merge_checkpoints("base", ["math_rl", "code_rl"], "merged")      # doctest: +SKIP
+    """
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    # ---- 1. check everything --------------------------------------------------------------
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise ValueError(f"out_dtype must be one of {', '.join(DTYPES)}; got {out_dtype!r}.")
+    if not 0 < rho_keep <= 1:
+        raise ValueError(f"rho_keep must be in (0, 1]; got {rho_keep}.")
+    if not 0 < density <= 1:
+        raise ValueError(f"density must be in (0, 1]; got {density}.")
+    experts = [Path(e) for e in experts]
+    if not experts:
+        raise ValueError("give at least one expert directory (--experts DIR [DIR ...]).")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch sees no CUDA device; use --device cpu.")
+    base, out = Path(base), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {str(out)!r} exists and is not empty; choose a new directory (rlpace merge "
+                         f"never overwrites).")
+    if out.resolve() in [p.resolve() for p in [base, *experts] if p.exists()]:
+        raise ValueError(f"--out {str(out)!r} is one of the inputs; choose a new directory.")
+    base_layout = read_layout(base)
+    base_cfg = _config(base)
+    layouts = []
+    for e in experts:
+        lay, cfg = read_layout(e), _config(e)
+        for key in ("model_type", "architectures"):
+            if cfg.get(key) != base_cfg.get(key):
+                raise ValueError(f"expert {str(e)!r} has {key}={cfg.get(key)!r}, the base {base_cfg.get(key)!r}; "
+                                 f"experts must be fine-tunes of the base architecture.")
+        if set(lay) != set(base_layout):
+            diff = sorted(set(lay) ^ set(base_layout))
+            raise ValueError(f"expert {str(e)!r} and the base hold different tensors (e.g. {diff[:3]}); experts "
+                             f"must be fine-tunes of the base.")
+        bad = [n for n in base_layout if lay[n][2] != base_layout[n][2]]
+        if bad:
+            n = bad[0]
+            raise ValueError(f"expert {str(e)!r}: tensor {n!r} has shape {lay[n][2]}, the base {base_layout[n][2]}; "
+                             f"experts must be fine-tunes of the base.")
+        layouts.append(lay)
+    names = sorted(base_layout)
+    kinds = {n: _rule(method, base_layout[n][2], base_layout[n][1]) for n in names}
+    # a fine-tune of this base moves its matrices little; another base (same architecture) does not
+    probe = [n for n in names if kinds[n] != "copy" and len(base_layout[n][2]) == 2][:3]
+    for e, lay in zip(experts, layouts):
+        for n in probe:
+            w0 = _load(base_layout, n, "cpu").double()
+            rel = float((_load(lay, n, "cpu").double() - w0).norm() / w0.norm().clamp(min=1e-30))
+            if rel > MAX_RELATIVE_DELTA:
+                raise ValueError(f"expert {str(e)!r} differs from the base by {rel:.2f} (relative Frobenius norm) "
+                                 f"on {n!r}; it is not a fine-tune of this base (RL fine-tunes move ~1e-3). Pass "
+                                 f"the base it was trained from.")
+
+    # ---- 2. merge, tensor by tensor, into a temporary sibling -------------------------------
+    tmp = out.with_name(out.name + ".tmp-merge")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        by_file: dict[str, list[str]] = {}
+        for n in names:
+            by_file.setdefault(Path(base_layout[n][0]).name, []).append(n)
+        coeffs, counts, sizes, dtypes_written = [], {"frames": 0, "mean": 0, "delta": 0, "copy": 0}, {}, set()
+        bar = tqdm(total=len(names), desc=f"merge ({method})", unit="tensor", disable=not progress)
+        for fname in sorted(by_file):
+            tensors = {}
+            for n in by_file[fname]:
+                w0 = _load(base_layout, n, device)
+                kind = kinds[n]
+                ws = [] if kind == "copy" else [_load(lay, n, device) for lay in layouts]
+                if kind == "copy":
+                    merged = w0
+                elif method == "task_arithmetic":
+                    merged = task_arithmetic(w0, ws, scale=scale)
+                elif method == "ties":
+                    merged = ties(w0, ws, density=density, scale=scale)
+                elif kind == "mean":
+                    merged = task_vector_mean(w0, ws)
+                else:
+                    merged, c = _iso_stack(w0, ws, rho_keep)
+                    coeffs.append([n, c])
+                counts[kind] += 1
+                dt = DTYPES[out_dtype] if out_dtype and merged.is_floating_point() else w0.dtype
+                tensors[n] = merged.to(dt).cpu().contiguous()
+                dtypes_written.add(str(tensors[n].dtype).replace("torch.", ""))
+                sizes[n] = tensors[n].numel() * tensors[n].element_size()
+                bar.update(1)
+            save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        bar.close()
+        _write_side_files(base, tmp, base_cfg, by_file, sizes, out_dtype, dtypes_written)
+        (tmp / "retention_coefficients.json").write_text(json.dumps(
+            {"method": method, "rho_keep": rho_keep if method == "iso" else None,
+             "experts": [str(e) for e in experts], "tensors": coeffs}, indent=1))
+        if out.exists():
+            out.rmdir()               # checked empty above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"method": method, "tensors": len(names), **counts, "seconds": time.perf_counter() - t0,
+            "out": str(out)}
+
+
+def _iso_stack(w0, ws, rho_keep):
+    """ISO-merge a matrix [m, n] or a stack [..., m, n] matrix by matrix (MoE expert stacks)."""
+    if w0.ndim == 2:
+        w, c = iso_merge_matrix(w0, ws, rho_keep=rho_keep)
+        return w, [float(x) for x in c]
+    lead = w0.shape[:-2]
+    flat0 = w0.reshape(-1, *w0.shape[-2:])
+    flats = [w.reshape(-1, *w.shape[-2:]) for w in ws]
+    outs, cs = [], []
+    for i in range(flat0.shape[0]):
+        w, c = iso_merge_matrix(flat0[i], [f[i] for f in flats], rho_keep=rho_keep)
+        outs.append(w)
+        cs.append([float(x) for x in c])
+    return torch.stack(outs).reshape(*lead, *w0.shape[-2:]), cs
+
+
+def _write_side_files(base, tmp, cfg, by_file, sizes, out_dtype, dtypes_written):
+    for f in sorted(Path(base).iterdir()):
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (_INDEX, "config.json"):
+            shutil.copy(f, tmp / f.name)
+    cfg = dict(cfg)
+    if out_dtype is not None or len(dtypes_written) == 1:
+        written = out_dtype or next(iter(dtypes_written))
+        keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
+        for key in keys:
+            cfg[key] = written
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    if (Path(base) / _INDEX).is_file():
+        index = json.loads((Path(base) / _INDEX).read_text())
+        index.setdefault("metadata", {})["total_size"] = int(sum(sizes.values()))
+        index["weight_map"] = {n: f for f, ns in by_file.items() for n in ns}
+        (tmp / _INDEX).write_text(json.dumps(index, indent=2))

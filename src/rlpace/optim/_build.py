@@ -1,0 +1,46 @@
+"""The built-in trainer's optimizers by name (`TrainConfig.optimizer`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._chain import ChainedOptimizer
+from ._iso import IsoSpectral, default_managed
+
+__all__ = ["OPTIMIZERS", "build_optimizer"]
+
+OPTIMIZERS = ("adamw", "iso_adamw", "muon", "iso_muon")
+
+
+def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9, 0.99),
+                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """One of `OPTIMIZERS` over `model`, all with one learning rate `lr`:
+
+    - `adamw`: `torch.optim.AdamW` over every parameter;
+    - `iso_adamw`: `IsoSpectral(base="adamw")`: AdamW on the frames of the hidden matrices
+      (`default_managed`), AdamW on the rest;
+    - `muon`: `torch.optim.Muon` on the hidden matrices (`adjust_lr_fn="match_rms_adamw"`,
+      Moonshot's scaling, arXiv 2502.16982, so AdamW's `lr` carries over), AdamW on
+      embeddings, head, norms and biases;
+    - `iso_muon`: `IsoSpectral(base="muon")`: the same Muon on the frames.
+
+    >>> import torch
+    >>> type(build_optimizer("muon", torch.nn.Sequential(torch.nn.Linear(2, 2)), lr=1e-3)).__name__
+    'ChainedOptimizer'
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}.")
+    adamw = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    muon = dict(lr=lr, weight_decay=weight_decay, momentum=0.95, adjust_lr_fn="match_rms_adamw")
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), **adamw)
+    if name == "iso_adamw":
+        return IsoSpectral(model, "adamw", **adamw)
+    if name == "iso_muon":
+        return IsoSpectral(model, "muon", aux_kwargs=adamw, **muon)
+    rule = default_managed(model)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    mats = [p for n, p in named if rule(n, p)]
+    rest = [p for n, p in named if not rule(n, p)]
+    parts = ([torch.optim.Muon(mats, **muon)] if mats else []) + ([torch.optim.AdamW(rest, **adamw)] if rest else [])
+    return ChainedOptimizer(parts)

@@ -1,0 +1,237 @@
+"""ISO: isospectral optimization (Zhu, Cong et al. 2026, arXiv 2607.19331; docs/methods/iso.md).
+
+Every managed weight matrix keeps the spectrum of the base model and learns only its
+singular frames:
+
+    W₀ = U₀·diag(Σ₀)·V₀ᵀ  (thin SVD in float64, once)     W(U, V) = U·diag(Σ₀)·Vᵀ
+
+The trainable variables are the frames U ∈ St(m, q), V ∈ St(n, q) (q = min(m, n)); the
+module keeps computing with W, whose gradient G = ∂L/∂W reaches the frames by the chain
+rule,
+
+    ∂L/∂U = G·V·diag(Σ₀)        ∂L/∂V = Gᵀ·U·diag(Σ₀),
+
+projected onto the Stiefel tangent space, Π_X(Z) = Z − X·sym(XᵀZ). The base optimizer
+(AdamW, Muon, or any you pass) steps the frames with its state kept across steps ("states
+and all", as the paper describes), and a polar retraction in float64, X = A·S·Bᵀ → A·Bᵀ,
+puts U and V back on the manifold; then W ← U·diag(Σ₀)·Vᵀ is written into the module.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from ._chain import ChainedOptimizer
+
+__all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "default_managed"]
+
+
+def polar(x: torch.Tensor) -> torch.Tensor:
+    """The polar factor A·Bᵀ of x = A·S·Bᵀ (thin SVD, float64): the closest matrix with
+    orthonormal columns to x in Frobenius norm.
+
+    >>> import torch
+    >>> q = polar(torch.tensor([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]], dtype=torch.float64))
+    >>> q.tolist()
+    [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    """
+    a, _, bh = torch.linalg.svd(x.double(), full_matrices=False)
+    return (a @ bh).to(x.dtype)
+
+
+def project_tangent(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Π_X(Z) = Z − X·sym(XᵀZ): the component of Z in the tangent space of the Stiefel
+    manifold at X (XᵀX = I), sym(M) = (M + Mᵀ)/2."""
+    m = x.transpose(-1, -2) @ z
+    return z - x @ ((m + m.transpose(-1, -2)) / 2)
+
+
+def frame_gradients(grad_w: torch.Tensor, u: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor):
+    """(∂L/∂U, ∂L/∂V) = (G·V·diag(Σ), Gᵀ·U·diag(Σ)) for W = U·diag(Σ)·Vᵀ and G = ∂L/∂W
+    (Euclidean: the chain rule, no projection)."""
+    g = grad_w.to(u.dtype)
+    return (g @ v) * sigma, (g.transpose(-1, -2) @ u) * sigma
+
+
+def default_managed(model: torch.nn.Module) -> Callable[[str, torch.Tensor], bool]:
+    """The default rule: every 2-D parameter except embedding tables and the output head
+    (tied or not). Why: an embedding is a lookup table whose rows are vectors of their own,
+    not a linear map whose spectrum the paper's analysis concerns; a tied head is the same
+    tensor; and the vocab × hidden SVD is the most expensive one for the least structure.
+    The same split as Muon's (hidden matrices only; arXiv 2502.16982, Keller Jordan's Muon)."""
+    skip = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if head is not None and getattr(head, "weight", None) is not None:
+        skip.add(id(head.weight))
+    return lambda name, p: p.ndim == 2 and id(p) not in skip
+
+
+class IsoSpectral(torch.optim.Optimizer):
+    """Fixed-spectrum optimizer: a base optimizer steps the singular frames of every managed
+    matrix; its spectrum stays the base's (arXiv 2607.19331).
+
+    Args:
+        model_or_params: an `nn.Module` (managed by `manage`, default `default_managed`:
+            2-D weights except embeddings and the head) or an iterable of parameters (then
+            every 2-D parameter is managed: pass a model to exclude embeddings).
+        base: "adamw" (`torch.optim.AdamW` over frames and the rest), "muon"
+            (`torch.optim.Muon` over the frames, AdamW over the rest), or a callable
+            `base(param_groups) -> torch.optim.Optimizer`, called with two groups:
+            `[{"params": frames}, {"params": other parameters}]` (the second may be empty).
+        manage: `(name, param) -> bool`, which parameters get frames.
+        project: project the frame gradients onto the tangent space before the base
+            optimizer (default True; see docs/methods/iso.md "momentum").
+        aux_kwargs: keyword arguments of the AdamW over the unmanaged parameters with
+            base="muon" (default: `lr` and `weight_decay` of `base_kwargs`).
+        **base_kwargs: the base optimizer's arguments (lr, betas, weight_decay, ...).
+
+    Frames are float64 (U: [m, q], V: [n, q], Σ₀: [q]) whatever the model's dtype; the
+    base optimizer's state of the frames is float64 too. Unmanaged parameters (1-D norms
+    and biases, embeddings, the head) are stepped by the base optimizer as usual.
+
+    Momentum: the base state (Adam moments, Muon's buffer) is kept in the ambient
+    coordinates across retractions, not transported. With projected gradients every
+    buffer is a sum of tangent vectors at recent points; the part normal to the current
+    point is O(lr), and the polar retraction removes a normal step X·S (S symmetric) exactly,
+    polar(X(I + S)) = X, unlike a QR retraction.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(4, 3, bias=False)
+        >>> opt = IsoSpectral(lin, base="adamw", lr=1e-2)
+        >>> s0 = torch.linalg.svdvals(lin.weight.double())
+        >>> lin(torch.randn(8, 4)).square().sum().backward(); opt.step()
+        >>> bool(torch.allclose(torch.linalg.svdvals(lin.weight.double()), s0, rtol=1e-6))
+        True
+    """
+
+    def __init__(self, model_or_params, base: str | Callable = "adamw", *, manage=None, project: bool = True,
+                 aux_kwargs: dict | None = None, **base_kwargs):
+        if isinstance(model_or_params, torch.nn.Module):
+            named = list(model_or_params.named_parameters())
+            rule = manage or default_managed(model_or_params)
+        else:
+            params = list(model_or_params) if isinstance(model_or_params, Iterable) else None
+            if params is None or not all(isinstance(p, torch.Tensor) for p in params):
+                raise ValueError("model_or_params must be an nn.Module or an iterable of tensors "
+                                 "(param groups are not supported: IsoSpectral makes its own).")
+            named = [(f"param{i}", p) for i, p in enumerate(params)]
+            rule = manage or (lambda name, p: p.ndim == 2)
+        named = [(n, p) for n, p in named if p.requires_grad]
+        if not named:
+            raise ValueError("IsoSpectral got no trainable parameters.")
+        self.managed: list[str] = []
+        self._weights, self._u, self._v, self._sigma, others = [], [], [], [], []
+        for name, p in named:
+            if rule(name, p):
+                if p.ndim != 2:
+                    raise ValueError(f"manage selected {name!r} of shape {tuple(p.shape)}; only 2-D weights "
+                                     f"can be managed.")
+                u, s, vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
+                self.managed.append(name)
+                self._weights.append(p)
+                self._u.append(u.contiguous().requires_grad_(False))
+                self._v.append(vh.T.contiguous().requires_grad_(False))
+                self._sigma.append(s)
+            else:
+                others.append(p)
+        if not self._weights and not isinstance(model_or_params, torch.nn.Module):
+            # e.g. verl's default strategy: fsdp (FSDP1) hands over flattened 1-D shards: ISO
+            # would silently be its base optimizer.
+            raise ValueError("IsoSpectral found no 2-D parameter among the parameters it was given; "
+                             "flattened parameters (FSDP1, verl's strategy: fsdp) cannot keep a spectrum. "
+                             "Use unflattened parameters (verl: actor.strategy=fsdp2) or pass the model.")
+        self.project = bool(project)
+        frames = [x for pair in zip(self._u, self._v) for x in pair]
+        self.base = _make_base(base, frames, others, base_kwargs, aux_kwargs)
+        groups = list(self.base.param_groups)
+        super().__init__(groups, {})
+        self._write_weights()
+
+    # ---- the step ---------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Chain rule → (projection) → base step → polar retraction → W = U·Σ₀·Vᵀ."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for w, u, v, s in zip(self._weights, self._u, self._v, self._sigma):
+            if w.grad is None:
+                u.grad = v.grad = None
+                continue
+            gu, gv = frame_gradients(w.grad, u, s, v)
+            if self.project:
+                gu, gv = project_tangent(u, gu), project_tangent(v, gv)
+            u.grad, v.grad = gu, gv
+        self.base.step()
+        for w, u, v in zip(self._weights, self._u, self._v):
+            if w.grad is not None:
+                u.copy_(polar(u))
+                v.copy_(polar(v))
+        self._write_weights()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.base.zero_grad(set_to_none=set_to_none)
+        for w in self._weights:
+            if set_to_none:
+                w.grad = None
+            elif w.grad is not None:
+                w.grad.zero_()
+
+    @torch.no_grad()
+    def _write_weights(self):
+        for w, u, v, s in zip(self._weights, self._u, self._v, self._sigma):
+            w.copy_(((u * s) @ v.T).to(w.dtype))
+
+    def frames(self) -> dict:
+        """{name: (U float64[m, q], Σ₀ float64[q], V float64[n, q])} of every managed weight."""
+        return {n: (u, s, v) for n, u, s, v in zip(self.managed, self._u, self._sigma, self._v)}
+
+    # ---- exact resume -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The base optimizer's state dict plus `"iso"`: the float64 frames and spectra
+        (the module's W is their rounded product, so they are needed for exact resume)."""
+        sd = self.base.state_dict()
+        sd["iso"] = {"names": list(self.managed), "u": [u.clone() for u in self._u],
+                     "v": [v.clone() for v in self._v], "sigma": [s.clone() for s in self._sigma]}
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        iso = state_dict.get("iso") if isinstance(state_dict, dict) else None
+        if not isinstance(iso, dict) or list(iso.get("names", ())) != self.managed:
+            raise ValueError("optimizer state has no IsoSpectral frames for the managed weights "
+                             f"{self.managed[:3]}...; it was saved by another optimizer or model.")
+        for key, own in (("u", self._u), ("v", self._v), ("sigma", self._sigma)):
+            got = iso.get(key)
+            if not isinstance(got, list) or len(got) != len(own) or any(
+                    not isinstance(a, torch.Tensor) or a.shape != b.shape for a, b in zip(got, own)):
+                raise ValueError(f"optimizer state iso[{key!r}] does not match the managed weights' shapes; "
+                                 f"the checkpoint is corrupt or from another model.")
+        self.base.load_state_dict({k: v for k, v in state_dict.items() if k != "iso"})
+        self.param_groups[:] = list(self.base.param_groups)
+        for key, own in (("u", self._u), ("v", self._v), ("sigma", self._sigma)):
+            for a, b in zip(iso[key], own):
+                b.copy_(a)
+        self._write_weights()
+
+
+def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.Optimizer:
+    if callable(base) and not isinstance(base, str):
+        opt = base([{"params": frames}, {"params": others}])
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ValueError(f"base(param_groups) must return a torch.optim.Optimizer; got {type(opt).__name__}.")
+        return opt
+    if base == "adamw":
+        return torch.optim.AdamW([{"params": frames}, {"params": others}], **kw)
+    if base == "muon":
+        aux = dict(aux if aux is not None else {k: kw[k] for k in ("lr", "weight_decay") if k in kw})
+        parts = [torch.optim.Muon(frames, **kw)] if frames else []
+        if others:
+            parts.append(torch.optim.AdamW(others, **aux))
+        return ChainedOptimizer(parts)
+    raise ValueError(f"base must be 'adamw', 'muon' or a callable returning a torch optimizer; got {base!r}.")

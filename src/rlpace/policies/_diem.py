@@ -1,0 +1,209 @@
+"""DIEM: gradient-alignment importance and magnitude-preserving batch reweighting.
+
+Tan et al., "Dynamic Important Example Mining for Reinforcement Finetuning", CVPR 2026,
+arXiv 2608.29252; docs/methods/diem.md. Per (mini)batch of N samples with per-sample
+gradient features F (N×d, rows f_z; `Feedback.grads`), the published rule is
+
+    Î  = η·F·g_B              g_B = Fᵀ1, the batch gradient
+    P  = F·Fᵀ,  C = ‖g_B‖²
+    W* = P⁻¹Î · sqrt(C / ÎᵀP⁻¹Î),  then W ← max(0, W*)      (loss weights)
+
+the solution of max_W ÎᵀW s.t. ‖WᵀF‖ = ‖1ᵀF‖.
+
+What this computes (derivation in docs/methods/diem.md). Î = η·F·Fᵀ·1 = η·P·1, so when P is
+invertible P⁻¹Î = η·1 and W* = 1 exactly; and whatever P, any exact maximiser has WᵀF = 1ᵀF
+(Cauchy–Schwarz on u = WᵀF): the update equals plain GRPO's. Non-uniform weights — and a
+different update — come only from
+
+  * a reference direction h ≠ g_B: Î = F·h with h a held-out gradient (`Feedback.ref_grad`;
+    the trainer can also pass the previous step's batch gradient) — `importance="reference"`;
+  * leave-one-out importance Î_z = ⟨f_z, g_B − f_z⟩, i.e. Î = P·1 − diag(P) —
+    `importance="loo"` (the paper's I_t(z) without the sample's self-influence);
+  * a ridge, W ∝ (P + λI)⁺Î with λ = `ridge`·tr(P)/N: from uniform (λ → 0) to W ∝ Î (λ → ∞);
+  * rank deficiency (N > d, e.g. projected features): P⁺P projects 1 onto the span of F's
+    columns; the weights then differ from 1 by a null(Fᵀ) component, the update does not;
+  * the ReLU, which truncates negative weights of a non-trivial solution.
+
+Every variant solves W = (P + λI)⁺Î and rescales by the *actual* constraint,
+W ← W·sqrt(C / WᵀPW) (= the paper's factor when λ = 0 and P is invertible; exact in every
+regime), so ‖WᵀF‖ = ‖1ᵀF‖ before the ReLU; after the ReLU the weights are rescaled once
+more by the same rule (`rescale_after_relu`). η cancels in the rescaling and is omitted.
+
+The paper's ablations: `importance` ∈ {"random", "pass_at_k", "difficulty",
+"median_distance"} replaces Î by a non-gradient score (then W = (P + λI)⁺Î: with an
+invertible P these are arbitrary directions in weight space, not the paper's numbers), and
+`solver="softmax"` replaces the constrained solution by W = N·softmax(Î/(T·max|Î|))
+(mean 1), which needs no features for the non-gradient scores.
+
+Without `Feedback.grads` (any adapter that does not produce them) every weight is 1,
+except for the softmax solver over a non-gradient score. Features are rescaled by their
+max |entry| in float64 before any product (the weights are invariant to it), so any
+finite float32 features give finite weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update
+from ._checks import check_choice, check_int, check_real
+
+__all__ = ["diem", "constrained_weights", "diem_importance"]
+
+_GRADIENT_SCORES = ("loo", "batch", "reference")
+_ABLATION_SCORES = ("random", "pass_at_k", "difficulty", "median_distance")
+_STREAM_RANDOM = 0xD1E
+
+
+def constrained_weights(features: np.ndarray, importance: np.ndarray, ridge: float = 0.0,
+                        rcond: float = 1e-10) -> np.ndarray:
+    """float64[N] W = (P + λI)⁺Î · sqrt(C / WᵀPW) with P = F·Fᵀ, C = ‖1ᵀF‖², λ = ridge·tr(P)/N:
+    DIEM's magnitude-preserving solution before the ReLU (‖WᵀF‖ = ‖1ᵀF‖).
+
+    All ones when the batch gradient is 0, or when (P + λI)⁺Î lies in null(Fᵀ) (no direction
+    to preserve). `rcond` is the pseudo-inverse's relative cut-off (`np.linalg.pinv`).
+
+    >>> f = np.array([[1.0, 0.0], [0.0, 2.0]]); p = f @ f.T
+    >>> constrained_weights(f, p @ np.ones(2)).round(12).tolist()        # Î = P·1: uniform
+    [1.0, 1.0]
+    """
+    f = np.asarray(features, dtype=np.float64)
+    i = np.asarray(importance, dtype=np.float64)
+    n = f.shape[0]
+    p = f @ f.T                                                       # [N, N]
+    g_b = f.sum(axis=0)                                               # [d]
+    c = float(g_b @ g_b)
+    if n == 0 or c <= 0.0:
+        return np.ones(n)
+    lam = ridge * float(np.trace(p)) / n
+    w = np.linalg.pinv(p + lam * np.eye(n), rcond=rcond, hermitian=True) @ i
+    return _rescale(w, p, c)
+
+
+def _rescale(w: np.ndarray, p: np.ndarray, c: float) -> np.ndarray:
+    """w·sqrt(C / wᵀPw) (= ‖wᵀF‖² in the denominator); ones when wᵀPw is 0."""
+    q = float(w @ p @ w)
+    if not q > 1e-300 * max(c, 1e-300) or not np.isfinite(q):
+        return np.ones(w.shape[0])
+    return w * np.sqrt(c / q)
+
+
+def diem_importance(kind: str, features: np.ndarray | None, ref: np.ndarray | None,
+                    pass_rate: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray | None:
+    """float64[N] importance Î (η omitted) of each sample, or None when `kind` needs features
+    that are missing. `features` float64[N, d], `ref` float64[d] or None, `pass_rate`
+    float64[N] (each sample's group pass rate). "reference" without `ref` is "loo".
+
+    >>> f = np.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> diem_importance("loo", f, None, np.zeros(2)).tolist()           # ⟨f_z, g_B − f_z⟩
+    [1.0, 1.0]
+    >>> diem_importance("batch", f, None, np.zeros(2)).tolist()         # ⟨f_z, g_B⟩, g_B = [2, 1]
+    [2.0, 3.0]
+    """
+    if kind in _GRADIENT_SCORES:
+        if features is None:
+            return None
+        if kind == "reference" and ref is not None:
+            return features @ ref
+        g_b = features.sum(axis=0)
+        if kind == "batch":
+            return features @ g_b
+        # loo (and reference without a reference): ⟨f_z, g_B − f_z⟩ with the difference formed
+        # first — ⟨f_z, g_B⟩ − ‖f_z‖² would cancel to rounding noise when f_z is the only
+        # non-zero row (a batch with one informative group), and that noise's sign would decide.
+        return np.einsum("nd,nd->n", features, g_b[None, :] - features)
+    if kind == "random":
+        return rng.random(pass_rate.shape[0])
+    if kind == "pass_at_k":
+        return pass_rate.astype(np.float64)
+    if kind == "difficulty":
+        return 1.0 - pass_rate
+    # "median_distance": closer to the batch's median pass rate = more important
+    return -np.abs(pass_rate - np.median(pass_rate)) if pass_rate.size else pass_rate.copy()
+
+
+def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 0.0,
+         unit: str = "prompt", relu: bool = True, rescale_after_relu: bool = True,
+         temperature: float = 1.0, seed: int = 0) -> DataPolicy:
+    """DIEM (arXiv 2608.29252): per-sample loss weights maximising gradient-alignment importance at the batch gradient's norm.
+
+    See the module docstring for the rule, why the published definition gives uniform
+    weights, and which options do not; docs/methods/diem.md.
+
+    Args:
+        importance: "batch" (the published Î = F·g_B; default — it gives the plain GRPO update,
+            see above), "loo" (Î_z = ⟨f_z, g_B − f_z⟩), "reference" (Î = F·h, h =
+            `Feedback.ref_grad`; "loo" when absent), or an ablation "random" | "pass_at_k" |
+            "difficulty" | "median_distance". Measured on the embedded suite, every non-trivial
+            variant trained worse than uniform weights (docs/methods/diem.md), hence the default.
+        solver: "constrained" (the closed form) or "softmax" (W = N·softmax(Î/(T·max|Î|))).
+        ridge: ρ in λ = ρ·tr(P)/N (0 = the pseudo-inverse of P, default).
+        unit: "prompt" (a sample is a prompt's group: f_z = Σ_j f_zj, one weight per group,
+            the paper's GRPO group form) or "rollout" (N = B·G samples).
+        relu: clip negative weights to 0 (the paper's post-processing).
+        rescale_after_relu: rescale the clipped weights so ‖WᵀF‖ = ‖1ᵀF‖ again.
+        temperature: T of the softmax solver.
+        seed: randomness of the "random" ablation, from (seed, step).
+
+    Example (hand-computed; ridge regime, see docs/methods/diem.md): two orthogonal rollout
+    features f_1 = [1, 0], f_2 = [0, 2] with Î = P·1 = [1, 4] and λ = ρ·tr(P)/2 = 2.5 at
+    ρ = 1 give W ∝ [1/3.5, 4/6.5] = [0.28571, 0.61538], with WᵀPW = 1.59653 rescaled by
+    sqrt(C / WᵀPW) = sqrt(5 / 1.59653) = 1.76968: [0.5056, 1.0891].
+
+    >>> from rlpace import Pool, Feedback; from rlpace.types import Batch
+    >>> pool = Pool([0]); p = diem(importance="batch", ridge=1.0, unit="rollout")
+    >>> fb = Feedback([0], [[1, 0]], grads=[[[1, 0], [0, 2]]])
+    >>> p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5)).round(4).tolist()
+    [[0.5056, 1.0891]]
+    """
+    check_choice("diem", "importance", importance, _GRADIENT_SCORES + _ABLATION_SCORES)
+    check_choice("diem", "solver", solver, ("constrained", "softmax"))
+    check_real("diem", "ridge", ridge, low=0, hint=" (0 = pseudo-inverse)")
+    check_choice("diem", "unit", unit, ("prompt", "rollout"))
+    if not isinstance(relu, (bool, np.bool_)):
+        raise ValueError(f"diem relu must be True or False; got {relu!r}.")
+    if not isinstance(rescale_after_relu, (bool, np.bool_)):
+        raise ValueError(f"diem rescale_after_relu must be True or False; got {rescale_after_relu!r}.")
+    check_real("diem", "temperature", temperature, low=0, low_open=True)
+    check_int("diem", "seed", seed, low=0, high=2**63 - 1)
+
+    def apply(state, pool, batch):
+        shape = batch.rewards.shape
+        b = shape[0]
+        if b == 0:
+            return np.ones(shape)
+        feats = None
+        if batch.grads is not None and batch.grads.shape[2] > 0:
+            g = batch.grads.astype(np.float64)                      # [B, G, d]
+            feats = g.sum(axis=1) if unit == "prompt" else g.reshape(-1, g.shape[2])
+            top = np.abs(feats).max()
+            feats = feats / top if top > 0 else feats               # scale-free (module docstring)
+        ref = None
+        if batch.ref_grad is not None:
+            ref = batch.ref_grad.astype(np.float64)
+            top = np.abs(ref).max()
+            ref = ref / top if top > 0 else ref
+        rate = batch.pass_rate if unit == "prompt" else np.repeat(batch.pass_rate, shape[1])
+        rng = np.random.default_rng([seed, batch.step, _STREAM_RANDOM]) if importance == "random" else None
+        score = diem_importance(importance, feats, ref, rate, rng)
+        if score is None:
+            return np.ones(shape)
+        if solver == "softmax":
+            top = np.abs(score).max()
+            z = score / (temperature * top) if top > 0 else score
+            e = np.exp(z - z.max())
+            w = e / e.sum() * e.shape[0]
+        else:
+            if feats is None:
+                return np.ones(shape)
+            w = constrained_weights(feats, score, ridge)
+            if relu:
+                w = np.maximum(w, 0.0)
+                if rescale_after_relu:
+                    w = _rescale(w, feats @ feats.T, float(np.square(feats.sum(axis=0)).sum()))
+                if not (w > 0).any():
+                    w = np.ones_like(w)      # every weight clipped: fall back to plain GRPO
+        w = np.where(np.isfinite(w), w, 1.0)
+        return np.repeat(w[:, None], shape[1], axis=1) if unit == "prompt" else w.reshape(shape)
+
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="diem")

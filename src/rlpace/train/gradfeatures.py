@@ -1,0 +1,222 @@
+"""Per-rollout gradient features from forward/backward hooks, projected without ever forming
+a per-rollout gradient (LoGra-style Kronecker sketch) — what `Feedback.grads` carries.
+
+For a linear layer y = W·a applied to the T positions of one row (one rollout), that row's
+gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂L/∂y_t. With fixed seeded Gaussian matrices
+P_in (k_i × d_in) and P_out (k_o × d_out), entries N(0, 1/k),
+
+    P_out · G_i · P_inᵀ = Σ_t (P_out b_t)(P_in a_t)ᵀ          (k_o × k_i per row)
+
+so a forward hook stores P_in·a_t (n × T × k_i, not the activations) and one
+`torch.autograd.grad` of the loss with respect to the hooked layers' *outputs* gives b_t —
+the parameters' gradients are never formed per row (Choe et al. 2024, "What is Your Data
+Worth to GPT?", arXiv 2405.13954; the identity is exact, the sketch preserves inner products
+in expectation). Because a rollout's loss term is linear in its loss weight, row i's feature
+is the projected gradient of rollout i's term, and the rows sum to the batch gradient's.
+
+Parameter subsets (`grad_params`): "lm_head" (the output projection; with tied embeddings
+only its output-projection part), "last_block" (every nn.Linear of the last decoder layer),
+"all" (every nn.Linear, lm_head included). Bias gradients are left out. The feature
+dimension is Σ_layers k_o·k_i ≤ `grad_dim`, with each layer's budget grad_dim // layers
+split as k_o = min(isqrt(budget), d_out), k_i = min(budget // k_o, d_in).
+
+Rows must be rollouts. Exact features need every hooked call to see one row per rollout:
+the built-in trainer then forwards [prompt | completion] per row (`grad_exact=True`), not the
+shared-prefix path, whose prompt forward is shared by a group's rollouts and cannot be split
+by row. With `shared_prefix=True` (`grad_exact=False`) calls over the shared prompt rows are
+skipped: the features cover completion positions only — for lm_head every completion token
+but the first (whose logits come from the prompt forward); for inner layers the prompt
+positions' share is left out. Cheaper (no extra prompt forwards), not exact.
+
+Example:
+    >>> # gf = GradFeatures(model, "lm_head", grad_dim=256, seed=0)
+    >>> # with gf.capture():
+    >>> #     loss = policy_loss(...).loss           # forward over N rows
+    >>> # feats = gf.features(loss, n_rows=N)      # float32[N, gf.dim]; then loss.backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["GradFeatures", "GRAD_PARAMS", "select_linears", "GRADIENT_POLICIES", "needs_grad_features",
+           "heldout_reference", "split_with_grads"]
+
+GRAD_PARAMS = ("lm_head", "last_block", "all")
+
+
+class _Layer(NamedTuple):
+    name: str
+    module: nn.Linear
+    p_in: torch.Tensor    # [k_i, d_in]
+    p_out: torch.Tensor   # [k_o, d_out]
+
+
+def select_linears(model: nn.Module, grad_params: str) -> list[tuple[str, nn.Linear]]:
+    """(name, module) of the nn.Linear layers a `grad_params` subset names, in model order."""
+    if grad_params not in GRAD_PARAMS:
+        raise ValueError(f"grad_params must be one of {', '.join(GRAD_PARAMS)}; got {grad_params!r}.")
+    named = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if grad_params == "all":
+        out = named
+    elif grad_params == "lm_head":
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        out = [(n, m) for n, m in named if m is head]
+    else:
+        lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+        if not lists:
+            raise ValueError("grad_params='last_block' needs a model with a list of decoder layers "
+                             "(an nn.ModuleList); use 'lm_head' or 'all'.")
+        name, layers = max(lists, key=lambda x: len(x[1]))
+        last = layers[len(layers) - 1]
+        out = [(f"{name}.{len(layers) - 1}.{n}", m) for n, m in last.named_modules() if isinstance(m, nn.Linear)]
+    if not out:
+        raise ValueError(f"grad_params={grad_params!r} selects no nn.Linear layer of this model; use 'all'.")
+    return out
+
+
+class GradFeatures:
+    """Projected per-row gradients of a loss over a subset of a model's linear layers.
+
+    Args:
+        model: the policy (any torch module; Hugging Face causal LMs for "lm_head").
+        grad_params: "lm_head" | "last_block" | "all".
+        grad_dim: upper bound on the feature dimension d (see the module docstring); ≥ 1.
+        seed: seed of the projection matrices, fixed for the run, so features of different
+            steps (and the held-out reference) live in one space.
+
+    Attributes:
+        dim: the feature dimension d = Σ_layers k_o·k_i.
+        layers: the hooked layers with their projections.
+    """
+
+    def __init__(self, model: nn.Module, grad_params: str = "lm_head", grad_dim: int = 256, seed: int = 0):
+        if isinstance(grad_dim, bool) or not isinstance(grad_dim, int) or grad_dim < 1:
+            raise ValueError(f"grad_dim must be an int ≥ 1; got {grad_dim!r}.")
+        chosen = select_linears(model, grad_params)
+        budget = max(1, grad_dim // len(chosen))
+        dev = next(model.parameters()).device
+        layers = []
+        for idx, (name, mod) in enumerate(chosen):
+            k_o = max(1, min(math.isqrt(budget), mod.out_features))
+            k_i = max(1, min(budget // k_o, mod.in_features))
+            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + idx)
+            p_in = torch.randn(k_i, mod.in_features, generator=gen) / math.sqrt(k_i)
+            p_out = torch.randn(k_o, mod.out_features, generator=gen) / math.sqrt(k_o)
+            layers.append(_Layer(name, mod, p_in.to(dev), p_out.to(dev)))
+        self.layers = layers
+        self.dim = sum(l.p_in.shape[0] * l.p_out.shape[0] for l in layers)
+        self._calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (layer, P_in·a, y)
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Record P_in·a and the output y of every hooked call made inside the block."""
+        self._calls = []
+
+        def hook(idx):
+            def fn(module, inputs, output):
+                a = inputs[0].detach()
+                p_in = self.layers[idx].p_in
+                self._calls.append((idx, a.to(p_in.dtype) @ p_in.T, output))
+            return fn
+
+        handles = [l.module.register_forward_hook(hook(i)) for i, l in enumerate(self.layers)]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def features(self, loss: torch.Tensor, n_rows: int, shared_prefix: bool = False) -> torch.Tensor:
+        """float32[n_rows, dim] projected gradient of each row's part of `loss` (captured).
+
+        Runs `torch.autograd.grad(loss, outputs, retain_graph=True)`: the graph stays for the
+        caller's (weighted) backward. ValueError when nothing was captured or a hooked call
+        did not see one row per rollout — unless `shared_prefix`, which skips such calls
+        (completion positions only; see the module docstring).
+        """
+        if shared_prefix:
+            self._calls = [c for c in self._calls if c[1].shape[0] == n_rows]
+        if not self._calls:
+            raise ValueError("GradFeatures.features: no hooked call with one row per rollout was captured; "
+                             "run the forward inside `with gf.capture():`.")
+        for idx, pa, y in self._calls:
+            if pa.shape[0] != n_rows:
+                raise ValueError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
+                                 f"rows, not one per rollout ({n_rows}); forward [prompt | completion] "
+                                 f"per row (group_size=1), not the shared-prefix path.")
+        outs = [y for _, _, y in self._calls]
+        grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
+        feats = [torch.zeros(n_rows, l.p_out.shape[0], l.p_in.shape[0], device=l.p_in.device)
+                 for l in self.layers]
+        for (idx, pa, y), b in zip(self._calls, grads):
+            if b is None:
+                continue                                               # output unused by the loss
+            pb = b.detach().to(pa.dtype) @ self.layers[idx].p_out.T    # [n, (T,) k_o]
+            if pb.dim() == 2:
+                feats[idx] += pb[:, :, None] * pa[:, None, :]
+            else:
+                feats[idx] += torch.einsum("ntk,ntl->nkl", pb, pa)     # Σ_t (P_out b_t)(P_in a_t)ᵀ
+        self._calls = []
+        return torch.cat([f.reshape(n_rows, -1) for f in feats], dim=1).float()
+
+    def project(self, weight_grads: list[torch.Tensor]) -> torch.Tensor:
+        """float32[dim] the feature of full weight gradients (one per hooked layer, in order):
+        concat of P_out·∇W·P_inᵀ. What `features` equals row by row (used by the tests)."""
+        return torch.cat([(l.p_out @ g.to(l.p_in.dtype) @ l.p_in.T).reshape(-1)
+                          for l, g in zip(self.layers, weight_grads)]).float()
+
+
+# ---- what the built-in recipe calls ----------------------------------------------------------
+GRADIENT_POLICIES = ("diem", "dvc")      # registered policies that read Feedback.grads / ref_grad
+
+
+def needs_grad_features(sched, mode: str) -> bool:
+    """Whether the recipe computes features: `mode` "on" / "off", or "auto" = when a policy of
+    the Scheduler's method reads them (`GRADIENT_POLICIES`, also inside a chain "a>diem")."""
+    if mode in ("on", "off"):
+        return mode == "on"
+    names = {part for p in sched.method.policies().values() for part in p.name.split("|")[0].split(">")}
+    return bool(names & set(GRADIENT_POLICIES))
+
+
+def heldout_reference(model, gf: GradFeatures, rollout, temperature: float = 1.0):
+    """float32[d] numpy: the feature of the gradient of a held-out loss — the mean NLL per
+    answer token of `rollout` (teacher-forced reference answers, `LossProbe.rollout`), so
+    ⟨f_z, ref⟩ > 0 when descending on rollout z's loss also descends the held-out loss."""
+    from .rollout import completion_logprobs
+
+    with torch.enable_grad(), gf.capture():
+        logp = completion_logprobs(model, rollout, temperature, group_size=1)      # [P, T]
+        mask = rollout.completion_mask.to(logp.dtype)
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+    feats = gf.features(loss, rollout.completion_ids.shape[0])
+    return feats.sum(0).detach().cpu().numpy().astype("float32")
+
+
+def split_with_grads(fb, rows, grads, ref_grad):
+    """[Feedback of the groups `rows` (indices into fb) with their features `grads` [len(rows), G, d]
+    and `ref_grad`, Feedback of the other groups without] — empty parts left out. How the recipe
+    reports a round's groups once features exist: trained groups carry them, dropped ones cannot."""
+    from ..types import Feedback
+
+    rows = np.asarray(rows, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(fb.batch_size), rows)
+
+    def part(idx, **kw):
+        return Feedback(fb.prompt_ids[idx], fb.rewards[idx],
+                        None if fb.advantages is None else fb.advantages[idx], fb.step,
+                        lengths=None if fb.lengths is None else fb.lengths[idx], **kw)
+
+    out = []
+    if rows.size:
+        out.append(part(rows, grads=grads, ref_grad=ref_grad))
+    if rest.size:
+        out.append(part(rest))
+    return out

@@ -1,0 +1,245 @@
+"""rlpace.merge and `rlpace merge`: ISO-Merger (arXiv 2607.19331), task arithmetic, TIES.
+
+The matrix rule is checked against a numpy loop written here from the paper's App. E
+description (mode-by-mode sign alignment, projection, mask, Gram solve, polar retraction);
+the checkpoint path against self-merge identities, the base spectra, transformers loading
+and generating, and bad inputs that must fail before anything is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from rlpace.cli import main  # noqa: E402
+from rlpace.merge import iso_merge_matrix, merge_checkpoints, task_arithmetic, ties  # noqa: E402
+from rlpace.merge._checkpoint import _iso_stack  # noqa: E402
+
+
+def numpy_iso(w0, ws, rho=0.9, ridge=1e-12):
+    u0, s0, v0t = np.linalg.svd(w0, full_matrices=False)
+    v0 = v0t.T
+    q = len(s0)
+    keep = max(1, int(round(rho * q)))
+
+    def proj(x, z):
+        m = x.T @ z
+        return z - x @ (m + m.T) / 2
+
+    xus, xvs, effects = [], [], []
+    for w in ws:
+        u, _, vt = np.linalg.svd(w, full_matrices=False)
+        v = vt.T.copy()
+        u = u.copy()
+        for k in range(q):                       # one mode at a time
+            if u0[:, k] @ u[:, k] < 0:
+                u[:, k] *= -1
+                v[:, k] *= -1
+        xu, xv = proj(u0, u - u0), proj(v0, v - v0)
+        xu[:, keep:] = 0
+        xv[:, keep:] = 0
+        xus.append(xu)
+        xvs.append(xv)
+        effects.append(xu @ np.diag(s0) @ v0.T + u0 @ np.diag(s0) @ xv.T)
+    k_ = len(ws)
+    gram = np.array([[np.sum(effects[i] * effects[j]) for j in range(k_)] for i in range(k_)])
+    c = np.clip(np.linalg.solve(gram + ridge * np.eye(k_), np.diag(gram)), 0, 1.5)
+
+    def polar(a):
+        p, _, qt = np.linalg.svd(a, full_matrices=False)
+        return p @ qt
+    us = polar(u0 + proj(u0, sum(ci * x for ci, x in zip(c, xus))))
+    vs = polar(v0 + proj(v0, sum(ci * x for ci, x in zip(c, xvs))))
+    return us @ np.diag(s0) @ vs.T, c
+
+
+def experts_of(w0, k, eps=0.05, seed=0):
+    g = np.random.default_rng(seed)
+    return [w0 + eps * np.abs(w0).mean() * g.standard_normal(w0.shape) for _ in range(k)]
+
+
+@pytest.mark.parametrize("shape", [(9, 6), (5, 8)])
+def test_iso_matrix_matches_a_numpy_reference(shape):
+    g = np.random.default_rng(1)
+    w0 = g.standard_normal(shape)
+    ws = experts_of(w0, 3)
+    want, c_want = numpy_iso(w0, ws)
+    got, c = iso_merge_matrix(torch.from_numpy(w0), [torch.from_numpy(w) for w in ws])
+    assert np.abs(got.numpy() - want).max() < 1e-12
+    assert np.abs(c - c_want).max() < 1e-10
+    np.testing.assert_allclose(np.linalg.svd(got.numpy(), compute_uv=False),
+                               np.linalg.svd(w0, compute_uv=False), rtol=1e-12)
+
+
+def test_self_merge_identities():
+    g = np.random.default_rng(2)
+    w0 = torch.from_numpy(g.standard_normal((8, 6)))
+    e = torch.from_numpy(experts_of(w0.numpy(), 1, seed=3)[0])
+    # the base with itself: no frame motion, c = 0, W★ = W₀
+    w, c = iso_merge_matrix(w0, [w0])
+    assert c.tolist() == [0.0] and float((w - w0).abs().max()) < 1e-12
+    # an expert with itself equals the expert alone: c halves, the aggregate is the same
+    w1, c1 = iso_merge_matrix(w0, [e])
+    w2, c2 = iso_merge_matrix(w0, [e, e])
+    assert abs(c1[0] - 1.0) < 1e-9 and np.abs(c2 - 0.5).max() < 1e-9
+    assert float((w1 - w2).abs().max()) < 1e-12
+    # ρ_keep = 1 and an expert that moved only its frames (fixed spectrum) by a tangent step ξ:
+    # the merge retracts U₀ + ξ, i.e. rebuilds the expert exactly
+    u0, s0, v0t = torch.linalg.svd(w0, full_matrices=False)
+    xi = 0.01 * torch.from_numpy(g.standard_normal(u0.shape))
+    m = u0.T @ xi
+    xi = xi - u0 @ (m + m.T) / 2
+    a, _, bh = torch.linalg.svd(u0 + xi, full_matrices=False)
+    ue = a @ bh
+    expert = (ue * s0) @ v0t
+    w3, _ = iso_merge_matrix(w0, [expert], rho_keep=1.0)
+    # Π_U₀(U_e − U₀) = ξ − O(‖ξ‖²) normal residue removed → agreement to second order
+    assert float((w3 - expert).abs().max()) < 1e-3 * float(w0.abs().max())
+    # baselines: one expert at scale 1 / density 1 is the expert
+    assert torch.allclose(task_arithmetic(w0, [e]), e, atol=1e-15)
+    assert torch.allclose(ties(w0, [e], density=1.0), e, atol=1e-15)
+
+
+def test_stacked_matrices_merge_one_by_one():
+    g = np.random.default_rng(4)
+    w0 = torch.from_numpy(g.standard_normal((3, 5, 4)))
+    ws = [w0 + 0.05 * torch.from_numpy(g.standard_normal((3, 5, 4))) for _ in range(2)]
+    got, cs = _iso_stack(w0, ws, 0.9)
+    for i in range(3):
+        want, c = iso_merge_matrix(w0[i], [w[i] for w in ws])
+        assert torch.equal(got[i], want) and cs[i] == [float(x) for x in c]
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from _tiny_lm import build_tiny_lm
+
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("merge")
+    lm = build_tiny_lm(d / "lm")
+    base = AutoModelForCausalLM.from_pretrained(lm)
+    base.save_pretrained(d / "base_sharded", max_shard_size="40KB")
+    for f in (d / "lm").iterdir():
+        if "token" in f.name:
+            shutil.copy(f, d / "base_sharded" / f.name)
+    for i in range(2):
+        torch.manual_seed(10 + i)
+        m = AutoModelForCausalLM.from_pretrained(lm)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(1e-2 * p.std() * torch.randn_like(p))
+        m.save_pretrained(d / f"e{i}")                      # single file: layouts may differ
+    other = build_tiny_lm(d / "other_base", seed=7)           # same architecture, another base
+    llama = build_tiny_lm(d / "llama", arch="llama")
+    return dict(d=d, base=lm, sharded=d / "base_sharded", e0=d / "e0", e1=d / "e1", other=other, llama=llama)
+
+
+def load_all(path):
+    from safetensors.torch import load_file
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def test_merged_checkpoint_keeps_base_spectra_loads_and_generates(ckpts, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "merged"
+    rc = main(["merge", "--base", str(ckpts["sharded"]), "--experts", str(ckpts["e0"]), str(ckpts["e1"]),
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    base, merged, e0 = load_all(ckpts["sharded"]), load_all(out), load_all(ckpts["e0"])
+    assert set(merged) == set(base)
+    moved = 0.0
+    for n, w in merged.items():
+        if w.ndim == 2:
+            s0 = torch.linalg.svdvals(base[n].double())
+            assert float((torch.linalg.svdvals(w.double()) - s0).abs().max() / s0[0]) < 1e-6
+            moved = max(moved, float((w - base[n]).abs().max()))
+        else:
+            want = base[n].double() + ((load_all(ckpts["e0"])[n].double() - base[n].double())
+                                       + (load_all(ckpts["e1"])[n].double() - base[n].double())) / 2
+            assert torch.allclose(w.double(), want, atol=1e-6)
+    assert moved > 1e-4 and set(e0) == set(base)
+    # the base's shard layout, an index whose total size is what was written
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(w.numel() * w.element_size() for w in merged.values())
+    assert sorted(set(index["weight_map"].values())) == sorted(p.name for p in out.glob("*.safetensors"))
+    coeffs = json.loads((out / "retention_coefficients.json").read_text())
+    assert len(coeffs["tensors"]) == sum(1 for w in merged.values() if w.ndim == 2)
+    assert all(0 <= c <= 1.5 and len(cs) == 2 for _, cs in coeffs["tensors"] for c in cs)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok("what is 3 plus", return_tensors="pt").input_ids
+    gen = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.shape == (1, ids.shape[1] + 3)
+
+
+def test_base_with_itself_and_out_dtype(ckpts, tmp_path):
+    s = merge_checkpoints(ckpts["sharded"], [ckpts["sharded"]], tmp_path / "self", progress=False)
+    assert s["copy"] == 0 and s["frames"] + s["mean"] == s["tensors"]
+    base, merged = load_all(ckpts["sharded"]), load_all(tmp_path / "self")
+    for n, w in merged.items():                # W★ = W₀ up to float64 rounding, written as float32
+        assert w.dtype == torch.float32
+        assert float((w - base[n]).abs().max()) <= 1e-6 * float(base[n].abs().max())
+    merge_checkpoints(ckpts["sharded"], [ckpts["sharded"]], tmp_path / "bf16", out_dtype="bfloat16",
+                      progress=False)
+    for n, w in load_all(tmp_path / "bf16").items():
+        assert w.dtype == torch.bfloat16       # within half a bf16 step of the base
+        tol = 2 ** -8 * base[n].abs() + 1e-6 * float(base[n].abs().max())
+        assert bool(((w.float() - base[n]).abs() <= tol).all())
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties"])
+def test_baselines_on_checkpoints(ckpts, tmp_path, method):
+    out = tmp_path / method
+    merge_checkpoints(ckpts["base"], [ckpts["e0"]], out, method=method, density=1.0, progress=False)
+    e0, merged = load_all(ckpts["e0"]), load_all(out)
+    for n, w in merged.items():
+        assert torch.allclose(w, e0[n], atol=1e-7), n
+
+
+@pytest.mark.parametrize("case,message", [
+    ("llama", "model_type"),
+    ("other", "not a fine-tune of this base"),
+    ("missing_shard", "missing shard"),
+    ("out_not_empty", "not empty"),
+    ("no_weights", "neither model.safetensors"),
+])
+def test_bad_input_fails_before_writing_anything(ckpts, tmp_path, capsys, case, message):
+    base, experts, out = ckpts["base"], [str(ckpts["e0"])], tmp_path / "out"
+    if case == "llama":
+        experts.append(str(ckpts["llama"]))
+    elif case == "other":
+        experts.append(str(ckpts["other"]))
+    elif case == "missing_shard":
+        broken = tmp_path / "broken"
+        shutil.copytree(ckpts["sharded"], broken)
+        next(iter(sorted(broken.glob("*.safetensors")))).unlink()
+        experts.append(str(broken))
+    elif case == "out_not_empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case == "no_weights":
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        (empty / "config.json").write_text("{}")
+        experts.append(str(empty))
+    rc = main(["merge", "--base", str(base), "--experts", *experts, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("rlpace merge: error:") and message in err and "\n" not in err
+    if case == "out_not_empty":
+        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    else:
+        assert not out.exists()
+    assert not list(tmp_path.glob("*.tmp-merge"))

@@ -1,0 +1,173 @@
+"""DIEM reweighting (docs/methods/diem.md): the published rule is uniform on full-rank
+Gram matrices; hand-computed weights in the ridge and rank-deficient regimes; the
+magnitude constraint ‖WᵀF‖ = ‖1ᵀF‖; the ReLU; the ablations; the fallback without features."""
+
+import numpy as np
+import pytest
+
+from rlpace import Feedback, Pool, Scheduler
+from rlpace.policies import make_policy
+from rlpace.policies._diem import constrained_weights, diem, diem_importance
+from rlpace.types import Batch
+
+POOL = Pool(["a"] * 4 + ["b"] * 4)
+
+
+def _weights(policy, grads, rewards=None, ref=None, step=0):
+    grads = np.asarray(grads, dtype=np.float64)
+    b, g = grads.shape[:2]
+    rewards = np.tile([1.0, 0.0], (b, g // 2)) if rewards is None else rewards
+    fb = Feedback(np.arange(b), rewards, step=step, grads=grads, ref_grad=ref)
+    return policy.apply(policy.init(POOL), POOL, Batch.from_feedback(fb, POOL, 0.5))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_published_rule_is_uniform_on_full_rank_gram(seed):
+    rng = np.random.default_rng(seed)
+    f = rng.standard_normal((8, 64))                     # N = 8 ≤ d = 64: P invertible
+    i = f @ f.sum(axis=0)                                # Î = F·g_B (η cancels)
+    w = constrained_weights(f, i, ridge=0.0)
+    np.testing.assert_allclose(w, 1.0, rtol=0, atol=1e-10)
+    # through the policy, rollout unit, ReLU on: still exactly uniform
+    p = diem(importance="batch", ridge=0.0, unit="rollout")
+    np.testing.assert_allclose(_weights(p, f.reshape(4, 2, 64)), 1.0, rtol=0, atol=1e-10)
+
+
+def test_ridge_regime_hand_computed():
+    # f1 = [1, 0], f2 = [0, 2]: P = diag(1, 4), Î = P·1 = [1, 4], λ = 1·tr(P)/2 = 2.5,
+    # W ∝ [1/3.5, 4/6.5]; WᵀPW = (1/3.5)² + 4·(4/6.5)² = 1.596534; C = ‖[1, 2]‖² = 5.
+    w0 = np.array([1 / 3.5, 4 / 6.5])
+    expect = w0 * np.sqrt(5 / (w0[0] ** 2 + 4 * w0[1] ** 2))
+    np.testing.assert_allclose(expect, [0.505641, 1.089074], atol=1e-6)
+    f = np.array([[1.0, 0.0], [0.0, 2.0]])
+    np.testing.assert_allclose(constrained_weights(f, f @ f.sum(axis=0), ridge=1.0), expect, rtol=1e-12)
+    p = diem(importance="batch", ridge=1.0, unit="rollout")
+    np.testing.assert_allclose(_weights(p, f[None]), expect[None], rtol=1e-12)
+
+
+def test_rank_deficient_regime_hand_computed():
+    # N = 3 > d = 1, f = [1, 1, 2]: P⁺P·1 projects 1 on span(f): (1ᵀf / fᵀf)·f = (4/6)·f.
+    f = np.array([[1.0], [1.0], [2.0]])
+    w = constrained_weights(f, f @ f.sum(axis=0), ridge=0.0)
+    np.testing.assert_allclose(w, [2 / 3, 2 / 3, 4 / 3], rtol=1e-12)
+    assert float(w @ f[:, 0]) == pytest.approx(4.0)        # WᵀF = 1ᵀF: same update
+
+
+@pytest.mark.parametrize("kind, ridge, n, d", [("batch", 0.0, 32, 6), ("loo", 0.0, 8, 64),
+                                               ("loo", 0.3, 32, 6), ("reference", 0.0, 8, 64),
+                                               ("reference", 0.0, 32, 6), ("batch", 5.0, 8, 64)])
+def test_norm_constraint_before_relu(kind, ridge, n, d):
+    rng = np.random.default_rng(n + d)
+    f = rng.standard_normal((n, d)) + 0.3
+    ref = rng.standard_normal(d)
+    i = diem_importance(kind, f, ref, np.zeros(n))
+    w = constrained_weights(f, i, ridge=ridge)
+    np.testing.assert_allclose(np.linalg.norm(w @ f), np.linalg.norm(f.sum(axis=0)), rtol=1e-9)
+    if kind == "batch" and ridge == 0.0:                     # rank deficient: same update, W ≠ 1
+        np.testing.assert_allclose(w @ f, f.sum(axis=0), rtol=1e-9, atol=1e-9)
+        assert np.abs(w - 1).max() > 0.05
+    else:
+        assert np.abs(w - 1).max() > 0.01                    # non-trivial weights
+
+
+def test_loo_importance_matches_a_loop():
+    rng = np.random.default_rng(3)
+    f = rng.standard_normal((5, 7))
+    loop = [f[z] @ (f.sum(axis=0) - f[z]) for z in range(5)]
+    np.testing.assert_allclose(diem_importance("loo", f, None, np.zeros(5)), loop, rtol=1e-12)
+    # "reference" without a reference is "loo"
+    np.testing.assert_allclose(diem_importance("reference", f, None, np.zeros(5)), loop, rtol=1e-12)
+
+
+def test_relu_case_hand_computed():
+    # Reference h = [1, −1] on f1 = [1, 0], f2 = [0, 1]: P = I, W ∝ Î = F·h = [1, −1];
+    # C = ‖[1, 1]‖² = 2 = WᵀPW: W* = [1, −1]. ReLU → [1, 0], rescaled to WᵀPW = C: [√2, 0].
+    f = np.array([[[1.0, 0.0], [0.0, 1.0]]])
+    np.testing.assert_allclose(constrained_weights(f[0], f[0] @ [1.0, -1.0]), [1.0, -1.0], rtol=1e-12)
+    p = diem(importance="reference", ridge=0.0, unit="rollout")
+    np.testing.assert_allclose(_weights(p, f, ref=[1.0, -1.0]), [[np.sqrt(2), 0.0]], rtol=1e-12)
+    p = diem(importance="reference", ridge=0.0, unit="rollout", rescale_after_relu=False)
+    np.testing.assert_allclose(_weights(p, f, ref=[1.0, -1.0]), [[1.0, 0.0]], rtol=1e-12)
+    p = diem(importance="reference", ridge=0.0, unit="rollout", relu=False)
+    # the Scheduler refuses negative weights; the policy itself returns W*
+    np.testing.assert_allclose(_weights(p, f, ref=[1.0, -1.0]), [[1.0, -1.0]], rtol=1e-12)
+
+
+def test_prompt_unit_sums_rollout_features_and_broadcasts():
+    # groups: prompt 0 = rollouts [1,0],[1,0] → f = [2, 0]; prompt 1 → [0, 1]. h = [1, 1]:
+    # P = diag(4, 1), Î = [2, 1], W ∝ P⁻¹Î = [0.5, 1]; WᵀPW = 1 + 1 = 2, C = ‖[2, 1]‖² = 5.
+    g = np.array([[[1.0, 0.0], [1.0, 0.0]], [[0.0, 0.5], [0.0, 0.5]]])
+    w = _weights(diem(importance="reference", ridge=0.0), g, ref=[1.0, 1.0])
+    expect = np.array([0.5, 1.0]) * np.sqrt(5 / 2)
+    np.testing.assert_allclose(w, np.repeat(expect[:, None], 2, axis=1), rtol=1e-12)
+
+
+def test_without_features_weights_are_one():
+    s = Scheduler(POOL, "diem")
+    fb = Feedback([0, 5], [[1, 0, 1, 1], [0, 0, 0, 1]])
+    np.testing.assert_array_equal(s.loss_weights(fb), np.ones((2, 4)))
+
+
+def test_softmax_ablation_hand_computed_and_needs_no_features():
+    # pass_at_k score = pass rates [0.5, 0.25], max 0.5, T = 1: z = [1, 0.5];
+    # W = 2·softmax(z) = 2·[e, e^0.5] / (e + e^0.5).
+    p = make_policy("diem", importance="pass_at_k", solver="softmax")
+    fb = Feedback([0, 1], [[1, 0, 1, 0], [1, 0, 0, 0]])
+    w = p.apply(p.init(POOL), POOL, Batch.from_feedback(fb, POOL, 0.5))
+    e = np.exp([1.0, 0.5])
+    np.testing.assert_allclose(w[:, 0], 2 * e / e.sum(), rtol=1e-12)
+    assert (w == w[:, :1]).all()
+
+
+def test_random_ablation_depends_on_seed_and_step_only():
+    g = np.random.default_rng(0).standard_normal((2, 2, 5))
+    p = diem(importance="random", solver="softmax", seed=3)
+    a, b = _weights(p, g, step=4), _weights(p, g, step=4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, _weights(p, g, step=5))
+
+
+def test_scale_invariance_and_huge_features_stay_finite():
+    g = np.random.default_rng(1).standard_normal((3, 2, 4))
+    p = diem()
+    w1 = _weights(p, g)
+    np.testing.assert_allclose(_weights(p, g * 1e30), w1, rtol=1e-9)
+    assert np.isfinite(_weights(p, np.full((3, 2, 4), 3e38))).all()
+    np.testing.assert_array_equal(_weights(p, np.zeros((3, 2, 4))), 1.0)   # no gradient: uniform
+
+
+def test_loss_weights_through_the_scheduler_are_nonneg_and_match_the_policy():
+    g = np.random.default_rng(2).standard_normal((3, 2, 16)).astype(np.float32)
+    s = Scheduler(POOL, "diem", importance="loo", ridge=0.0)
+    fb = Feedback([0, 1, 2], [[1, 0], [0, 1], [1, 1]], grads=g)
+    w = s.loss_weights(fb)
+    f = g.astype(np.float64).sum(axis=1)
+    w0 = constrained_weights(f, diem_importance("loo", f, None, np.zeros(3)))
+    w0 = np.maximum(w0, 0)
+    w0 = w0 * np.linalg.norm(f.sum(axis=0)) / np.linalg.norm(w0 @ f)
+    np.testing.assert_allclose(w, np.repeat(w0[:, None], 2, axis=1), rtol=1e-6)
+    assert (w >= 0).all()
+
+
+def test_bad_hyperparameters_are_refused():
+    for kw in ({"importance": "grad"}, {"ridge": -1.0}, {"unit": "token"}, {"relu": 1},
+               {"temperature": 0.0}, {"seed": -2}):
+        with pytest.raises(ValueError, match=f"diem {next(iter(kw))}"):
+            diem(**kw)
+
+
+def test_one_informative_group_gets_uniform_weights_not_rounding_noise():
+    # Only group 1 has a gradient (the others have A = 0): g_B − f_1 = 0 exactly, so Î = 0 and
+    # the weights are 1 — before, ⟨f_1, g_B⟩ − ‖f_1‖² left rounding noise whose sign chose W.
+    g = np.zeros((4, 2, 5))
+    g[1] = np.random.default_rng(0).standard_normal((2, 5)) * 0.37
+    np.testing.assert_array_equal(_weights(diem(importance="loo"), g), np.ones((4, 2)))
+    assert (diem_importance("loo", g.sum(axis=1), None, np.zeros(4)) == 0).all()
+
+
+def test_default_is_the_published_rule_and_gives_uniform_weights():
+    p = diem()
+    g = np.random.default_rng(4).standard_normal((4, 2, 32))         # 4 groups ≤ d = 32: full rank
+    np.testing.assert_allclose(_weights(p, g), 1.0, rtol=0, atol=1e-10)
+    s = Scheduler(POOL, "diem")
+    assert s.hyperparameters[0][1]["importance"] == "batch" and s.hyperparameters[0][1]["ridge"] == 0.0
