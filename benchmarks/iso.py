@@ -235,6 +235,8 @@ def merge_time(args):
               "0.5b-1layer": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                                   tie_word_embeddings=True)}
+    if args.tmp:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="iso-merge-time-", dir=args.tmp))
     try:
         torch.manual_seed(0)

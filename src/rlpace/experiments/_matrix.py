@@ -9,8 +9,8 @@ registered candidate is reported as missing; `default_policies` then fills the m
 to 13 with rlpace methods outside DataFlex's list (`EXTRAS`), so the default run stays a
 13-configuration matrix whenever the registry allows it.
 
-Policies keep their registered (card) defaults: hyperparameters are those of the card the
-policy file cites; DataFlex's own values are noted per slot.
+Policies keep their registered defaults: hyperparameters are those of the paper the policy
+file cites (docs/methods/<name>.md); DataFlex's own values are noted per slot.
 """
 
 from __future__ import annotations

@@ -213,9 +213,9 @@ def batch_dependent_kwargs(policy: Any, batch_size: int, policy_kwargs: dict) ->
     """Hyperparameters that must follow the batch size, filled in when not given.
 
     The only one: ADS proposes `active_clusters × mini_cluster_size` prompts per step
-    (card 1: 4 × 32 = 128), so in a run with batch size B we set
-    `mini_cluster_size = B // active_clusters` (32 at B = 128, the card's own value).
-    Every other hyperparameter keeps its card default.
+    (ADS, arXiv 2606.22305: 4 × 32 = 128), so in a run with batch size B we set
+    `mini_cluster_size = B // active_clusters` (32 at B = 128, the paper's own value).
+    Every other hyperparameter keeps its published default (docs/methods/<name>.md).
     """
     if not isinstance(policy, str):
         return dict(policy_kwargs)
@@ -302,7 +302,7 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         group_size: G, rollouts per prompt (DUMP: 16).
         eval_every: held-out evaluation period in steps (also after the last step).
         target: held-out mean accuracy for `steps_to_target`; None → `scenario.target`.
-        policy_kwargs: hyperparameters of the policy (card defaults when absent; see
+        policy_kwargs: hyperparameters of the policy (published defaults when absent; see
             `batch_dependent_kwargs` for the one we set from the batch size).
         progress: show a progress bar.
         max_gen_batches: cap on generation rounds per step when admission asks for

@@ -11,8 +11,12 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..evaluation import Curve
 
 __all__ = ["load_run", "eval_curve", "compare_runs", "summary_lines", "format_table", "run_records",
            "plot_runs", "write_html", "CAPTIONS"]

@@ -601,13 +601,6 @@ def _token_weights(sched, fb: Feedback, old_logp: list, c_mask: torch.Tensor, g:
     return torch.from_numpy(w.reshape(bt * g, t)).float()
 
 
-def _append_jsonl(path: Path, rec: dict) -> None:
-    """One record per line, the file opened per write: no handle outlives an exception, and
-    a crash leaves every finished step on disk (resume truncates to the checkpoint)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
 def _truncate_log(path: Path, step: int) -> None:
     """Drop records of steps ≥ `step` (written after the checkpoint we resume from)."""
     if not path.is_file():
