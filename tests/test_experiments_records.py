@@ -220,3 +220,22 @@ def test_steps_to_target_from_evals_hand_computed():
     assert cp.rollouts_ratio.estimate == pytest.approx(200 / ((100 + 100 + 300) / 3))
     # without a target in the records or the call, no ratios
     assert analyze(recs, baseline="uniform", random_state=0, n_boot=500).target is None
+
+
+def test_generated_tokens_reach_the_evaluations_and_the_efficiency_curves():
+    """Per-step `tokens` (generation, refills and probes) become the cumulative tokens each
+    evaluation had cost — what `rlpace report`'s tokens-to-80 %-of-gain column reads."""
+    from rlpace.experiments import record_from_step_log
+    rows = [{"step": 0, "rollouts": 8, "tokens": 30, "eval/a": 0.0},
+            {"step": 1, "rollouts": 8, "tokens": 50},
+            {"step": 2, "rollouts": 8, "tokens": 20, "eval/a": 0.5},
+            {"step": 3, "final": True, "eval/a": 0.75}]
+    rec = record_from_step_log(rows, run_id="r", label="u", policy="uniform", seed=0, suite="s",
+                               backend="embedded", budget_steps=3)
+    assert rec["evals"]["step"] == [0, 2, 3]
+    assert rec["evals"]["rollouts"] == [0, 16, 24]
+    assert rec["evals"]["tokens"] == [0, 80, 100]            # spent before each evaluation
+    no_tokens = record_from_step_log([{k: v for k, v in r.items() if k != "tokens"} for r in rows],
+                                     run_id="r", label="u", policy="uniform", seed=0, suite="s",
+                                     backend="embedded", budget_steps=3)
+    assert "tokens" not in no_tokens["evals"]

@@ -185,10 +185,12 @@ def test_lilo_probes_are_counted_and_select_learnable_prompts(tmp_path, cache, m
     monkeypatch.setattr(grpo, "lilo_select", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
     cfg = cfg_for(tmp_path, cache, steps=2, lilo_candidates=3, lilo_probes=2)
     train(cfg)
-    for r, (ids, probes) in zip([r for r in records(cfg) if not r.get("final")], chosen):
+    for r, (ids, probes, probe_tokens) in zip([r for r in records(cfg) if not r.get("final")], chosen):
         assert probes == 3 * 4 * 2
         assert r["probe_rollouts"] == probes and r["rollouts"] == probes + 4 * 4
         assert r["prompt_ids"] == ids.tolist() and len(ids) == 4
+        # probe generation is charged: ≥ 1 token per probe rollout, and the step's tokens include it
+        assert probe_tokens >= probes and r["tokens"] >= probe_tokens + 4 * 4
 
 
 def test_base_policy_cache_and_deterministic_rebuild(tmp_path):

@@ -466,6 +466,11 @@ def record_from_step_log(rows: Sequence[Mapping[str, Any]], *, run_id: str, labe
                              "rollouts" if cum_roll_key is None and any("rollouts" in r for r in step_rows)
                              else None)
     after = {int(r["step"]): v for r, v in zip(step_rows, roll_after)}
+    # cumulative generated tokens after each step row, when every step logs `tokens`
+    tok_after = None
+    if step_rows and all(_num(r.get("tokens")) is not None for r in step_rows):
+        tok_after = dict(zip((int(r["step"]) for r in step_rows),
+                             np.cumsum([_num(r["tokens"]) for r in step_rows]).tolist()))
 
     steps: dict[str, list] = {"step": [int(r["step"]) for r in step_rows]}
     for k in step_cols:
@@ -482,6 +487,8 @@ def record_from_step_log(rows: Sequence[Mapping[str, Any]], *, run_id: str, labe
 
     evals: dict[str, list] = {"step": [], "rollouts": [], **{f"acc/{d}": [] for d in dists},
                               "acc_mean": []}
+    if tok_after is not None:
+        evals["tokens"] = []
     for r in rows:
         vals = {d: None for d in dists}
         logged_mean, hit = None, False
@@ -501,14 +508,19 @@ def record_from_step_log(rows: Sequence[Mapping[str, Any]], *, run_id: str, labe
             seen = t                                   # evaluated after t finished steps
             prev = [v for s_, v in after.items() if s_ < t and v is not None]
             roll = int(prev[-1]) if prev else 0
+            tok = None if tok_after is None else int(max([v for s_, v in tok_after.items() if s_ < t],
+                                                         default=0))
         else:
             seen = t + 1
             roll = None if after.get(t) is None else int(after[t])
+            tok = None if tok_after is None else int(tok_after[t])
         if evals["step"] and evals["step"][-1] == seen:    # a final eval repeating the last one
             for key in list(evals):
                 evals[key].pop()
         evals["step"].append(seen)
         evals["rollouts"].append(roll)
+        if tok_after is not None:
+            evals["tokens"].append(tok)
         for d in dists:
             evals[f"acc/{d}"].append(vals[d])
         present = [v for v in vals.values() if v is not None]

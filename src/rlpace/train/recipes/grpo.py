@@ -151,15 +151,16 @@ def sample_groups(model, tok, tasks, prompt_tokens, ids, g: int, cfg: TrainConfi
 def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int):
     """LILO (Foster et al. 2025, arXiv 2502.12272): propose k·B candidates, spend `lilo_probes`
     rollouts on each, keep the B with the largest p̂(1−p̂) (ties: proposal order).
-    Returns (ids int64[B], probe rollouts spent). The probes only score; they are neither
-    trained on nor observed by the Scheduler (LILO keeps only the scores)."""
+    Returns (ids int64[B], probe rollouts spent, probe tokens generated). The probes only
+    score; they are neither trained on nor observed by the Scheduler (LILO keeps only the
+    scores), but they cost generation, so both counts are charged to the budget."""
     b = cfg.batch_prompts
     cand = sched.propose(cfg.lilo_candidates * b)
     probe = sample_groups(model, tok, tasks, prompt_tokens, cand, cfg.lilo_probes, cfg,
                           _generator(cfg, step, 0, _PROBE))
     p = (probe.rewards >= cfg.success_threshold).mean(axis=1)
     keep = np.argsort(-(p * (1.0 - p)), kind="stable")[:b]
-    return cand[keep], cand.size * cfg.lilo_probes
+    return cand[keep], cand.size * cfg.lilo_probes, probe.tokens
 
 
 # ---- oracle measurement (issue 10) -------------------------------------------------------
@@ -390,16 +391,16 @@ def train(cfg: TrainConfig) -> dict:
         oracle_rollouts = 0
         if measure and step % cfg.oracle_every == 0:
             oracle_rollouts = oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg, step)
-        probe_rollouts = 0
+        probe_rollouts = probe_tokens = 0
         if cfg.lilo_candidates:
-            ids, probe_rollouts = lilo_select(sched, model, tok, tasks, prompt_tokens, cfg, step)
+            ids, probe_rollouts, probe_tokens = lilo_select(sched, model, tok, tasks, prompt_tokens, cfg, step)
         else:
             ids = sched.propose(b) if gen is None else generated_ids(gen, pool, b, cfg, step, 0)
 
         # 2b. generate → verify → observe → admit; refill dropped groups while asked to.
         # The Scheduler always sees GRPO group-normalised advantages (`group_advantages`),
         # whatever the objective: DUMP, SEC, EXP3 and top-k read one scale under every loss.
-        pieces, admitted, round_, gen_tokens = [], 0, 0, 0
+        pieces, admitted, round_, gen_tokens = [], 0, 0, probe_tokens
         fbs = []                                                # each round's Feedback
         while True:
             grp = sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg,
