@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ChainedOptimizer"]
+__all__ = ["ChainedOptimizer", "evaluate_closure"]
+
+
+def evaluate_closure(closure):
+    """The loss of torch's optional `step(closure)` argument, recomputed with gradients on
+    (an optimizer's `step` runs under `no_grad`); None without a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class ChainedOptimizer(torch.optim.Optimizer):
@@ -38,10 +47,7 @@ class ChainedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for o in self.optimizers:
             o.step()
         return loss

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ._chain import ChainedOptimizer
+from ._chain import ChainedOptimizer, evaluate_closure
 
 __all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "default_managed"]
 
@@ -154,10 +154,7 @@ class IsoSpectral(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Chain rule → (projection) → base step → polar retraction → W = U·Σ₀·Vᵀ."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for w, u, v, s in zip(self._weights, self._u, self._v, self._sigma):
             if w.grad is None:
                 u.grad = v.grad = None
