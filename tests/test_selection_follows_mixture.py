@@ -14,7 +14,8 @@ from rlpace.policies import (SELECTION, DataPolicy, compose, fixed_mixture, lear
                              make_method, make_policy, mopps, names, oracle_boundary,
                              prioritized_learnability)
 from rlpace.policies._learnability import LearnabilityBufferState
-from rlpace.policies._mopps import MoppsState, split_by_arm
+from rlpace.policies._mopps import MoppsState
+from rlpace.policies._uniform import split_by_arm
 from rlpace.stats._sumtree import sumtree_set
 
 FOLLOWERS = ("mopps", "learnability_buffer", "prioritized_learnability")

@@ -36,7 +36,8 @@ from ..stats._sumtree import SumTree, _unique, sumtree_build, sumtree_sample, su
 from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
 from ._checks import check_int, check_real
-from ._mopps import beta_posterior_update, split_by_arm
+from ._mopps import beta_posterior_update
+from ._uniform import split_by_arm
 
 __all__ = ["learnability_buffer", "prioritized_learnability"]
 

@@ -33,9 +33,10 @@ import numpy as np
 from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
 from ._checks import check_int, check_real
+from ._uniform import split_by_arm
 from ..predict._logistic import PredictorState, check_predictor_state, predictor
 
-__all__ = ["mopps", "beta_posterior_update", "split_by_arm"]
+__all__ = ["mopps", "beta_posterior_update"]
 
 
 class MoppsState(NamedTuple):
@@ -133,45 +134,6 @@ def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.n
     if n <= size:
         return rng.permutation(size)                                # size < ratio·n: O(ratio·n)
     return rng.integers(0, size, size=m)
-
-
-def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
-                 owner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How a selection that follows a mixture splits n slots over the arms.
-
-    Returns (counts int64[K], order, offsets) with (order, offsets) = `pool.members(arms)`
-    and counts ~ Multinomial(n, p), p = probs restricted to the arms that have prompts and
-    renormalised (all of them in proportion to their size when probs puts no mass on a
-    non-empty arm, as `uniform_within_arm`). So E[counts[k]] = n·p[k] exactly: the slots
-    are the i.i.d. per-slot arm draws of DUMP (arXiv 2504.09710) and of
-    `uniform_within_arm`, counted. (Largest-remainder rounding would have a lower
-    variance, but it never gives an arm with n·p[k] < 1/2 a slot, e.g. with n = 1 the
-    second arm of p = [0.6, 0.4] would never be drawn: a bias a bandit cannot learn past.)
-    The multinomial is drawn over the arms with p[k] > 0 only, so an empty arm never gets
-    a slot (numpy gives its last category the remainder n − Σ others, which rounding could
-    leave positive for a last arm of probability 0).
-
-    Raises ValueError naming `owner` when probs is not K finite non-negative numbers.
-
-    >>> import numpy as np; from rlpace import Pool
-    >>> pool = Pool(["a", "a", "b", "c"])
-    >>> c, _, _ = split_by_arm(pool, 5, [0.0, 1.0, 0.0], "domain", np.random.default_rng(0), "x")
-    >>> c.tolist()
-    [0, 5, 0]
-    """
-    order, offsets = pool.members(arms)
-    sizes = np.diff(offsets)
-    p = np.asarray(probs, dtype=np.float64)
-    if p.shape != sizes.shape or not (np.isfinite(p).all() and (p >= 0).all()):
-        raise ValueError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
-                         f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
-    p = np.where(sizes > 0, p, 0.0)
-    total = p.sum()
-    p = p / total if total > 0 else sizes / sizes.sum()
-    counts = np.zeros(sizes.shape[0], dtype=np.int64)
-    live = np.flatnonzero(p > 0)
-    counts[live] = rng.multinomial(n, p[live] / p[live].sum())
-    return counts, order, offsets
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,

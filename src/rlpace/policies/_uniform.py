@@ -4,6 +4,10 @@
 to their size); `fixed_mixture` is DataFlex-RL's `static` control (arXiv 2609.06107,
 configuration 10: a fixed share per domain, equal by default), against which adaptive mixtures must be
 compared.
+
+How a selection follows a mixture lives here too, in one place: `arm_distribution` (the
+mixture restricted to non-empty arms) and `split_by_arm` (n slots ~ Multinomial over it),
+used by `uniform_within_arm`, MoPPS and the learnability selections.
 """
 
 from __future__ import annotations
@@ -37,14 +41,61 @@ def uniform_within_arm() -> DataPolicy:
     def apply(state, pool, n, probs, arms, rng):
         order, offsets = pool.members(arms)
         sizes = np.diff(offsets)
-        p = np.where(sizes > 0, probs, 0.0)
-        total = p.sum()
-        p = p / total if total > 0 else sizes / sizes.sum()
-        arm = _choice(rng, p, n)
+        arm = _choice(rng, arm_distribution(sizes, probs), n)
         within = (rng.random(n) * sizes[arm]).astype(np.int64)
         return order[offsets[arm] + within]
     return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm",
                       follows_mixture=True)
+
+
+def arm_distribution(sizes: np.ndarray, probs) -> np.ndarray:
+    """float64[K] the mixture's `probs` restricted to the arms that have prompts (`sizes` > 0)
+    and renormalised; when it puts no mass on a non-empty arm, every arm in proportion to its
+    size. What `uniform_within_arm` draws each slot's arm from and `split_by_arm` splits over.
+
+    >>> arm_distribution(np.array([2, 0, 2]), [0.2, 0.6, 0.2]).tolist()
+    [0.5, 0.0, 0.5]
+    """
+    p = np.where(sizes > 0, probs, 0.0)
+    total = p.sum()
+    return p / total if total > 0 else sizes / sizes.sum()
+
+
+def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
+                 owner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How a selection that follows a mixture splits n slots over the arms.
+
+    Returns (counts int64[K], order, offsets) with (order, offsets) = `pool.members(arms)`
+    and counts ~ Multinomial(n, p), p = probs restricted to the arms that have prompts and
+    renormalised (all of them in proportion to their size when probs puts no mass on a
+    non-empty arm, as `uniform_within_arm`). So E[counts[k]] = n·p[k] exactly: the slots
+    are the i.i.d. per-slot arm draws of DUMP (arXiv 2504.09710) and of
+    `uniform_within_arm`, counted. (Largest-remainder rounding would have a lower
+    variance, but it never gives an arm with n·p[k] < 1/2 a slot, e.g. with n = 1 the
+    second arm of p = [0.6, 0.4] would never be drawn: a bias a bandit cannot learn past.)
+    The multinomial is drawn over the arms with p[k] > 0 only, so an empty arm never gets
+    a slot (numpy gives its last category the remainder n − Σ others, which rounding could
+    leave positive for a last arm of probability 0).
+
+    Raises ValueError naming `owner` when probs is not K finite non-negative numbers.
+
+    >>> import numpy as np; from rlpace import Pool
+    >>> pool = Pool(["a", "a", "b", "c"])
+    >>> c, _, _ = split_by_arm(pool, 5, [0.0, 1.0, 0.0], "domain", np.random.default_rng(0), "x")
+    >>> c.tolist()
+    [0, 5, 0]
+    """
+    order, offsets = pool.members(arms)
+    sizes = np.diff(offsets)
+    p = np.asarray(probs, dtype=np.float64)
+    if p.shape != sizes.shape or not (np.isfinite(p).all() and (p >= 0).all()):
+        raise ValueError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
+                         f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
+    p = arm_distribution(sizes, p)
+    counts = np.zeros(sizes.shape[0], dtype=np.int64)
+    live = np.flatnonzero(p > 0)
+    counts[live] = rng.multinomial(n, p[live] / p[live].sum())
+    return counts, order, offsets
 
 
 def _choice(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
