@@ -280,3 +280,21 @@ def test_trainer_shared_prefix_features_run(tmp_path, cache, monkeypatch):
         informative = fb.rewards.std(axis=1) > 0                     # A ≠ 0: a non-zero gradient
         assert fb.grads is not None
         assert ((np.abs(fb.grads).sum(axis=(1, 2)) > 0) == informative).all(), fb.rewards
+
+
+def test_trainers_read_the_signals_a_policy_declares_not_its_name():
+    """`DataPolicy.reads` decides what the recipe computes: gradient features for diem/dvc (also
+    chained or renamed) and for a user policy that declares them; the oracle measurement for
+    the oracle_* tools; neither for a plain method."""
+    from rlpace.policies import chain, compose, make_policy
+    from rlpace.train.gradfeatures import needs_grad_features
+    from rlpace.train.recipes.grpo import uses_oracle
+    pool = Pool(["a"] * 4)
+    renamed = make_policy("diem")._replace(name="my_weights")
+    chained = chain(make_policy("per_advantage"), renamed)
+    assert chained.reads == frozenset({"grads"})
+    for method, grads, oracle in [("dvc", True, False), (compose(chained), True, False),
+                                  ("oracle_boundary", False, True), ("dump+mopps", False, False)]:
+        s = Scheduler(pool, method)
+        assert needs_grad_features(s, "auto") is grads and uses_oracle(s) is oracle, method
+    assert needs_grad_features(Scheduler(pool, "dump"), "on") is True

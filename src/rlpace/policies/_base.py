@@ -89,6 +89,11 @@ class DataPolicy(NamedTuple):
             clusters drawn ∝ probs). False (the default) for a selection that ignores
             `probs`: `compose` refuses to pair it with a mixture, which would otherwise
             do nothing at all.
+        reads: the signals beyond rollout feedback this policy needs a trainer to produce:
+            "grads" (per-rollout gradient features `Feedback.grads` / `ref_grad`: diem, dvc),
+            "measurement" (every training prompt's current pass rate, fed as one Feedback
+            over the whole pool: the oracle_* measurement tools). Trainers decide what to
+            compute from this field, never from policy names; `chain` takes the union.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
@@ -103,6 +108,7 @@ class DataPolicy(NamedTuple):
     check_state: Callable[[Any, Pool], None] | None = None
     update_losses: Callable[[Any, Pool, Any], Any] | None = None
     follows_mixture: bool = False
+    reads: frozenset = frozenset()
 
 
 class Method(NamedTuple):
@@ -254,7 +260,8 @@ def chain(*policies: DataPolicy) -> DataPolicy:
                 p.check_state(s, pool)
 
     return DataPolicy(kind, init, update, apply, name=">".join(p.name for p in policies),
-                      metrics=metrics, check_state=check_state)
+                      metrics=metrics, check_state=check_state,
+                      reads=frozenset().union(*(p.reads for p in policies)))
 
 
 def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:

@@ -115,7 +115,8 @@ def oracle_boundary() -> DataPolicy:
         pick = ties[rng.permutation(ties.size)[: n - above.size]]
         return np.concatenate([above, pick]).astype(np.int64)
 
-    return DataPolicy(SELECTION, _init, _update, apply, name="oracle_boundary", metrics=_metrics)
+    return DataPolicy(SELECTION, _init, _update, apply, name="oracle_boundary", metrics=_metrics,
+                      reads=frozenset({"measurement"}))
 
 
 def expected_group_signal(p: np.ndarray, group_size: int, eps: float = 1e-6) -> np.ndarray:
@@ -207,4 +208,4 @@ def oracle_progress(group_size: int = 16, transfer=None) -> DataPolicy:
         return best / best.sum()
 
     return DataPolicy(MIXTURE, init, _update, apply, arms="domain", name="oracle_progress",
-                      metrics=_metrics)
+                      metrics=_metrics, reads=frozenset({"measurement"}))

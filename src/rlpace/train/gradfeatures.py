@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["GradFeatures", "GRAD_PARAMS", "select_linears", "GRADIENT_POLICIES", "needs_grad_features",
+__all__ = ["GradFeatures", "GRAD_PARAMS", "select_linears", "needs_grad_features",
            "heldout_reference", "split_with_grads"]
 
 GRAD_PARAMS = ("lm_head", "last_block", "all")
@@ -174,16 +174,13 @@ class GradFeatures:
 
 
 # ---- what the built-in recipe calls ----------------------------------------------------------
-GRADIENT_POLICIES = ("diem", "dvc")      # registered policies that read Feedback.grads / ref_grad
-
-
 def needs_grad_features(sched, mode: str) -> bool:
     """Whether the recipe computes features: `mode` "on" / "off", or "auto" = when a policy of
-    the Scheduler's method reads them (`GRADIENT_POLICIES`, also inside a chain "a>diem")."""
+    the Scheduler's method reads them (`DataPolicy.reads` holds "grads": diem, dvc, also inside
+    a chain such as "per_advantage>diem")."""
     if mode in ("on", "off"):
         return mode == "on"
-    names = {part for p in sched.method.policies().values() for part in p.name.split("|")[0].split(">")}
-    return bool(names & set(GRADIENT_POLICIES))
+    return any("grads" in p.reads for p in sched.method.policies().values())
 
 
 def heldout_reference(model, gf: GradFeatures, rollout, temperature: float = 1.0):

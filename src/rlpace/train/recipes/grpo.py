@@ -165,9 +165,9 @@ def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step:
 
 # ---- oracle measurement (issue 10) -------------------------------------------------------
 def uses_oracle(sched) -> bool:
-    """Whether the Scheduler runs an `oracle_*` policy (a measurement tool that needs the
-    true current pass rate of every training prompt)."""
-    return any(p.name.startswith("oracle") for p in sched.method.policies().values())
+    """Whether a policy of the Scheduler reads the pass-rate measurement of every training
+    prompt (`DataPolicy.reads` holds "measurement": the oracle_* measurement tools)."""
+    return any("measurement" in p.reads for p in sched.method.policies().values())
 
 
 def oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int) -> int:
