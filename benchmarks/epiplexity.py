@@ -7,17 +7,23 @@ A. Mixture. For each suite (`embedded`, `ladder`, `mostly_solved`), `uniform`, `
    (rollouts and tokens to reach 80% of uniform's gain, AUC, final accuracy and its paired
    difference to uniform with 95% bootstrap CIs). epiplexity is fed by the recipe's loss
    probe every `--loss-probe-every` steps.
-B. Generator. `tasks=generated:<family>` (REINFORCE over the family's sizes, reward = NLL drop
-   on previously generated items) against `tasks=embedded:<every size of the family>` with
-   `policy=uniform` (a fixed uniform mix over the sizes: the pools hold the same items and the
-   base policies are the same). Held-out accuracy is the mean over every size (the family's
-   whole parameter range); same table, uniform mix as the baseline. Default family: the ladder
-   suite's, warmed up with the ladder's mistake shares (sizes learned in order: headroom).
+B. Generator. `tasks=generated:<family>` (REINFORCE over the family's sizes, each step a fresh
+   item of the family at every drawn size, reward = NLL drop on the previously generated items)
+   against two fixed mixes, with the same base policy (built from the same task set):
+     uniform       `tasks=generated:<family> gen_lr=0`: fresh items at uniformly drawn sizes —
+                   the fixed uniform parameter mix; the table's baseline;
+     uniform_pool  `tasks=embedded:<every size> policy=uniform`: the pre-generated pool of
+                   `train_per_domain` items per size, uniform over its prompts.
+   Held-out accuracy is the mean over every size (the family's whole parameter range). Default
+   family: the ladder suite's (`sort`), warmed up with the ladder's mistake shares (sizes
+   learned in order: headroom).
 
 Usage:
     python benchmarks/epiplexity.py                      # 8 seeds, 100-step budget, 3 suites + the ladder's family
     python benchmarks/epiplexity.py --quick              # 2 seeds, 60 steps
     python benchmarks/epiplexity.py --seeds 1 --steps 10 --suites embedded --family max   # smoke
+    python benchmarks/epiplexity.py --suites embedded --family '' --jobs 1      # the docs' mixture figures
+    python benchmarks/epiplexity.py --suites '' --family sort --jobs 1          # the docs' generator figures
 
 Runs are cached under --out (a finished run with the same config is not rerun).
 """
@@ -37,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_efficiency as le  # noqa: E402
 
 MIXTURES = ["uniform", "dump", "epiplexity"]
-FIXED, GENERATED = "uniform_mix", "generated"
+FRESH_UNIFORM, POOL, GENERATED = "uniform", "uniform_pool", "generated"    # generator part's arms
 
 
 def _args(base, **kw):
@@ -96,16 +102,24 @@ def generator_family(family: str, seeds, args) -> str:
 
     def cfg(arm, s):
         c = le.run_config("uniform", s, a)
-        if arm == GENERATED:
-            c = dataclasses.replace(c, tasks=f"generated:{family}", gen_lr=args.gen_lr)
+        if arm != POOL:                      # fresh items; gen_lr=0 keeps π uniform over the sizes
+            c = dataclasses.replace(c, tasks=f"generated:{family}", gen_lr=args.gen_lr if arm == GENERATED else 0.0)
         return dataclasses.replace(c, out=str(Path(a.out) / f"{arm}__seed{s}"))
-    cfgs = [cfg(arm, s) for s in seeds for arm in (FIXED, GENERATED)]
+    arms = [FRESH_UNIFORM, GENERATED, POOL]
+    cfgs = [cfg(arm, s) for s in seeds for arm in arms]
     _run_all(cfgs, args.jobs)
-    runs = {(arm, s): _load(cfg(arm, s)) for arm in (FIXED, GENERATED) for s in seeds}
-    # le.analyse names its baseline "uniform": the fixed mix plays it ("uniform" rows = uniform_mix)
-    relabel = {FIXED: "uniform", GENERATED: GENERATED}
-    text = _table({(relabel[k], s): v for (k, s), v in runs.items()}, ["uniform", GENERATED], seeds, args)
-    return "baseline `uniform` = the fixed uniform mix over the sizes\n" + text
+    runs = {(arm, s): _load(cfg(arm, s)) for arm in arms for s in seeds}
+    text = _table(runs, arms, seeds, args)
+    probs = {}                                               # the generator's final π over the sizes
+    for s in seeds:
+        last = [r for r in runs[(GENERATED, s)] if not r.get("final")][-1]
+        for k, v in last.items():
+            if k.startswith("gen/prob/"):
+                probs.setdefault(k[len("gen/prob/"):], []).append(v)
+    order = sorted(probs, key=lambda d: (len(d), d))
+    pi = "  ".join(f"{d} {sum(v) / len(v):.2f}" for d, v in ((d, probs[d]) for d in order))
+    return ("baseline `uniform` = fresh items at uniformly drawn sizes (gen_lr=0); `uniform_pool` = the "
+            "pre-generated pool, uniform over its prompts\n" + text + f"\n\ngenerator's final π (mean over seeds): {pi}")
 
 
 def main(argv=None) -> int:

@@ -109,11 +109,20 @@ def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
                             mistakes="default", lr=args.lr)
 
     def cfg_for(p, s):
-        cfg = le.run_config(p, s, ns)
+        base = p.split("@", 1)[0]           # "diem@loo": policy diem, with the kwargs and run dir of "diem@loo"
+        cfg = le.run_config(base, s, ns)
         extra = {"train_per_domain": args.train_per_domain, "oracle_every": args.oracle_every,
                  "oracle_rollouts": args.oracle_rollouts}
+        if p != base:
+            extra["out"] = str(Path(ns.out) / f"{p}__seed{s}")
+        extra.update(args.train_overrides.get(p, {}))   # --train-overrides '{"dvc@reward": {"grad_features": "off"}}'
         if p == "oracle_progress":
             extra["policy_kwargs"] = json.dumps({"group_size": args.group_size})
+        if p in args.policy_kwargs:                # --policy-kwargs '{"mopps": {"prior_strength": 8}}'
+            kw = dict(args.policy_kwargs[p])
+            # a label of its own for a setting: '{"mopps+prior": {"policy": "mopps", "prior_strength": 8}}'
+            extra["policy"] = kw.pop("policy", base)
+            extra["policy_kwargs"] = json.dumps(kw)
         return dataclasses.replace(cfg, **extra)
 
     for s in seeds:                               # bases first: parallel runs never race on them
@@ -127,16 +136,30 @@ def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
         list(ex.map(le._run_one, [c.to_dict() for c in cfgs.values()]))
     curves: dict = {p: {} for p in policies}
     inform: dict = {p: [] for p in policies}
+    ess: dict = {p: [] for p in policies}
     for (p, s), c in cfgs.items():
         recs = [json.loads(x) for x in (Path(c.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
         curves[p][s] = le.curve(recs)
         inform[p].append(float(np.mean([r["informative_groups"] for r in recs if "informative_groups" in r])))
+        ess[p].append(ess_fraction(recs))
+    args.ess = {**getattr(args, "ess", {}), suite: {p: float(np.mean(v)) for p, v in ess.items()}}
     return curves, {p: float(np.mean(v)) for p, v in inform.items()}
 
 
+def ess_fraction(recs) -> float:
+    """Mean over a run's steps of its importance weights' effective sample size as a share of the
+    batch, (Σw)²/(B·Σw²) (`criticality/ess_fraction` in metrics.jsonl: criticality_is,
+    criticality_grid); NaN for a policy that logs none (its weights are 1: ESS = B)."""
+    v = [r["sched/criticality/ess_fraction"] for r in recs if "sched/criticality/ess_fraction" in r]
+    return float(np.mean(v)) if v else math.nan
+
+
 # ---- the table ------------------------------------------------------------------------------
-def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, tail: int) -> list[dict]:
-    """One row per policy: ratios to uniform, the oracle's headroom and the captured share."""
+def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, tail: int,
+                  ess: dict | None = None) -> list[dict]:
+    """One row per policy: ratios to uniform, the oracle's headroom and the captured share;
+    `ess` (policy -> mean ESS / B of its loss weights, NaN or absent = none) fills the ESS column."""
+    ess = ess or {}
     from rlpace.evaluation import captured_share, efficiency_vs_baseline
     eff = efficiency_vs_baseline(curves, baseline="uniform", fraction=fraction, tail=tail,
                                  n_boot=10_000, random_state=0)
@@ -148,7 +171,7 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
              "ratio_high": 1.0, "bound": "", "reached": len(curves["uniform"]), "captured": 0.0,
              "final": float(u_final), "final_diff": 0.0, "final_low": 0.0, "final_high": 0.0,
              "informative": inform["uniform"], "auc_ratio": 1.0, "steps_ratio": 1.0,
-             "base": float(u_base), "headroom": best_oracle}]
+             "base": float(u_base), "headroom": best_oracle, "ess": ess.get("uniform", math.nan)}]
     for p, e in eff.items():
         r, d = e.rollouts, e.final_diff
         rows.append({"suite": suite, "policy": p, "seeds": len(e.seeds), "ratio": r.estimate, "ratio_low": r.low,
@@ -159,7 +182,7 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
                      "final_high": d.high if d else math.nan, "informative": inform[p],
                      "auc_ratio": e.auc.estimate if e.auc else math.nan,
                      "steps_ratio": e.steps.estimate if e.steps else math.nan,
-                     "base": float(u_base), "headroom": best_oracle})
+                     "base": float(u_base), "headroom": best_oracle, "ess": ess.get(p, math.nan)})
     order = {p: i for i, p in enumerate(["uniform", *ORACLES])}
     rows.sort(key=lambda x: (order.get(x["policy"], 9), x["ratio"] if math.isfinite(x["ratio"]) else 9e9))
     return rows
@@ -172,7 +195,8 @@ def _f(x, fmt="{:.2f}"):
 def markdown(rows: list[dict], fraction: float) -> str:
     pct = f"{fraction:.0%}"
     head = ["policy", f"rollouts to {pct} gain / uniform [95% CI]", "reached", "captured share",
-            "final acc", "Δ final vs uniform [95% CI]", "informative", "AUC / uniform", "steps / uniform"]
+            "final acc", "Δ final vs uniform [95% CI]", "informative", "AUC / uniform", "steps / uniform",
+            "ESS / B"]
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         rs = [r for r in rows if r["suite"] == suite]
@@ -187,7 +211,8 @@ def markdown(rows: list[dict], fraction: float) -> str:
             out.append("| " + " | ".join([
                 r["policy"], f"{r['bound']}{_f(r['ratio'])}×{ci}", f"{r['reached']}/{r['seeds']}",
                 _f(r["captured"], "{:.0%}"), f"{r['final']:.3f}", f"{_f(r['final_diff'], '{:+.3f}')}{dci}",
-                f"{r['informative']:.2f}", _f(r["auc_ratio"]), _f(r["steps_ratio"])]) + " |")
+                f"{r['informative']:.2f}", _f(r["auc_ratio"]), _f(r["steps_ratio"]),
+                "" if not math.isfinite(r.get("ess", math.nan)) else f"{r['ess']:.2f}"]) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -214,13 +239,35 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--train-per-domain", type=int, default=256)
-    ap.add_argument("--oracle-every", type=int, default=10)
-    ap.add_argument("--oracle-rollouts", type=int, default=8)
+    # A sharper measurement than TrainConfig's defaults (10, 8): the oracle is an upper bound,
+    # so it should see fresh, low-noise pass rates (measured on mostly_solved: 0.56× vs 0.60×).
+    ap.add_argument("--oracle-every", type=int, default=5)
+    ap.add_argument("--oracle-rollouts", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--policy-kwargs", default="{}",
+                    help='JSON object: policy -> its keyword arguments, e.g. \'{"mopps": {"prior_strength": 8}}\'; '
+                         'a key that is a label of its own names its policy: '
+                         '\'{"mopps+prior": {"policy": "mopps", "prior_strength": 8}}\' with --policies mopps,mopps+prior')
+    ap.add_argument("--train-overrides", default="{}",
+                    help='JSON object: policy -> TrainConfig fields for its runs, e.g. '
+                         '\'{"dvc@reward": {"grad_features": "off"}}\'. A policy may carry a label, '
+                         '"name@label": it runs `name` with the --policy-kwargs and overrides of "name@label"')
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", default="runs/bench/headroom")
     args = ap.parse_args(argv)
     args.oracles = [o for o in args.oracles.split(",") if o]
+    try:
+        args.policy_kwargs = json.loads(args.policy_kwargs)
+    except json.JSONDecodeError as e:
+        ap.error(f"--policy-kwargs must be a JSON object ({e})")
+    if not isinstance(args.policy_kwargs, dict) or not all(isinstance(v, dict) for v in args.policy_kwargs.values()):
+        ap.error("--policy-kwargs must map policy names to JSON objects, e.g. '{\"mopps\": {\"prior_strength\": 8}}'")
+    try:
+        args.train_overrides = json.loads(args.train_overrides)
+    except json.JSONDecodeError as e:
+        ap.error(f"--train-overrides must be a JSON object ({e})")
+    if not isinstance(args.train_overrides, dict) or not all(isinstance(v, dict) for v in args.train_overrides.values()):
+        ap.error("--train-overrides must map policy names to JSON objects of TrainConfig fields")
     if any(o not in ORACLES for o in args.oracles):
         ap.error(f"--oracles: choose from {', '.join(ORACLES)}")
     if args.quick:
@@ -248,7 +295,8 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         curves, inform = (run_sim if sim else run_trainer)(suite, pols, seeds, args)
         # trainer evaluations are noisy: uniform's final = mean of its last 3 (as learning_efficiency)
-        suite_rows = headroom_rows(suite, curves, inform, fraction=args.fraction, tail=1 if sim else 3)
+        suite_rows = headroom_rows(suite, curves, inform, fraction=args.fraction, tail=1 if sim else 3,
+                                   ess=getattr(args, "ess", {}).get(suite))
         rows += suite_rows
         print(markdown(suite_rows, args.fraction), flush=True)
         print(f"({suite}: {len(pols)} policies × {len(seeds)} seeds in {time.perf_counter() - t1:.0f} s)", flush=True)

@@ -21,11 +21,6 @@ Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); mar
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -36,6 +31,8 @@ pytest.importorskip("transfer_queue")
 pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.slow]
+
+from _isolated import run_result_script  # noqa: E402 - after the importorskips
 
 SCRIPT = textwrap.dedent('''
     import asyncio, json, sys
@@ -118,24 +115,7 @@ SCRIPT = textwrap.dedent('''
 def run_buffer(tmp_path, mode):
     script = tmp_path / "tq_run.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
-    # own session, so that a timeout kills Ray's helper processes with the driver
-    proc = subprocess.Popen([sys.executable, str(script), mode], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("TransferQueue/Ray did not finish within 240 s (Ray on a loaded machine); rerun alone")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)          # Ray agents outlive the driver otherwise
-        except ProcessLookupError:
-            pass
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_result_script(script, [mode], tmp_path, 240, "TransferQueue/Ray")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+
+from _isolated import assert_state_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +30,9 @@ N = 120
 DOMAINS = np.repeat(["easy", "mid", "hard"], 40)
 CLUSTERS = np.repeat(np.arange(3), 40) * 2 + (np.arange(N) % 2)
 HIDDEN_P = np.concatenate([np.linspace(1.0, 0.7, 40), np.linspace(0.8, 0.2, 40), np.linspace(0.3, 0.0, 40)])
-POOL = Pool(DOMAINS, clusters=CLUSTERS, difficulty=1 - HIDDEN_P + 0.1 * _rng.standard_normal(N))
+# Every third prompt unlabelled (Pool.labeled): the supervision places (ttrl, trapo) act on them.
+POOL = Pool(DOMAINS, clusters=CLUSTERS, difficulty=1 - HIDDEN_P + 0.1 * _rng.standard_normal(N),
+            labeled=np.arange(N) % 3 != 2)
 
 
 class StepSpec(NamedTuple):
@@ -59,7 +63,12 @@ def feedback_for(spec: StepSpec, ids: np.ndarray, step: int, seed: int = 0) -> F
         rewards = rewards * 3.0 - rng.random((b, g))             # K&K-like shaped rewards
     elif spec.kind == "unproposed":
         ids = rng.integers(0, N, size=b)
-    return Feedback(ids, rewards, advantages=adv, step=max(0, step - 3) if spec.kind == "late" else step)
+    # extracted answers for the target places: "42" where the rollout succeeded, else one of
+    # two wrong answers or none (methods that do not read answers ignore them)
+    wrong = rng.choice(np.array(["41", "43", None], dtype=object), size=(b, g))
+    answers = np.where(rewards >= 0.5, "42", wrong).tolist()
+    return Feedback(ids, rewards, advantages=adv, step=max(0, step - 3) if spec.kind == "late" else step,
+                    answers=answers)
 
 
 STREAM = [StepSpec(8, 4, k) for k in ("normal", "normal", "all0", "normal", "all1", "advantages",
@@ -82,12 +91,6 @@ def drive(sched: Scheduler, stream, start: int, stop: int, seed: int = 0):
     return out
 
 
-def assert_state_equal(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        x, y = np.asarray(a[k]), np.asarray(b[k])
-        assert x.dtype == y.dtype, k
-        np.testing.assert_array_equal(x, y, err_msg=k)
 
 
 def assert_trace_equal(x, y):

@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from rlpace.tasks._generator import (buffer_push, entropy_gradient, family_configs, generator_from_json,
-                                     generator_init, generator_probs, generator_sample, generator_to_json,
-                                     generator_update, reinforce_gradient)
+from rlpace.tasks._embedded import FAMILIES
+from rlpace.tasks._generator import (buffer_push, draw_keys, entropy_gradient, family_configs, fresh_items,
+                                     generated_taskset, generator_from_json, generator_init, generator_probs,
+                                     generator_sample, generator_to_json, generator_update, reinforce_gradient)
 
 
 def test_reinforce_estimator_is_unbiased_on_a_toy_with_known_gradient():
@@ -72,32 +73,75 @@ def test_generator_moves_to_the_parameter_region_of_largest_gain():
 
 def test_buffer_is_a_ring_of_the_latest_keys():
     st = generator_init(2, buffer_size=4)
-    st = buffer_push(st, [10, 11, 12])
-    assert st.buffer.tolist() == [10, 11, 12, -1] and int(st.buffer_len) == 3
-    st = buffer_push(st, [13, 14])
-    assert st.buffer.tolist() == [14, 11, 12, 13] and int(st.buffer_len) == 4 and int(st.cursor) == 1
+    assert st.buffer.shape == (4, 4) and (st.buffer == -1).all()
+    k = lambda *cells: np.array([[c, 7, 0, j] for j, c in enumerate(cells)])      # noqa: E731
+    st = buffer_push(st, k(0, 1, 0))
+    assert st.buffer[:, 0].tolist() == [0, 1, 0, -1] and st.buffer[:3, 3].tolist() == [0, 1, 2]
+    assert int(st.buffer_len) == 3
+    st = buffer_push(st, np.array([[1, 8, 1, 0], [0, 8, 1, 1]]))
+    assert st.buffer.tolist() == [[0, 8, 1, 1], [1, 7, 0, 1], [0, 7, 0, 2], [1, 8, 1, 0]]
+    assert int(st.buffer_len) == 4 and int(st.cursor) == 1
 
 
 def test_json_round_trip_is_exact_and_validated():
     st = generator_init(4, buffer_size=3)
     rng = np.random.default_rng(2)
     for step in range(5):
-        c = generator_sample(st, 4, np.random.default_rng([1, step]))
-        st = buffer_push(generator_update(st, c, float(rng.random())), c + 10 * step)
-    back = generator_from_json(json.loads(json.dumps(generator_to_json(st))), 4, 3, 100)
+        keys = draw_keys(st, 4, np.random.default_rng([1, step]), step=step, round_=0)
+        st = buffer_push(generator_update(st, keys[:, 0], float(rng.random())), keys)
+    back = generator_from_json(json.loads(json.dumps(generator_to_json(st))), 4, 3)
     for a, b in zip(st, back):
         np.testing.assert_array_equal(a, b)
         assert np.asarray(a).dtype == np.asarray(b).dtype
     nxt = lambda s: generator_update(s, generator_sample(s, 4, np.random.default_rng([1, 9])), 0.7)  # noqa: E731
     np.testing.assert_array_equal(nxt(st).logits, nxt(back).logits)
     good = generator_to_json(st)
+    bad_cell = [[4, 0, 0, 0]] * 3                        # cell 4 of 4 cells
     for field, value, match in [("logits", [0.0] * 3, "logits"), ("logits", [np.nan] * 4, "logits"),
-                                ("reward_var", -1.0, "reward_var"), ("buffer", [0, 1, 500], "buffer"),
+                                ("reward_var", -1.0, "reward_var"), ("buffer", bad_cell, "buffer"),
+                                ("buffer", [0, 1, 2], "buffer"), ("buffer", [[0, -2, 0, 0]] * 3, "buffer"),
                                 ("cursor", 3, "cursor"), ("buffer_len", 9, "buffer_len")]:
         with pytest.raises(ValueError, match=match):
-            generator_from_json({**good, field: value}, 4, 3, 100)
+            generator_from_json({**good, field: value}, 4, 3)
     with pytest.raises(ValueError, match="generator"):
-        generator_from_json({"logits": [0.0]}, 4, 3, 100)
+        generator_from_json({"logits": [0.0]}, 4, 3)
+
+
+def test_draw_keys_are_the_generator_draws_with_step_round_and_slot():
+    st = generator_init(5)._replace(logits=np.array([0.0, 3.0, 0.0, -2.0, 1.0]))
+    keys = draw_keys(st, 6, np.random.default_rng([3, 11, 2, 3]), step=11, round_=2)
+    cells = generator_sample(st, 6, np.random.default_rng([3, 11, 2, 3]))          # the same stream
+    assert keys.dtype == np.int64 and keys.shape == (6, 4)
+    assert keys.tolist() == [[int(c), 11, 2, j] for j, c in enumerate(cells)]
+
+
+def test_fresh_items_come_from_the_family_generator_at_the_drawn_size():
+    names = ("sort2", "sort5")
+    keys = np.array([[1, 3, 0, 0], [0, 3, 0, 1], [1, 3, 0, 0], [1, 4, 0, 0]])
+    items = fresh_items(names, keys, seed=9)
+    # reference: the family's generator called directly on the documented stream
+    for it, (c, t, r, j) in zip(items, keys.tolist()):
+        size = (2, 5)[c]
+        p, a, _ = FAMILIES["sort"][0](np.random.default_rng([9, 7, c, t, r, j]), size)
+        assert (it.prompt, it.answer, it.domain, it.difficulty) == (p, a, names[c], float(size))
+    assert items[0] == items[2] and items[0].prompt != items[3].prompt    # pure in the key; new step, new item
+    assert items[1].answer == "".join(sorted(items[1].prompt[2:-1]))     # a real sort2 item: "s:xy=" → sorted
+    # a held-out prompt is redrawn from the same stream: the item is that stream's second draw
+    rng = np.random.default_rng([9, 7, 1, 3, 0, 0])
+    first, second = FAMILIES["sort"][0](rng, 5)[0], FAMILIES["sort"][0](rng, 5)
+    again = fresh_items(names, keys[:1], seed=9, exclude={first})[0]
+    assert (again.prompt, again.answer) == second[:2]
+
+
+def test_fresh_items_fall_back_when_the_size_is_all_held_out():
+    every_max1 = {f"x:{d}=" for d in "0123456789"}                       # max1's whole space
+    keys = np.array([[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2]])
+    fallback = (("A", "B"),)
+    assert fresh_items(("max1",), keys, 0, exclude=every_max1, fallback=fallback) == ["A", "B", "A"]
+    with pytest.raises(ValueError, match="heldout_per_domain"):
+        fresh_items(("max1",), keys, 0, exclude=every_max1)
+    with pytest.raises(ValueError, match="cell"):
+        fresh_items(("max1",), np.array([[1, 0, 0, 0]]), 0)
 
 
 def test_family_configs_and_bad_reward():
@@ -138,15 +182,42 @@ def test_trainer_generated_tasks_train_the_generator_and_resume_exactly(tmp_path
     assert probs[0] == pytest.approx([0.1] * 10) and probs[-1] != pytest.approx([0.1] * 10)
     assert any(r["gen/reward"] != 0 for r in full[1:])                 # the learner moved
     assert gen_full["updates"] == 3 and gen_full["buffer_len"] == 6
-    # every trained prompt is an item of the family's pool; ids follow the generator's draws
-    assert all(len(r["prompt_ids"]) == 4 for r in full)
+    # the Scheduler's pool is one cell per size: prompt ids are the drawn cells
+    assert all(len(r["prompt_ids"]) == 4 and all(0 <= i < 10 for i in r["prompt_ids"]) for r in full)
+    # the buffer holds the keys of the last 6 real items (steps 2 and 3: 4 + 2 of them), which
+    # regenerate to fresh items of the family: none held out, and not the fixed pool's items
+    buf = np.array(gen_full["buffer"])
+    assert buf.shape == (6, 4) and sorted(buf[:, 1].tolist()) == [2, 2, 3, 3, 3, 3]
+    assert gen_full["cursor"] == 16 % 6                                  # 16 items pushed: oldest at slot 4
+    assert [c for r in full[2:] for c in r["prompt_ids"]][2:] == [buf[(4 + k) % 6, 0] for k in range(6)]
+    ts = generated_taskset("generated:max", train_per_domain=8, heldout_per_domain=2, seed=0)
+    names = tuple(sorted({it.domain for it in ts.train}))
+    items = fresh_items(names, buf, seed=0)
+    assert all(it.domain == names[c] for it, c in zip(items, buf[:, 0]))
+    assert not {it.prompt for it in items} & {it.prompt for it in ts.heldout}
+    assert len({it.prompt for it in items} - {it.prompt for it in ts.train}) >= 3      # new items
     # resume from the step-2 checkpoint: the same prompts, generator and final state
     _gen_cfg(tmp_path, "part")
     part_cfg = _gen_cfg(tmp_path, "part", steps=2)
     run(part_cfg)
     resumed, gen_resumed = run(_gen_cfg(tmp_path, "part", steps=4, resume=True))
     assert [r["prompt_ids"] for r in resumed] == [r["prompt_ids"] for r in full]
+    for key in ("reward_mean", "loss", "tokens", "gen/prob/max3"):     # the same items, the same updates
+        assert [r[key] for r in resumed] == [r[key] for r in full], key
     assert gen_resumed == gen_full
+
+
+def test_trainer_generated_tasks_with_gen_lr_0_is_the_fixed_uniform_mix(tmp_path):
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from rlpace.train import train
+    cfg = _gen_cfg(tmp_path, "frozen", gen_lr=0.0, steps=3, checkpoint_every=0)
+    train(cfg)
+    recs = [json.loads(x) for x in Path(cfg.out, "metrics.jsonl").read_text().splitlines() if x.strip()]
+    for r in recs:
+        if not r.get("final"):
+            assert [r[k] for k in sorted(r) if k.startswith("gen/prob/")] == [0.1] * 10
 
 
 def test_trainer_generated_tasks_reject_conflicting_settings(tmp_path):
@@ -157,7 +228,7 @@ def test_trainer_generated_tasks_reject_conflicting_settings(tmp_path):
         check_config(_gen_cfg(tmp_path, "x", tasks="generated:nope"))
     with pytest.raises(ValueError, match="lilo_candidates"):
         check_config(_gen_cfg(tmp_path, "x", lilo_candidates=2))
-    for field, bad in (("gen_lr", 0.0), ("gen_entropy", -1.0), ("gen_buffer", 0)):
+    for field, bad in (("gen_lr", -0.1), ("gen_lr", float("inf")), ("gen_entropy", -1.0), ("gen_buffer", 0)):
         with pytest.raises(ValueError, match=field):
             check_config(_gen_cfg(tmp_path, "x", **{field: bad}))
     with pytest.raises(ValueError, match="chooses the prompts itself"):

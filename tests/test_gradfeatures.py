@@ -288,7 +288,7 @@ def test_trainers_read_the_signals_a_policy_declares_not_its_name():
     the oracle_* tools; neither for a plain method."""
     from rlpace.policies import chain, compose, make_policy
     from rlpace.train.gradfeatures import needs_grad_features
-    from rlpace.train.recipes.grpo import uses_oracle
+    from rlpace.train.sampling import uses_oracle
     pool = Pool(["a"] * 4)
     renamed = make_policy("diem")._replace(name="my_weights")
     chained = chain(make_policy("per_advantage"), renamed)

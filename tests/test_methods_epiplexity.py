@@ -271,7 +271,7 @@ def test_trainer_probes_losses_and_feeds_the_scheduler(tmp_path):
     from rlpace.tasks import make_taskset
     from rlpace.train import TrainConfig, train
     from rlpace.train.model import load_policy
-    from rlpace.train.recipes.grpo import build_loss_probe, probe_losses
+    from rlpace.train.sampling import build_loss_probe, probe_losses
 
     torch.set_num_threads(1)
     cfg = TrainConfig(tasks="embedded:max2,last3", train_per_domain=16, heldout_per_domain=8, hidden=16,
@@ -319,7 +319,8 @@ def test_trainer_probes_losses_and_feeds_the_scheduler(tmp_path):
 def test_trainer_config_and_counters_are_checked():
     pytest.importorskip("torch")
     from rlpace.train import TrainConfig
-    from rlpace.train.recipes.grpo import _domain_tokens, check_config
+    from rlpace.train.checkpoint import restore_domain_tokens as _domain_tokens
+    from rlpace.train.recipes.grpo import check_config
     for field in ("loss_probe_every", "loss_probe_per_domain"):
         with pytest.raises(ValueError, match=field):
             check_config(TrainConfig(**{field: 0}))

@@ -6,6 +6,8 @@ import pickle
 import numpy as np
 import pytest
 
+from _isolated import assert_state_equal
+
 from rlpace import Feedback, Pool, Scheduler, policies
 from rlpace.policies import fixed_mixture
 
@@ -32,11 +34,6 @@ def run(sched, steps, start=0, n=8):
     return out
 
 
-def assert_state_equal(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
-        assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype, k
 
 
 def assert_trace_equal(x, y):

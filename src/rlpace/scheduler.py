@@ -11,6 +11,17 @@ policy's state, and a shared per-prompt history. Each training step:
     w_t  = sched.token_weights(fb, token_probs, token_mask)   # float64[B, G, T] per token
     log(sched.metrics())
 
+Methods with supervision places (DE-Venus, arXiv 2609.03324; `ttrl`, `olr`, `trapo`,
+`self_certainty`, `entropy_min`) add three calls around the reward (each validates its input
+first and never changes state; docs/methods/README.md, "Supervision as state"):
+
+    t    = sched.targets(fb)           # list[str | None]: verify prompt i's rollouts against t[i]
+                                       #   (None: its dataset label, or no target if unlabelled)
+    r    = sched.rewards(fb)           # float64[B, G]: the reward place's transform of fb.rewards
+    ...the trainer uses r from here on (group advantages, observe, admit)...
+    w_a  = sched.advantage_weights(fb) # float64[B, G] in [0, 1]: Ã = w_a · Â before the loss
+    sched.supervision_log()            # the last relabel / pseudo-label / promotion decisions
+
 Policies that learn from held-out loss curves (`epiplexity`) are fed, every k steps, with
 
     sched.observe_losses({domain: (tokens_seen, loss)})   # probe-set NLL per domain
@@ -33,12 +44,13 @@ Defined behaviour for awkward input (documented, not errors):
 
 from __future__ import annotations
 
+import collections
 import json
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .policies._base import MIXTURE, Admission, Method
+from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import bad, check_tree
 from .stats._window import window_init, window_mean, window_push
@@ -50,6 +62,9 @@ __all__ = ["Scheduler", "STATE_VERSION"]
 # and meta/hyperparameters are recorded and checked; values are validated on load.
 STATE_VERSION = 2
 _STREAM_PROPOSE = 0x5EED
+# Decisions kept by `Scheduler.supervision_log` (a bounded log of this process, not checkpointed;
+# the counters in `metrics()` are state and resume exactly).
+SUPERVISION_LOG_SIZE = 1000
 
 
 class History(NamedTuple):
@@ -126,6 +141,7 @@ class Scheduler:
         self.counters = Counters(*(np.array(0, np.int64) for _ in range(5)),
                                  np.array(0.0), np.zeros(k, np.int64))
         self.states: dict[str, Any] = {kind: p.init(pool) for kind, p in self.method.policies().items()}
+        self._supervision_log: collections.deque = collections.deque(maxlen=SUPERVISION_LOG_SIZE)
 
     # ---- the step ----------------------------------------------------------------------
     @property
@@ -189,6 +205,15 @@ class Scheduler:
         b = batch.prompt_ids.shape[0]
         if b == 0:
             return
+        target = self.method.target
+        decisions = []
+        if target is not None and target.name != "dataset_labels" and (
+                batch.answers is not None or "answers" not in target.reads):
+            # The decisions this visit was verified under, from the state before this update
+            # (what `targets` returned for this feedback), with their evidence. Taken before
+            # anything changes: a target policy's ValueError (e.g. ttrl's vote_rollouts > G)
+            # then leaves the state as it was.
+            decisions = target.apply(self.states[TARGET], self.pool, batch).decisions
         g = batch.rewards.shape[1]
         h = self.history
         np.add.at(h.attempts, batch.prompt_ids, g)
@@ -196,6 +221,7 @@ class Scheduler:
         # max, not assignment: feedback that arrives late must not move recency backwards.
         np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
         window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
+        self._log_decisions(batch, decisions)
         for kind, policy in self.method.policies().items():
             self.states[kind] = policy.update(self.states[kind], self.pool, batch)
         n_informative = int(np.count_nonzero(informative))
@@ -239,6 +265,88 @@ class Scheduler:
         for kind, policy in self.method.policies().items():
             if policy.update_losses is not None:
                 self.states[kind] = policy.update_losses(self.states[kind], self.pool, losses)
+
+    # ---- supervision places (target, reward, advantage) ------------------------------------
+    def targets(self, feedback: Feedback) -> list:
+        """list[str | None] of length B: the target each prompt's rollouts are verified
+        against this step. None means the dataset label for a labelled prompt, and "no
+        target" for an unlabelled one (every rollout then gets reward 0). Decided as though
+        this visit were already observed (OLR's history includes the current majority);
+        changes nothing — `observe` records the visit.
+
+        The target place reads `feedback.answers` (the rewards may be a placeholder of zeros at
+        this point: no target policy reads them). Without a target policy every entry is None.
+
+        >>> import numpy as np
+        >>> from rlpace import Pool, Feedback, Scheduler
+        >>> s = Scheduler(Pool(["a"] * 3, labeled=[True, False, False]), "ttrl")
+        >>> fb = Feedback([0, 1, 2], np.zeros((3, 4)), answers=[["1", "2", "2", None],
+        ...              ["7", "7", "8", None], ["3", "4", None, None]])
+        >>> s.targets(fb)       # labelled: dataset label; unlabelled: unique majority; tie: first seen
+        [None, '7', '3']
+        """
+        batch = self._batch(feedback)
+        target = self.method.target
+        if target is None:
+            return [None] * batch.prompt_ids.shape[0]
+        out = target.apply(self.states[TARGET], self.pool, batch)
+        labels = list(out.labels)
+        if len(labels) != batch.prompt_ids.shape[0] or not all(t is None or isinstance(t, str) for t in labels):
+            raise RuntimeError(f"target policy {target.name!r} returned {len(labels)} targets (expected "
+                               f"{batch.prompt_ids.shape[0]}, each str or None): a bug in that policy.")
+        return labels
+
+    def rewards(self, feedback: Feedback) -> np.ndarray:
+        """float64[B, G]: the reward place's transform of `feedback.rewards` (the rewards the
+        trainer's verifier gave against `targets`). Identity without a reward policy; the
+        trainer uses the returned rewards from then on (group advantages, `observe`, `admit`).
+        Changes nothing."""
+        batch = self._batch(feedback)
+        reward = self.method.reward
+        if reward is None:
+            return np.array(batch.rewards, dtype=np.float64)
+        r = np.array(reward.apply(self.states[REWARD], self.pool, batch), dtype=np.float64)
+        if r.shape != batch.rewards.shape or not np.isfinite(r).all():
+            raise RuntimeError(f"reward policy {reward.name!r} returned rewards of shape {r.shape} "
+                               f"(expected {batch.rewards.shape}, finite): a bug in that policy.")
+        return r
+
+    def advantage_weights(self, feedback: Feedback) -> np.ndarray:
+        """float64[B, G] in [0, 1]: the advantage place's weights w (DE-Venus Eq. 5,
+        Ã = w·Â; 0 filters a rollout, (0, 1) softly reweights it). The trainer multiplies the
+        advantages by them before the loss. Ones without an advantage policy. Changes nothing."""
+        batch = self._batch(feedback)
+        adv = self.method.advantage
+        if adv is None:
+            return np.ones(batch.rewards.shape, dtype=np.float64)
+        w = np.array(adv.apply(self.states[ADVANTAGE], self.pool, batch), dtype=np.float64)
+        if w.shape != batch.rewards.shape or not np.isfinite(w).all() or (w < 0).any() or (w > 1).any():
+            raise RuntimeError(f"advantage policy {adv.name!r} returned invalid weights (shape {w.shape}, "
+                               f"expected {batch.rewards.shape}, each in [0, 1]).")
+        return w
+
+    def supervision_log(self, last: int | None = None) -> list[dict]:
+        """The last `last` (default all kept, at most `SUPERVISION_LOG_SIZE` = 1000) supervision
+        decisions, oldest first, each `{"step", "prompt_id" (the pool's stable id), "rule",
+        "evidence": {name: number}, "decision", "target" (the label set)}` — one per relabel,
+        pseudo-label or promotion the target place made on an observed visit. The log belongs
+        to this process: it is not part of `state_dict()` and starts empty after
+        `load_state_dict`; the counters in `metrics()` (`supervision/...`) are state and
+        resume exactly."""
+        items = list(self._supervision_log)
+        if last is not None:
+            if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 0:
+                raise ValueError(f"supervision_log(last) needs a non-negative int; got {last!r}.")
+            items = items[-int(last):] if last else []
+        return [dict(d, evidence=dict(d["evidence"])) for d in items]
+
+    def _log_decisions(self, batch: Batch, decisions: list) -> None:
+        for d in decisions:
+            pid = self.pool.ids[batch.prompt_ids[int(d["row"])]]
+            self._supervision_log.append({
+                "step": int(batch.step), "prompt_id": pid.item() if hasattr(pid, "item") else pid,
+                "rule": str(d["rule"]), "evidence": dict(d["evidence"]), "decision": d["decision"],
+                "target": d.get("target")})
 
     def admission(self, feedback: Feedback) -> Admission:
         """`Admission(keep bool[B, G], refill int, full_group_advantages bool)`: rollouts that
@@ -334,7 +442,9 @@ class Scheduler:
         """Scalars for a logger: `domain_prob/<d>` (where the method has a mixture),
         `domain_share/<d>` (share of the last proposal), `domain_success/<d>` (windowed
         success rate of rollouts), `informative_fraction` (last batch's groups with
-        non-zero advantage), cumulative counts, and the policies' own metrics."""
+        non-zero advantage), cumulative counts, and the policies' own metrics (the
+        supervision places' counters under `supervision/`: relabels, pseudo-labels, kept and
+        dropped unlabelled prompts, promotions)."""
         names = [str(d) for d in self.pool.domain_names]
         out: dict[str, float] = {}
         probs = self.domain_probs()
@@ -388,6 +498,7 @@ class Scheduler:
           policy's own `DataPolicy.check_state`.
         """
         seed, tree = self._validated(state)
+        self._supervision_log.clear()
         self.seed = seed
         self.history, self.domain_window = tree["history"], tree["domain_window"]
         self.counters, self.states = tree["counters"], tree["policy"]
@@ -539,6 +650,8 @@ def _unflatten(template: Any, prefix: str, flat: dict) -> Any:
         return None
     val = np.array(flat[prefix.rstrip("/")], copy=True)
     if isinstance(template, np.ndarray):
+        if template.dtype.kind == "U" and val.dtype.kind == "U":
+            return val      # label strings: the width grows with the longest label stored
         return val.astype(template.dtype, copy=False)
     if isinstance(template, (bool, np.bool_)):
         return bool(val)

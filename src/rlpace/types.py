@@ -114,6 +114,26 @@ def _pool_features(features: Any, n: int) -> np.ndarray:
     return arr
 
 
+def _pool_labeled(labeled: Any, n: int) -> np.ndarray:
+    """bool[N] (a copy), all True when None, or a ValueError naming Pool.labeled."""
+    if labeled is None:
+        return np.ones(n, dtype=bool)
+    arr = np.asarray(labeled)
+    if arr.dtype == object:
+        if not all(isinstance(v, (bool, np.bool_)) for v in arr.ravel()):
+            raise ValueError("Pool.labeled must hold booleans (True = the dataset label may be used in "
+                             "training); got non-boolean entries such as None or strings.")
+        arr = arr.astype(bool)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ValueError(f"Pool.labeled must be bool[N] with N = {n} (one flag per prompt); got shape "
+                         f"{arr.shape}.")
+    if arr.dtype.kind == "b":
+        return np.array(arr, dtype=bool)
+    if arr.dtype.kind in "iu" and np.isin(arr, (0, 1)).all():
+        return arr.astype(bool)
+    raise ValueError(f"Pool.labeled must hold booleans (or 0/1); got dtype {arr.dtype}.")
+
+
 def _features_digest(features: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(str(features.shape).encode())
@@ -141,6 +161,11 @@ class Pool:
             `<stem>.embeddings.npy` that `rlpace prepare` writes (opened memory-mapped, so a
             10⁶-row file is not read into memory). Must be finite with one row per prompt;
             part of the fingerprint when given. Read-only.
+        labeled: bool[N] — whether each prompt's dataset label may be used for training
+            (semi-supervised and test-time methods: `ttrl`, `trapo`, the `self_certainty` /
+            `entropy_min` rewards; docs/methods/README.md "Supervision as state"). All True
+            when not given; part of the fingerprint only when some entry is False, so pools
+            without unlabelled prompts keep their fingerprints. Read-only.
 
     Positions 0..N-1 are what `Feedback.prompt_ids` and `Scheduler.propose` speak in.
     """
@@ -153,11 +178,12 @@ class Pool:
     difficulty: np.ndarray
     ids: np.ndarray
     features: np.ndarray | None = None
+    labeled: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __init__(self, domains: Sequence, *, clusters: Sequence | None = None,
                  ranks: Sequence | None = None, difficulty: Sequence | None = None,
-                 ids: Sequence | None = None, features: Any = None):
+                 ids: Sequence | None = None, features: Any = None, labeled: Sequence | None = None):
         dom = _as_1d("domains", domains, None)
         n = dom.shape[0]
         if n == 0:
@@ -202,8 +228,9 @@ class Pool:
             if len(np.unique(id_arr.astype(str) if id_arr.dtype == object else id_arr)) != n:
                 raise ValueError("Pool.ids has duplicates; each prompt needs a unique stable id "
                                  "(verl: extra_info.index). Deduplicate or re-index the data.")
+        lab = _pool_labeled(labeled, n)
         for name, val in (("domains", codes), ("clusters", c_codes), ("ranks", rk),
-                          ("difficulty", diff), ("ids", id_arr)):
+                          ("difficulty", diff), ("ids", id_arr), ("labeled", lab)):
             val.setflags(write=False)
         object.__setattr__(self, "domains", codes)
         object.__setattr__(self, "domain_names", names)
@@ -213,6 +240,7 @@ class Pool:
         object.__setattr__(self, "difficulty", diff)
         object.__setattr__(self, "ids", id_arr)
         object.__setattr__(self, "features", None if features is None else _pool_features(features, n))
+        object.__setattr__(self, "labeled", lab)
         object.__setattr__(self, "_cache", {})
 
     # ---- sizes -------------------------------------------------------------------------
@@ -312,6 +340,9 @@ class Pool:
             if self.features is not None:
                 # Only when given, so pools without features keep their fingerprints.
                 self._cache["fp_parts"]["features"] = _features_digest(self.features)
+            if not self.labeled.all():
+                # Only when some prompt is unlabelled, so older checkpoints keep loading.
+                self._cache["fp_parts"]["labeled"] = digest(arr(self.labeled))
         return dict(self._cache["fp_parts"])
 
     def fingerprint(self) -> str:
@@ -349,7 +380,7 @@ class Pool:
     def from_records(cls, records: Sequence[dict], *, domain_key: str = "data_source",
                      id_key: str = "extra_info.index", cluster_key: str = "cluster_id",
                      rank_key: str = "rank_in_cluster", difficulty_key: str = "difficulty",
-                     features: Any = None) -> "Pool":
+                     features: Any = None, labeled_key: str = "extra_info.labeled") -> "Pool":
         """Build from row dicts in the verl schema. Dotted keys reach into nested dicts
         (`extra_info.index`). Optional columns are used when every row has them; the
         cluster, rank and difficulty columns are also looked up inside `extra_info`.
@@ -358,6 +389,9 @@ class Pool:
         the verl adapter requires it: feedback, checkpoints and run records name prompts by
         it, and verl silently defaults a missing index to 0. `id_key=None` uses row
         positions 0..N-1 instead (they change when the file is filtered or reordered).
+
+        `labeled_key` (default `extra_info.labeled`, TraPO's column) fills `Pool.labeled`
+        when some row has it; a row without it, or with null, counts as labelled.
 
         >>> Pool.from_records([{"data_source": "a", "extra_info": {"index": 7}}]).ids.tolist()
         [7]
@@ -400,8 +434,18 @@ class Pool:
                     f"rlpace names prompts by a stable id (verl would default a missing index to 0). Write a "
                     f"unique {id_key} per row (`rlpace prepare` adds one), pass id_key=... naming the column "
                     f"that holds it, or id_key=None to use row positions.")
+        labeled = None
+        if labeled_key is not None:
+            flags = [get(r, labeled_key) for r in records]
+            if any(v is not _MISSING and v is not None for v in flags):
+                labeled = [True if v is _MISSING or v is None else v for v in flags]
+                bad = [i for i, v in enumerate(labeled) if not isinstance(v, (bool, np.bool_))]
+                if bad:
+                    raise ValueError(f"{labeled_key} must be true/false; row {bad[0]} has "
+                                     f"{labeled[bad[0]]!r}.")
         return cls(domains, clusters=column(cluster_key, False), ranks=column(rank_key, False),
-                   difficulty=column(difficulty_key, False), ids=ids, features=features)
+                   difficulty=column(difficulty_key, False), ids=ids, features=features,
+                   labeled=labeled)
 
     @classmethod
     def from_jsonl(cls, path, **keys) -> "Pool":
@@ -517,6 +561,54 @@ def _feedback_lengths(values: Any, shape: tuple) -> np.ndarray:
     return arr.astype(np.int64).reshape(shape)
 
 
+def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
+    """object[B, G] of str / None (a copy), or a ValueError naming Feedback.answers."""
+    if isinstance(values, (str, bytes)):
+        rows = None
+    else:
+        try:
+            rows = [None if isinstance(r, (str, bytes)) else list(r) for r in values]
+        except TypeError:
+            rows = None
+    if rows is None or any(r is None for r in rows):
+        raise ValueError(f"Feedback.answers must be [B, G] = {list(shape)} extracted answers (a list of "
+                         f"rows of str, or None where none was extracted); got {type(values).__name__}.")
+    if len(rows) != shape[0] or any(len(r) != shape[1] for r in rows):
+        raise ValueError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
+                         f"rollout); got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}.")
+    arr = np.empty(shape, dtype=object)
+    for i, r in enumerate(rows):
+        for j, a in enumerate(r):
+            if a is not None and not isinstance(a, str):
+                raise ValueError(f"Feedback.answers[{i}][{j}] is {type(a).__name__} {a!r}; answers are "
+                                 f"str (the extracted final answer) or None (no answer extracted).")
+            arr[i, j] = None if a is None else str(a)    # np.str_ → str
+    return arr
+
+
+def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = None,
+                   high: float | None = None) -> np.ndarray:
+    """float64[B, G] per-rollout token statistic (a copy), or a ValueError naming Feedback.<name>."""
+    arr = np.array(_numeric(name, values), dtype=np.float64)
+    if arr.shape != shape and not (arr.size == 0 and shape[0] == 0):
+        raise ValueError(f"Feedback.{name} has shape {arr.shape} but rewards has {shape}; give one "
+                         f"value per rollout (the mean over its valid response tokens).")
+    arr = arr.reshape(shape)
+    if not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0].tolist()
+        raise ValueError(f"Feedback.{name} has NaN or inf values (first at {bad}); a rollout with no "
+                         f"valid token has no {name}: drop it or pass 0.")
+    wrong = np.zeros(shape, bool)
+    if low is not None:
+        wrong |= arr < low
+    if high is not None:
+        wrong |= arr > high
+    if wrong.any():
+        bound = f"≥ {low:g}" if low is not None else f"≤ {high:g}"
+        raise ValueError(f"Feedback.{name} must be {bound}; got {arr[wrong][0]!r}.")
+    return arr
+
+
 def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
     """float32[B, G, d] per-rollout gradient features (a copy), or a ValueError naming
     Feedback.grads."""
@@ -591,6 +683,18 @@ class Feedback:
             by gradient-informed policies (`diem`, `dvc`); others ignore it.
         ref_grad: float32[d] or None — a reference direction in the same feature space,
             e.g. the gradient of a held-out loss refreshed every k steps (`diem`, `dvc`).
+        answers: object[B, G] or None — the final answer extracted from each rollout, a str,
+            or None where no answer was extracted; the target place (`ttrl`, `olr`, `trapo`)
+            votes over them. rlpace compares answers by exact string equality after
+            `.strip()` (an empty string counts as no answer): trainers normalise answers
+            (e.g. the content of the last boxed expression) before passing them. Read-only.
+        token_entropy: float64[B, G] or None — mean over each rollout's valid response tokens
+            of the entropy H(p_t) of the sampling distribution (nats), ≥ 0 (`entropy_min`).
+        self_certainty: float64[B, G] or None — mean over valid response tokens of
+            KL(U ‖ p_t) = logsumexp(z_t) − mean_j z_t,j − log V for logits z_t over a vocabulary
+            of V (Intuitor, arXiv 2505.19590; `self_certainty`).
+        mean_logprob: float64[B, G] or None — mean over valid response tokens of the sampled
+            token's log-probability log π(y_t), ≤ 0 (`entropy_min` with level="sequence").
 
     Validation (each a ValueError naming the field and the fix): ids must be non-negative
     integers (integral floats are accepted) within int64; rewards and advantages real
@@ -598,7 +702,9 @@ class Feedback:
     G ≥ 1 and finite, advantages of the rewards' shape; step a Python or numpy integer
     (not bool, float or str) in [0, 2**62); lengths non-negative integers of the rewards'
     shape; grads real and finite within float32 range, of shape [B, G, d ≥ 1]; ref_grad
-    the same, of shape [d] (grads' d when both are given). An empty batch (B = 0) is valid and is a no-op
+    the same, of shape [d] (grads' d when both are given); answers of shape [B, G] holding
+    str or None; token_entropy finite ≥ 0, self_certainty finite, mean_logprob finite ≤ 0, each
+    of the rewards' shape. An empty batch (B = 0) is valid and is a no-op
     for the Scheduler. Range of ids is checked by the Scheduler against its pool.
 
     The arrays are copies, stored read-only: changing the caller's arrays after
@@ -616,9 +722,14 @@ class Feedback:
     lengths: np.ndarray | None = None
     grads: np.ndarray | None = None
     ref_grad: np.ndarray | None = None
+    answers: np.ndarray | None = None
+    token_entropy: np.ndarray | None = None
+    self_certainty: np.ndarray | None = None
+    mean_logprob: np.ndarray | None = None
 
     def __init__(self, prompt_ids, rewards, advantages=None, step: int = 0, lengths=None,
-                 grads=None, ref_grad=None):
+                 grads=None, ref_grad=None, answers=None, token_entropy=None, self_certainty=None,
+                 mean_logprob=None):
         step_i = _feedback_step(step)       # first: checks never depend on a bad step
         ids = _feedback_ids(prompt_ids)
         b = ids.shape[0]
@@ -632,7 +743,13 @@ class Feedback:
         lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
         grd = None if grads is None else _feedback_grads(grads, rew.shape)
         ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
-        for arr in (ids, rew, adv, lens, grd, ref):
+        ans = None if answers is None else _feedback_answers(answers, rew.shape)
+        ent = None if token_entropy is None else _feedback_stat("token_entropy", token_entropy, rew.shape,
+                                                                low=0.0)
+        sc = None if self_certainty is None else _feedback_stat("self_certainty", self_certainty, rew.shape)
+        mlp = None if mean_logprob is None else _feedback_stat("mean_logprob", mean_logprob, rew.shape,
+                                                               high=0.0)
+        for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp):
             if arr is not None:
                 arr.setflags(write=False)
         object.__setattr__(self, "prompt_ids", ids)
@@ -642,6 +759,10 @@ class Feedback:
         object.__setattr__(self, "lengths", lens)
         object.__setattr__(self, "grads", grd)
         object.__setattr__(self, "ref_grad", ref)
+        object.__setattr__(self, "answers", ans)
+        object.__setattr__(self, "token_entropy", ent)
+        object.__setattr__(self, "self_certainty", sc)
+        object.__setattr__(self, "mean_logprob", mlp)
 
     @property
     def batch_size(self) -> int:
@@ -674,6 +795,10 @@ class Batch(NamedTuple):
     token_mask: np.ndarray | None = None   # bool[B, G, T]
     grads: np.ndarray | None = None        # float32[B, G, d] per-rollout gradient features (Feedback.grads)
     ref_grad: np.ndarray | None = None     # float32[d] reference direction (Feedback.ref_grad)
+    answers: np.ndarray | None = None      # object[B, G] str | None extracted answers (Feedback.answers)
+    token_entropy: np.ndarray | None = None   # float64[B, G] mean token entropy (nats)
+    self_certainty: np.ndarray | None = None  # float64[B, G] mean KL(U ‖ p_t)
+    mean_logprob: np.ndarray | None = None    # float64[B, G] mean log π(y_t) of the sampled tokens
 
     @property
     def informative(self) -> np.ndarray:
@@ -704,7 +829,7 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
         batch = Batch(fb.prompt_ids, r, success, np.zeros(0), adv, domains, clusters, fb.step, fb.lengths,
-                      grads=fb.grads, ref_grad=fb.ref_grad)
+                      grads=fb.grads, ref_grad=fb.ref_grad, **_supervision(fb))
         return batch, np.zeros(0, np.int64), np.zeros(0, bool)
     g = r.shape[1]
     # r == success (as 0/1) everywhere ⟺ every reward is 0 or 1; then success ⟺ r == 1
@@ -725,8 +850,14 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     else:
         informative = np.abs(adv).max(axis=1, initial=0.0) > 1e-12
     batch = Batch(fb.prompt_ids, r, success, rate, adv, domains, clusters, fb.step, fb.lengths,
-                  grads=fb.grads, ref_grad=fb.ref_grad)
+                  grads=fb.grads, ref_grad=fb.ref_grad, **_supervision(fb))
     return batch, wins, informative
+
+
+def _supervision(fb: Feedback) -> dict:
+    """The supervision fields a Batch carries over from its Feedback (None when absent)."""
+    return {"answers": fb.answers, "token_entropy": fb.token_entropy,
+            "self_certainty": fb.self_certainty, "mean_logprob": fb.mean_logprob}
 
 
 def _success_counts(success: np.ndarray) -> np.ndarray:

@@ -29,6 +29,14 @@ class Rows(NamedTuple):
     group_keys: np.ndarray          # object[R] rollouts of one prompt share a key (verl uid)
     prompt_ids: np.ndarray          # object[R] or int64[R] stable prompt id (extra_info.index)
     rewards: np.ndarray             # float64[R] score (or `acc`) of each rollout
+    answers: np.ndarray | None = None          # object[R] extracted answer (str or None)
+    token_entropy: np.ndarray | None = None    # float64[R] mean token entropy of each rollout
+    self_certainty: np.ndarray | None = None   # float64[R] mean self-certainty of each rollout
+    mean_logprob: np.ndarray | None = None     # float64[R] mean sampled-token log-prob of each rollout
+    order: np.ndarray | None = None            # int64[R] generation order (rows of a group are taken in it)
+
+
+_SIGNALS = ("answers", "token_entropy", "self_certainty", "mean_logprob")
 
 
 def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
@@ -82,7 +90,14 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
     >>> [(f.prompt_ids.tolist(), f.rewards.tolist(), r.tolist()) for f, r in feedbacks_from_rows(pool, rows)]
     [([1, 0], [[1.0, 0.0], [0.0, 0.0]], [[0, 2], [1, 3]])]
     """
-    groups = group_rows(rows.group_keys, rows.prompt_ids)
+    # rows of a group in generation order when the engine reordered them (verl's batch
+    # balancing): a first-seen tie rule (TTRL's vote) must see the rollouts as sampled
+    keys, ids = np.asarray(rows.group_keys, dtype=object), np.asarray(rows.prompt_ids, dtype=object)
+    if rows.order is None:
+        groups = group_rows(keys, ids)
+    else:
+        perm = np.argsort(np.asarray(rows.order), kind="stable")
+        groups = [perm[g] for g in group_rows(keys[perm], ids[perm])]
     if not groups:
         return []
     sizes = np.array([g.size for g in groups])
@@ -92,7 +107,11 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
         first = [rows.prompt_ids[i] for i in idx[:, 0]]
         positions = pool.index_of(first)
         rewards = rows.rewards[idx]
-        out.append((Feedback(positions, rewards, group_advantages(rewards), step=step), idx))
+        signals = {k: np.asarray(getattr(rows, k))[idx] for k in _SIGNALS
+                   if getattr(rows, k) is not None}       # supervision signals (issue 14), when measured
+        if "answers" in signals:
+            signals["answers"] = signals["answers"].tolist()
+        out.append((Feedback(positions, rewards, group_advantages(rewards), step=step, **signals), idx))
     return out
 
 
@@ -109,10 +128,16 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
 
     * group key: `non_tensor_batch["uid"]`;
     * stable id: `non_tensor_batch["extra_info"][i]["index"]`;
-    * reward: `non_tensor_batch[reward_key]` when the reward function returned that extra
+    * reward: `non_tensor_batch["rlpace_reward"]` when the supervision transforms ran (the
+      reward place's output, `rlpace.adapters._verl_supervision`), else
+      `non_tensor_batch[reward_key]` when the reward function returned that extra
       (verl's `acc` is the verifier's correctness; DAPO recipes filter on it, not on the
       shaped `score`), else the sequence score `token_level_scores.sum(-1)` (verl puts the
       outcome reward on the last response token).
+
+    The supervision transforms' per-row answers, token statistics and generation order
+    (`rlpace_answer`, `rlpace_token_entropy`, `rlpace_mean_logprob`, `rlpace_order`) are
+    read when present.
 
     verl's `advantages` are not read: `feedbacks_from_rows` gives every policy GRPO group
     advantages of these rewards, whatever `algorithm.adv_estimator` is.
@@ -128,11 +153,16 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
     except (KeyError, TypeError):
         raise ValueError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt "
                          "id) into the parquet.") from None
-    if reward_key and reward_key in nt:
+    if "rlpace_reward" in nt:               # the reward place's output (supervision transforms)
+        rewards = np.asarray(nt["rlpace_reward"], dtype=np.float64)
+    elif reward_key and reward_key in nt:
         rewards = np.asarray(nt[reward_key], dtype=np.float64)
     elif "token_level_scores" in td.keys():
         rewards = td["token_level_scores"].sum(-1).double().cpu().numpy()
     else:
         raise ValueError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
                          f"batch['token_level_scores']; feed it after the reward is computed.")
-    return Rows(np.asarray(nt["uid"], dtype=object), ids, rewards)
+    signals = {k: nt[key] for k, key in (("answers", "rlpace_answer"), ("token_entropy", "rlpace_token_entropy"),
+                                        ("mean_logprob", "rlpace_mean_logprob"), ("order", "rlpace_order"))
+               if key in nt}                             # written by the supervision transforms
+    return Rows(np.asarray(nt["uid"], dtype=object), ids, rewards, **signals)

@@ -23,6 +23,14 @@ computes its advantages over the rollouts left in each group (with its GRPO esti
 that is the kept-subset rule of PODS, `kept_group_advantages`, up to verl's unbiased
 std); the buffer is not checkpointed (its decisions live in the Scheduler, which
 `data.pt` saves through the dataset).
+
+Supervision transforms (issue 14; a method with a target or reward place: `ttrl`, `olr`,
+`trapo`): `_supervise` runs on each step's finished groups before `decide_groups` observes
+them — answers from the decoded `responses`, `Scheduler.targets`, re-verification by verl's
+reward manager (built from the trainer's config and tokenizer, reached through `refill_fn`,
+which verl binds to the trainer), `Scheduler.rewards` — and writes changed rewards into
+TransferQueue's `rm_scores` before verl's `_compute_advantage` reads them. Token-statistic
+rewards and advantage places are refused when the dataset is built (`verl._refuse_v1_supervision`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 from verl.trainer.ppo.v1 import replay_buffer as _rb
 
 from ._convert import Rows, feedbacks_from_rows
+from ._supervision import extract_answer, supervises
 from .verl import _SHARED, VerlFeedback, check_verl_version
 
 __all__ = ["RlpaceReplayBuffer", "RlpaceReplayBufferAsync", "decide_groups"]
@@ -70,6 +79,10 @@ class _RlpaceAdmission:
         if int(kw["gen_batch_size"]) != 1:
             raise ValueError("sampler_kwargs.gen_batch_size must be 1 (and data.gen_batch_size=1): refills "
                              "are whole dataloader fetches, and evictions come one group at a time.")
+        # verl passes the trainer's bound `_add_prompts_to_generate`: its config and tokenizer
+        # are what the supervision transforms need (verl gives the buffer neither)
+        self._rlpace_trainer = getattr(refill_fn, "__self__", None)
+        self.rlpace_answer_extractor = extract_answer
         super().__init__(trainer_mode, trainer_config, max_off_policy_threshold, max_off_policy_strategy,
                          sampler_kwargs, poll_interval=poll_interval, refill_fn=refill_fn,
                          filter_groups_metric="rlpace", train_batch_size=int(kw["train_batch_size"]),
@@ -107,7 +120,9 @@ class _RlpaceAdmission:
             evicted, cleared, mean = set(), set(), {}
             for s in np.unique(steps):          # one Feedback per step the prompts were drawn at
                 at = np.flatnonzero(steps == s)
-                sub = Rows(*(f[at] for f in rows))
+                sub = Rows(*(None if f is None else f[at] for f in rows))
+                if supervises(self.rlpace.scheduler):       # targets → re-verification → reward place
+                    sub = self._supervise(partition_id, [keys[i] for i in at], sub, int(s))
                 e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s))
                 evicted |= e
                 cleared |= c
@@ -122,6 +137,89 @@ class _RlpaceAdmission:
                 cache[uid] = mean.get(uid) if uid in evicted else None
         dropped = {uid for uid, v in cache.items() if v is not None}
         return dropped, Counter(cache[uid] for uid in dropped)
+
+    def _supervise(self, partition_id: str, keys: list[str], rows: Rows, step: int) -> Rows:
+        """The supervision transforms on finished groups, before they are observed: answers
+        from the decoded responses, `Scheduler.targets`, re-verification of the rollouts of
+        prompts with a target by verl's reward manager (fresh `reward_model` dict per rollout),
+        `Scheduler.rewards`; changed rewards are written to TransferQueue's `rm_scores` (the
+        score on the last response token, as the agent loop writes it), which verl's
+        `_compute_advantage` reads. Returns the rows with the final rewards and the answers."""
+        import torch
+        from tensordict import TensorDict
+
+        from ._supervision import pool_labeled, row_targets
+        sched = self.rlpace.scheduler
+        sessions = {k.rsplit("_", 1)[0] for k in keys}
+        if any(k.rsplit("_", 1)[0] in sessions and k.rsplit("_", 1)[1] != "0" for k in self.partitions[partition_id]):
+            raise ValueError("rlpace's supervision transforms on verl's V1 trainer support agent loops with one "
+                             "output per session (each rollout is one trajectory); this one writes several.")
+        trainer = self._rlpace_trainer
+        data = _rb.tq.kv_batch_get(keys=keys, partition_id=partition_id,
+                                   select_fields=["responses", "reward_model", "data_source", "extra_info"])
+        plain = lambda col: [getattr(v, "data", v) for v in data[col]]  # noqa: E731
+        responses = list(data["responses"])
+        answers = np.empty(len(keys), dtype=object)
+        for i, r in enumerate(responses):
+            a = self.rlpace_answer_extractor(trainer.tokenizer.decode(r, skip_special_tokens=True))
+            answers[i] = None if a is None else str(a).strip()
+        # a group's rollouts in session order (keys sort as strings): TTRL's first-seen tie rule
+        rows = rows._replace(answers=answers, order=np.array([int(k.rsplit("_", 2)[1]) for k in keys]))
+        n = len(keys)
+        target, zero = np.full(n, None, dtype=object), np.zeros(n, dtype=bool)
+        placeholder = rows._replace(rewards=np.zeros(n))
+        for fb, idx in feedbacks_from_rows(sched.pool, placeholder, step=step):
+            t, z = row_targets(sched.targets(fb), pool_labeled(sched.pool, fb.prompt_ids), idx, n)
+            hit = np.flatnonzero(t != None)  # noqa: E711 (object array)
+            target[hit] = t[hit]
+            zero |= z
+        rewards = np.array(rows.rewards, dtype=np.float64)
+        rescored = np.flatnonzero(target != None)  # noqa: E711
+        if rescored.size:
+            from verl import DataProto
+            manager = self._rlpace_manager()
+            rms, sources, extras = plain("reward_model"), plain("data_source"), plain("extra_info")
+            items = []
+            for i in rescored:
+                resp = responses[i].reshape(1, -1)
+                rm = {**rms[i], "dataset_ground_truth": rms[i].get("ground_truth"), "ground_truth": target[i]}
+                items.append(DataProto.from_dict(
+                    tensors={"responses": resp, "attention_mask": torch.ones_like(resp)},
+                    non_tensors={"reward_model": np.array([rm], dtype=object),
+                                 "data_source": np.array([sources[i]], dtype=object),
+                                 "extra_info": np.array([dict(extras[i] or {})], dtype=object)}))
+
+            async def run():
+                import asyncio
+                return await asyncio.gather(*(manager.run_single(it) for it in items))
+            for i, res in zip(rescored, manager.loop.run_until_complete(run())):
+                info = res.get("reward_extra_info", {})
+                key = self.rlpace.reward_key
+                rewards[i] = float(info[key]) if key and key in info else float(res["reward_score"])
+        rewards[zero] = 0.0
+        out = rewards.copy()
+        for fb, idx in feedbacks_from_rows(sched.pool, rows._replace(rewards=rewards), step=step):
+            out[idx] = np.asarray(sched.rewards(fb), dtype=np.float64)
+        changed = np.flatnonzero(out != np.asarray(rows.rewards, dtype=np.float64))
+        if changed.size:
+            scores = [torch.zeros(len(responses[i]), dtype=torch.float32) for i in changed]
+            for sc, i in zip(scores, changed):
+                sc[-1] = float(out[i])
+            nested = torch.nested.as_nested_tensor(scores, layout=torch.jagged)
+            _rb.tq.kv_batch_put(keys=[keys[i] for i in changed], partition_id=partition_id,
+                                fields=TensorDict({"rm_scores": nested}, batch_size=len(changed)))
+        return rows._replace(rewards=out)
+
+    def _rlpace_manager(self):
+        if getattr(self, "_rlpace_reward_manager", None) is None:
+            from verl.trainer.ppo.reward import load_reward_manager
+            t = self._rlpace_trainer
+            if t is None or not hasattr(t, "config") or not hasattr(t, "tokenizer"):
+                raise ValueError("rlpace's supervision transforms on verl's V1 trainer reach the trainer's config and "
+                                 "tokenizer through the buffer's refill_fn (verl passes the trainer's bound "
+                                 "_add_prompts_to_generate); this buffer was built without it.")
+            self._rlpace_reward_manager = load_reward_manager(t.config, t.tokenizer)
+        return self._rlpace_reward_manager
 
     def _rows(self, keys: list[str], data) -> Rows:
         key = self.rlpace.reward_key

@@ -37,10 +37,34 @@
 * Loss weights (`loss_weights=True`): advantages are multiplied by `Scheduler.loss_weights`;
   for w ≥ 0 the clipped surrogate is positively homogeneous in A, so this equals weighting
   each sequence's policy loss (the KL term, if any, is not weighted).
+* Gradient features (`grad_features`, on by default when a policy reads "grads": diem, dvc):
+  after scoring and admission, a feature pass runs TRL's own `_compute_loss` over the local
+  generation batch in chunks of `per_device_train_batch_size`, with the LM head unfused (a
+  plain `model(...)` forward, logits / temperature → log-softmax) so that hooked
+  `nn.Linear` calls are visible, and `rlpace.train.gradfeatures.GradFeatures` turns the
+  hooked layers' inputs and output gradients into each rollout's projected gradient of that
+  loss's policy-gradient term (`beta`, the entropy bonus and the router loss are off for the
+  pass; `Feedback.grads`, float32[B, G, d], gathered across ranks). The pass is a forward
+  without a graph up to the first hooked layer (lm_head: the whole body) plus a backward to
+  the hooked outputs only — no parameter gradient. Then the Scheduler observes the batch with
+  its features (admission has read the state before it, as in the built-in trainer), and
+  `loss_weights` (e.g. DIEM's) scale the advantages: a rollout's policy-gradient term is
+  linear in its advantage, so the step's gradient is Σ_i w_i·g_i exactly. `ref_grad` is the
+  previous generation batch's summed features (`grad_reference="previous"`) or none; a user
+  may set `trainer.rlpace_ref_grad` (float32[d]) before a step. Text-only models; single
+  process or DDP (FSDP / ZeRO-3 shard the weights the pass would call).
+
+* Supervision transforms (a method with a target, reward or advantage place): inside
+  `_calculate_rewards`, on the gathered groups — answers, optional token statistics (one
+  extra forward), `Scheduler.targets`, re-scoring against the targets, `Scheduler.rewards`
+  — and `Scheduler.advantage_weights` on the advantages (`rlpace.adapters._trl_supervision`,
+  a mixin that also overrides `_generate` to keep the token ids).
 
 Private overrides (checked against trl 1.16.0; `SUPPORTED_TRL`): `_get_train_sampler`,
 `_calculate_rewards`, `_generate_and_score_completions`, `_save_checkpoint`,
-`_load_optimizer_and_scheduler` — each calls `super()` and adds a few lines.
+`_load_optimizer_and_scheduler` — each calls `super()` and adds a few lines. The feature
+pass calls `_compute_loss` with `_get_per_token_logps_and_entropies` shadowed on the instance
+(unfused head) and undoes the metrics `_compute_loss` logs.
 """
 
 from __future__ import annotations
@@ -60,8 +84,11 @@ try:
     from accelerate.utils import gather_object
     from torch.utils.data import Sampler
     from trl import GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.trl needs trl: pip install 'rlpace[trl]'") from e
+from ..train.gradfeatures import GradFeatures, needs_grad_features
+from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
            "SUPPORTED_TRL", "STATE_FILE"]
@@ -70,13 +97,17 @@ SUPPORTED_TRL = ("1.10", "1.17")   # [lowest, highest) trl release checked
 STATE_FILE = "rlpace_scheduler.npz"
 
 
-def pool_from_dataset(dataset, *, domain_column: str = "data_source", id_column: str = "index") -> Pool:
-    """A `Pool` over a `datasets.Dataset`: position = row, domain and stable id from columns."""
+def pool_from_dataset(dataset, *, domain_column: str = "data_source", id_column: str = "index",
+                      labeled_column: str | None = "labeled") -> Pool:
+    """A `Pool` over a `datasets.Dataset`: position = row, domain and stable id from columns;
+    `Pool.labeled` from `labeled_column` when the dataset has it (bool per row: may the
+    prompt's label be used in training; ttrl, trapo, the weak-supervision rewards), else all True."""
     for col in (domain_column, id_column):
         if col not in dataset.column_names:
             raise ValueError(f"the train dataset has no {col!r} column; add it (a domain label and a "
                              f"unique stable id per prompt), or name the column that holds it.")
-    return Pool(dataset[domain_column], ids=dataset[id_column])
+    labeled = dataset[labeled_column] if labeled_column and labeled_column in dataset.column_names else None
+    return Pool(dataset[domain_column], ids=dataset[id_column], labeled=labeled)
 
 
 def lookahead_chunks(gradient_accumulation_steps: int, batches_per_chunk: int) -> int:
@@ -173,7 +204,7 @@ class SchedulerRepeatSampler(Sampler[int]):
         self.queue, self.primed, self.handed = deque(queue), primed, 0
 
 
-class RlpaceGRPOTrainer(GRPOTrainer):
+class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
     """`GRPOTrainer` with prompts proposed by `scheduler` and feedback returned to it.
 
     Args (besides GRPOTrainer's; pass `args` and `train_dataset` by keyword):
@@ -182,6 +213,18 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         id_column: dataset column with each prompt's stable id.
         zero_lag: propose each chunk at generation time (after the previous feedback).
         loss_weights: multiply advantages by `scheduler.loss_weights`.
+        grad_features: per-rollout gradient features for `Feedback.grads`: "auto" (when a
+            policy reads them: diem, dvc), "on" or "off". Cost: one extra forward of the
+            generation batch (without a graph below the hooked layers) per generation.
+        grad_params: the layers they cover: "lm_head" | "last_block" | "all".
+        grad_dim: upper bound on the feature dimension d (seeded by `args.seed`).
+        grad_reference: `Feedback.ref_grad`: "previous" (the previous generation batch's
+            summed features) or "none".
+        target_column: the dataset column your reward functions read the label from; with a
+            target place (`ttrl`, `olr`, `trapo`) the rows of prompts with a target are
+            re-scored with this column replaced by the target (`_trl_supervision`).
+        answer_extractor: completion -> str | None, the final answer the target place votes
+            on; None: `rlpace.adapters._supervision.extract_answer`.
 
     Example:
         >>> pool = pool_from_dataset(ds)                                # doctest: +SKIP
@@ -190,7 +233,9 @@ class RlpaceGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, scheduler: Scheduler, id_column: str = "index", zero_lag: bool = False,
-                 loss_weights: bool = False, **kwargs):
+                 loss_weights: bool = False, grad_features: str = "auto", grad_params: str = "lm_head",
+                 grad_dim: int = 256, grad_reference: str = "previous", target_column: str | None = None,
+                 answer_extractor=None, **kwargs):
         from packaging.version import Version
         if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED_TRL[1]):
             raise ValueError(f"RlpaceGRPOTrainer supports trl >={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}; "
@@ -206,6 +251,10 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         if id_column not in ds.column_names:
             raise ValueError(f"train_dataset has no {id_column!r} column; pass id_column=... naming the "
                              f"column with each prompt's stable id.")
+        if grad_features not in ("auto", "on", "off"):
+            raise ValueError(f"grad_features must be 'auto', 'on' or 'off'; got {grad_features!r}.")
+        if grad_reference not in ("previous", "none"):
+            raise ValueError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
         mismatch = (f"the Scheduler's pool ({len(scheduler.pool)} prompts) is not the train dataset "
                     f"({len(ds)} rows, column {id_column!r}); build it with pool_from_dataset(ds)")
         try:
@@ -226,12 +275,20 @@ class RlpaceGRPOTrainer(GRPOTrainer):
             lag=lookahead_chunks(self.args.gradient_accumulation_steps, r), placeholder=zero_lag)
         self.args.ignore_data_skip = True   # the sampler resumes itself; HF's skip would re-draw
         self._rlpace_rewards = None
+        self.rlpace_gf = (GradFeatures(self.model, grad_params, grad_dim, self.args.seed)   # validates
+                          if needs_grad_features(scheduler, grad_features) else None)
+        self.rlpace_grad_reference = grad_reference
+        self.rlpace_ref_grad = None                      # float32[d] Feedback.ref_grad (checkpointed)
+        self._rlpace_supervision_init(target_column, answer_extractor)   # issue 14 (supervision transforms)
 
     def _get_train_sampler(self, dataset=None):
         return self.rlpace_sampler
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rlpace_sup = {}
+        if self.rlpace_supervises and self.model.training:
+            per_func = self._rlpace_supervise(inputs, prompts, completions, completion_ids_list, per_func)
         self._rlpace_rewards = (per_func * self.reward_weights.to(per_func.device)).nansum(dim=1)
         return per_func
 
@@ -257,20 +314,91 @@ class RlpaceGRPOTrainer(GRPOTrainer):
             raise RuntimeError("rows of one generation group carry different prompt ids; the sampler "
                                "layout (each prompt num_generations times in a row) was changed.")
         rewards = self._rlpace_rewards.double().cpu().numpy().reshape(-1, g)
-        fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step)
-        self.scheduler.observe(fb)
-        self.rlpace_sampler.scored(pos[:, 0])
+        fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step, **self._rlpace_sup)
+        if self.rlpace_gf is None:
+            self.scheduler.observe(fb)
+            self.rlpace_sampler.scored(pos[:, 0])
         n_local = output["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
         keep = self.scheduler.admit(fb)
         if not keep.all():
             self._rlpace_admit(output, rewards, keep, local)
+        if self.rlpace_gf is not None:
+            # features of the loss as admitted (a dropped rollout's are 0); observed after them,
+            # so admission read the state before this batch, as in the built-in trainer
+            grads = self._rlpace_grad_features(output).cpu().numpy().reshape(*rewards.shape, -1)  # [B, G, d]
+            fb = Feedback(fb.prompt_ids, fb.rewards, fb.advantages, fb.step, grads=grads, **self._rlpace_sup,
+                          ref_grad=self.rlpace_ref_grad)
+            self.scheduler.observe(fb)
+            self.rlpace_sampler.scored(pos[:, 0])
+            if self.rlpace_grad_reference == "previous":
+                self.rlpace_ref_grad = grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
         if self.rlpace_loss_weights:
             adv = output["advantages"]
             w = torch.as_tensor(self.scheduler.loss_weights(fb).ravel()[local], dtype=adv.dtype, device=adv.device)
             output["advantages"] = adv * (w if adv.dim() == 1 else w[:, None])
+        if self.rlpace_supervises:
+            self._rlpace_weight_advantages(output, fb, local)
         for k, v in self.scheduler.metrics().items():
             self._metrics["train"][f"rlpace/{k}"].append(v)
+
+    def _rlpace_grad_features(self, output: dict) -> torch.Tensor:
+        """float32[N, d] (all ranks' rows, gathered): each rollout's projected gradient of TRL's
+        `_compute_loss` over chunks of `per_device_train_batch_size` local rows, at the current
+        weights (importance ratio 1), its policy-gradient term only (beta, the entropy bonus and
+        the router loss are switched off for the pass). The pass leaves no trace:
+        `_compute_loss`'s logged metrics and adaptive-entropy state are restored, and no
+        parameter gradient is formed."""
+        gf, n = self.rlpace_gf, output["completion_ids"].shape[0]
+        mb = self.args.per_device_train_batch_size
+        model = self.model
+        metrics = self._metrics["train"]
+        lengths = {k: len(v) for k, v in metrics.items()}
+        kept = {k: getattr(self, k) for k in ("_entropy_window_stats", "entropy_coef", "_last_world_entropy",
+                                              "beta", "_entropy_bonus_enabled", "aux_loss_enabled")
+                if hasattr(self, k)}
+        # the policy-gradient term only (as the built-in trainer's features): no KL, entropy bonus
+        # or MoE router loss in the differentiated loss
+        self.beta, self._entropy_bonus_enabled, self.aux_loss_enabled = 0.0, False, False
+        self._get_per_token_logps_and_entropies = self._rlpace_unfused_logps   # instance shadow, undone below
+        feats = []
+        try:
+            with disable_gradient_checkpointing(model, self.args.gradient_checkpointing_kwargs):
+                for s in range(0, n, mb):
+                    rows = slice(s, min(n, s + mb))
+                    chunk = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v
+                             for k, v in output.items()}
+                    # the graph starts at the hooked layers (GradFeatures.capture's docstring)
+                    with torch.no_grad(), gf.capture(graph_from_hooks=True):
+                        loss = self._compute_loss(model, chunk)
+                    feats.append(gf.features(loss, rows.stop - rows.start))
+        finally:
+            del self._get_per_token_logps_and_entropies
+            for k in list(metrics):
+                if k not in lengths:
+                    del metrics[k]
+                else:
+                    del metrics[k][lengths[k]:]
+            for k, v in kept.items():
+                setattr(self, k, v)
+        return self.accelerator.gather(torch.cat(feats).contiguous())
+
+    def _rlpace_unfused_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                              compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """`_get_per_token_logps_and_entropies` with the LM head called as a module (hooks see it):
+        log-softmax(logits / temperature) at the completion tokens, and their entropies."""
+        if any(v is not None for v in multimodal.values()):
+            raise ValueError("gradient features in RlpaceGRPOTrainer support text-only models; pass "
+                             "grad_features='off' (or use a policy that does not read 'grads').")
+        kw = {"output_router_logits": True} if compute_aux_loss else {}
+        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1, **kw)
+        logp = (out.logits[:, :-1].float() / self.temperature).log_softmax(-1)          # [n, T, V]
+        per_token = logp.gather(-1, input_ids[:, -logits_to_keep:, None]).squeeze(-1)    # [n, T]
+        if compute_entropy and self.top_entropy_quantile >= 1.0:
+            entropy = torch.zeros_like(per_token)     # read only by the metrics this pass discards
+        else:
+            entropy = -(logp.exp() * logp).sum(-1) if compute_entropy else None
+        return per_token, entropy, (out.aux_loss if compute_aux_loss else None)
 
     def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice) -> None:
         """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages."""
@@ -293,8 +421,9 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             out = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            ref = {} if self.rlpace_ref_grad is None else {"grads/ref_grad": self.rlpace_ref_grad}
             np.savez(os.path.join(out, STATE_FILE), **self.scheduler.state_dict(),
-                     **self.rlpace_sampler.state_dict())
+                     **self.rlpace_sampler.state_dict(), **ref)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -307,4 +436,10 @@ class RlpaceGRPOTrainer(GRPOTrainer):
         with np.load(path, allow_pickle=False) as z:
             state = {k: z[k] for k in z.files}
         self.rlpace_sampler.load_state_dict(state)
-        self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith("sampler/")})
+        ref = state.get("grads/ref_grad")
+        if ref is not None and (self.rlpace_gf is None or ref.shape != (self.rlpace_gf.dim,)):
+            raise ValueError(f"the checkpoint holds a reference gradient of shape {ref.shape}, this run's features "
+                             f"have d = {None if self.rlpace_gf is None else self.rlpace_gf.dim}: resume with the "
+                             f"grad_features, grad_params and grad_dim the checkpoint was trained with.")
+        self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith(("sampler/", "grads/"))})
+        self.rlpace_ref_grad = None if ref is None else ref.astype(np.float32)

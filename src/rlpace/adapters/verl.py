@@ -179,6 +179,19 @@ class VerlFeedback:
             adv = batch.batch["advantages"]
             batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
 
+    def weight_advantages(self, batch, fbs: list) -> None:
+        """Multiply `advantages` by `Scheduler.advantage_weights` (DE-Venus's Ã = w·Â, w ∈ [0, 1])
+        when the method has an advantage place (a Scheduler without one is left alone)."""
+        from ._supervision import supervises_places
+        if not fbs or "advantages" not in batch.batch.keys() or not supervises_places(self.scheduler):
+            return
+        w = np.ones(len(batch))
+        for fb, rows in fbs:
+            w *= scatter_to_rows(self.scheduler.advantage_weights(fb), rows, len(batch))
+        if not np.all(w == 1.0):
+            adv = batch.batch["advantages"]
+            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
+
     def metrics(self) -> dict[str, float]:
         return {f"rlpace/{k}": v for k, v in self.scheduler.metrics().items()}
 
@@ -193,8 +206,9 @@ def _train_files(data_files, data_config) -> bool:
     return files == train or files != val
 
 
-def _check_v1_feedback_channel() -> None:
-    """ValueError when verl's V1 trainer builds this dataset without `RlpaceReplayBuffer`.
+def _check_v1_feedback_channel() -> bool:
+    """ValueError when verl's V1 trainer builds this dataset without `RlpaceReplayBuffer`;
+    True when a V1 trainer is building it.
 
     V1 never calls `on_batch_end`: its only feedback channel is the replay buffer, so with
     verl's own buffer the Scheduler would propose forever on no feedback. V1 builds its
@@ -203,7 +217,7 @@ def _check_v1_feedback_channel() -> None:
     """
     v1 = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
     if v1 is None:                       # V1 not imported: the legacy trainer, or no trainer
-        return
+        return False
     frame = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
@@ -217,8 +231,24 @@ def _check_v1_feedback_channel() -> None:
                     "Scheduler would get no feedback: set trainer.v1.sampler.custom_sampler.path="
                     f"pkg://rlpace.adapters.verl trainer.v1.sampler.custom_sampler.name={name} (see "
                     "docs/engines.md), or run the legacy trainer with trainer.use_v1=False.")
-            return
+            return True
         frame = frame.f_back
+
+
+def _refuse_v1_supervision(sched: Scheduler) -> None:
+    """On V1 the supervision transforms run in the replay buffer, before the old-log-prob pass
+    and without the advantage step: token-statistic rewards and advantage places cannot run."""
+    from ..policies._base import _is_default
+    from ._supervision import TOKEN_SIGNALS, needs
+    adv = getattr(sched.method, "advantage", None)
+    missing = sorted(needs(sched) & TOKEN_SIGNALS) + ([f"advantage place {adv.name!r}"]
+                                                      if adv is not None and not _is_default(adv) else [])
+    if missing:
+        raise ValueError(
+            f"method {sched.name!r} needs {', '.join(missing)}, which rlpace provides in verl's legacy trainer but "
+            f"not in the V1 trainer (its transforms run in the replay buffer, before verl's old-log-prob pass and "
+            f"advantage step; docs/engines.md, 'Supervision transforms'): run examples/verl_legacy_trainer.py with "
+            f"trainer.use_v1=False, or use RlpaceGRPOTrainer (TRL).")
 
 
 class RlpaceDataset(RLHFDataset):
@@ -235,10 +265,11 @@ class RlpaceDataset(RLHFDataset):
         check_verl_version("dataset")
         _check_loader_config(config)
         scheduled = _train_files(data_files, config)
-        if scheduled:
-            _check_v1_feedback_channel()
+        v1 = _check_v1_feedback_channel() if scheduled else False
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
+        if v1:
+            _refuse_v1_supervision(self.rlpace.scheduler)
         if scheduled:
             _SHARED["train"] = self.rlpace
 
@@ -275,6 +306,15 @@ class RlpaceTrainerMixin:
     metrics, which verl reduces and hands to its logger with the step's metrics.
     `_load_checkpoint` also restores the dataset state that verl 0.9 skips at an epoch
     boundary. See `examples/verl_legacy_trainer.py` for the entry point.
+
+    Supervision transforms (a method with a target, reward or advantage place: `ttrl`,
+    `olr`, `trapo`, `entropy_min`, ...; `rlpace.adapters._verl_supervision`): `fit` wraps
+    verl's `extract_reward` so that each train batch, once its groups are complete, gets
+    answers → `Scheduler.targets` → re-verification by verl's own reward manager against
+    per-row copies of `reward_model` → `Scheduler.rewards`; token-statistic rewards wait for
+    `_compute_old_log_prob`; `_update_actor` multiplies the advantages by
+    `Scheduler.advantage_weights`. `rlpace_answer_extractor` (a class attribute,
+    str -> str | None) replaces the default extractor.
     """
 
     def _rlpace(self) -> VerlFeedback:
@@ -289,8 +329,76 @@ class RlpaceTrainerMixin:
         fbs = bridge.observe(batch, step=self.global_steps)
         bridge.apply_admission(batch, fbs)
         bridge.scale_advantages(batch, fbs)
+        bridge.weight_advantages(batch, fbs)
         out = super()._update_actor(batch)
         out.meta_info.setdefault("metrics", {}).update(bridge.metrics())
+        out.meta_info["metrics"].update(getattr(self, "_rlpace_supervision_metrics", {}))
+        return out
+
+    # -- supervision transforms (issue 14; `rlpace.adapters._verl_supervision`) ------------------
+    rlpace_answer_extractor = None   # str -> str | None; None: `_supervision.extract_answer`
+
+    def fit(self):
+        """verl's `fit`, with `ray_trainer.extract_reward` wrapped while it runs when the
+        Scheduler's method has a target, reward or advantage place: train batches then get
+        the supervision transforms before verl reads their rewards (validation batches,
+        flagged `meta_info["validate"]`, pass through untouched)."""
+        from ._supervision import supervises
+        from ._verl_supervision import check_token_signals
+        sched = self._rlpace().scheduler
+        if not supervises(sched):
+            return super().fit()
+        check_token_signals(sched)
+        from ._supervision import TOKEN_SIGNALS, needs
+        corr = self.config.algorithm.get("rollout_correction", None) or {}
+        if needs(sched) & TOKEN_SIGNALS and corr.get("bypass_mode", False):
+            raise ValueError(f"method {sched.name!r} reads {sorted(needs(sched) & TOKEN_SIGNALS)}, which rlpace takes "
+                             f"from verl's old-log-prob pass; algorithm.rollout_correction.bypass_mode=True skips it. "
+                             f"Set bypass_mode=False.")
+        from verl.trainer.ppo import ray_trainer
+        original = ray_trainer.extract_reward
+
+        def extract_reward(batch):
+            if not batch.meta_info.get("validate", False):
+                self._rlpace_supervise(batch)
+            return original(batch)
+        ray_trainer.extract_reward = extract_reward
+        try:
+            return super().fit()
+        finally:
+            ray_trainer.extract_reward = original
+
+    def _rlpace_supervise(self, batch) -> None:
+        from ._supervision import extract_answer
+        from ._verl_supervision import supervise_batch
+        if getattr(self, "_rlpace_reward_manager", None) is None:
+            from verl.trainer.ppo.reward import load_reward_manager
+            reward = self.config.reward
+            if (reward.get("reward_model") or {}).get("enable", False) and \
+                    not (reward.get("custom_reward_function") or {}).get("path"):
+                raise ValueError("rlpace re-verifies rollouts against the Scheduler's targets with verl's reward "
+                                 "function; a discriminative reward model (reward.reward_model.enable=True without "
+                                 "reward.custom_reward_function.path) has no target to verify against. Use a "
+                                 "rule-based reward function.")
+            self._rlpace_reward_manager = load_reward_manager(self.config, self.tokenizer)
+        self._rlpace_supervision_metrics = supervise_batch(
+            self._rlpace(), batch, manager=self._rlpace_reward_manager, tokenizer=self.tokenizer,
+            step=int(self.global_steps), extractor=self.rlpace_answer_extractor or extract_answer)
+
+    def _balance_batch(self, batch, *args, **kwargs):
+        # remember the generation order: batch balancing reorders rows, and a group's first-seen
+        # tie rule (TTRL's vote) must read its rollouts as they were sampled
+        from ._supervision import supervises
+        if supervises(self._rlpace().scheduler):
+            batch.non_tensor_batch["rlpace_order"] = np.arange(len(batch))
+        return super()._balance_batch(batch, *args, **kwargs)
+
+    def _compute_old_log_prob(self, batch):
+        out = super()._compute_old_log_prob(batch)
+        if batch.meta_info.get("rlpace_rewards_deferred"):
+            from ._verl_supervision import apply_deferred
+            old = out[0] if isinstance(out, tuple) else out
+            apply_deferred(self._rlpace(), batch, old, step=int(self.global_steps))
         return out
 
     def _load_checkpoint(self):

@@ -39,6 +39,7 @@ COMMANDS = {
     "report": ("rlpace.cli.report", "statistics and HTML report over a directory of run records"),
     "policies": ("rlpace.cli.policies", "list the registered policies"),
     "merge": ("rlpace.cli.merge", "merge RL specialists of one base without data (ISO-Merger, TIES, ...)"),
+    "select": ("rlpace.cli.select", "budgeted offline data selection: generate, score, route, manifest"),
 }
 
 _TORCH = "pip install torch==2.13.0 (or your CUDA build) first, then pip install 'rlpace[train]'"

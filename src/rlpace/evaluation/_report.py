@@ -17,6 +17,7 @@ import numpy as np
 
 from . import plots
 from ._analysis import Analysis, analyze, efficiency_table
+from ._tables import ess_fractions
 
 __all__ = ["ReportFiles", "write_report", "report_from_dir", "zero_verdict"]
 
@@ -277,6 +278,13 @@ def _sections(a: Analysis) -> dict:
                    f"{a.target['source']}), paired bootstrap CI; a run that never reaches it counts "
                    f"as its whole budget and the ratio is marked censored.")
     eff_head, eff_rows = efficiency_table(a)
+    ess = ess_fractions(sm)
+    if eff_rows and any(math.isfinite(v) for v in ess.values()):
+        # importance-weighting methods (criticality_is, criticality_grid) log the ESS of their
+        # loss weights; blank for the others, whose weights are 1
+        eff_head = eff_head + ["ESS / B (loss weights)"]
+        eff_rows = [row + ["" if not math.isfinite(ess.get(row[0], math.nan)) else f"{ess[row[0]]:.2f}"]
+                    for row in eff_rows]
     eff_note = (f"Efficiency: per seed the target is base + {a.gain_fraction:.0%}·({a.baseline}'s final − base); "
                 f"the cost of a run is the rollouts (refills and probes included), generated tokens and steps "
                 f"it spent to reach it, linearly interpolated between evaluations; a run that never reaches it "

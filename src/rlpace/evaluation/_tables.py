@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["ScoreMatrix", "score_matrix", "learning_curves", "domain_prob_series",
-           "to_target_arrays", "budget_key", "efficiency_curves"]
+           "to_target_arrays", "budget_key", "efficiency_curves", "ess_fractions"]
 
 
 def budget_key(rec: Mapping[str, Any]) -> tuple:
@@ -206,6 +206,35 @@ def domain_prob_series(sm: ScoreMatrix) -> dict[str, tuple[np.ndarray, tuple, np
                 if col is not None:
                     probs[j, t_idx, kk] = np.array([np.nan if v is None else v for v in col], dtype=float)
         out[lab] = (np.asarray(steps, dtype=np.float64), tuple(doms), probs, source.rstrip("/"))
+    return out
+
+
+ESS_COLUMN = "criticality/ess_fraction"
+
+
+def ess_fractions(sm: ScoreMatrix) -> dict[str, float]:
+    """Per method: the effective sample size of its loss weights as a share of the batch,
+    ESS / B = (Σw)² / (B·Σw²), from the per-step column `criticality/ess_fraction`
+    (`criticality_is`, `criticality_grid`: their `metrics()`): the mean over the run's steps,
+    then over its seeds. NaN for a method that logs none (its weights are 1, ESS = B).
+
+    >>> sm = ScoreMatrix("s", ("u", "c"), (0, 1), ("a",), ("a",), np.zeros((2, 2, 1)),
+    ...                  np.full((2, 2), None, dtype=object), np.array(
+    ...                      [[{"steps": {"step": [0]}}, None],
+    ...                       [{"steps": {"step": [0, 1], ESS_COLUMN: [0.5, 1.0]}},
+    ...                        {"steps": {"step": [0, 1], ESS_COLUMN: [0.25, None]}}]], dtype=object), {}, (), ())
+    >>> ess_fractions(sm)                    # c: mean(0.75, 0.25)
+    {'u': nan, 'c': 0.5}
+    """
+    out = {}
+    for i, lab in enumerate(sm.labels):
+        per_run = []
+        for r in sm.records[i]:
+            col = None if r is None else r["steps"].get(ESS_COLUMN)
+            v = [float(x) for x in (col or []) if x is not None]
+            if v:
+                per_run.append(float(np.mean(v)))
+        out[lab] = float(np.mean(per_run)) if per_run else float("nan")
     return out
 
 

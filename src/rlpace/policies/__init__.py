@@ -1,5 +1,5 @@
-"""Data policies: the four kinds (mixture, selection, admission, reweighting), their
-algebra (`compose`, `chain`, `with_floor`) and the registry of methods by name.
+"""Data policies: the seven kinds (mixture, selection, admission, reweighting, and the
+supervision places target, reward, advantage), their algebra (`compose`, `chain`, `with_floor`) and the registry of methods by name.
 
 Every method's algorithm lives in one short file here (`_dump.py`, `_ads.py`, ...) that
 cites its paper (arXiv id) and its page in the project's docs, `docs/methods/<name>.md`
@@ -10,14 +10,16 @@ cites its paper (arXiv id) and its page in the project's docs, `docs/methods/<na
 True
 """
 
-from ._base import (ADMISSION, KINDS, MIXTURE, REWEIGHTING, SELECTION, Admission, DataPolicy,
-                    EmptyState, Method, chain, compose, keep_all, softmax, unit_weights, with_floor)
+from ._base import (ADMISSION, ADVANTAGE, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET,
+                    Admission, DataPolicy, EmptyState, Method, Targets, chain, compose, dataset_labels,
+                    identity_reward, keep_all, softmax, unit_advantage, unit_weights, with_floor)
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
                          pods_max_variance, success_band, topk_advantage)
 from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
 from ._ar import advantage_reweight
 from ._diem import diem
 from ._criticality import criticality_is, criticality_selection, criticality_weights
+from ._grid import criticality_grid, grid_proposal, grid_weights
 from ._dump import dump_ucb
 from ._dvc import dvc
 from ._epiplexity import epiplexity
@@ -34,6 +36,12 @@ from ._reweighting import difficulty_band, per_advantage, softmax_advantage
 from ._sec import sec
 from ._tscl import tscl
 from ._uniform import fixed_mixture, uniform_pool, uniform_within_arm
+from ._ttrl import ttrl
+from ._self_certainty import self_certainty
+from ._entropy_min import entropy_min
+from ._olr import olr
+from ._trapo import trapo
+from ._vote import agreement_rewards, unique_majority
 
 __all__ = [
     "DataPolicy", "Method", "Admission", "EmptyState", "KINDS", "MIXTURE", "SELECTION",
@@ -47,7 +55,10 @@ __all__ = [
     "drop_all_wrong", "per_advantage", "difficulty_band", "softmax_advantage",
     "topk_advantage", "diem", "dvc", "reward_gap", "tscl", "advantage_reweight", "gfpo", "oracle_boundary", "oracle_progress",
     "epiplexity", "criticality_is", "criticality_selection", "criticality_weights", "greso",
-    "recommended",
+    "criticality_grid", "grid_proposal", "grid_weights",
+    "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward",
+    "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
+    "unique_majority",
 ]
 
 
@@ -67,6 +78,7 @@ register("prioritized_learnability", prioritized_learnability)
 register("mopps", mopps)
 # pass-rate predictor over prompt features (rlpace.predict): docs/methods/criticality_is.md, greso.md
 register("criticality_is", criticality_is)
+register("criticality_grid", criticality_grid)  # the same over a parameter grid (tasks=grid:<family>)
 register("greso", greso)
 register("sec", sec)
 register("exp3", exp3)
@@ -91,3 +103,11 @@ register("gfpo", gfpo)
 # measurement feed (every prompt's pass rate) and are left out of the proposal lists.
 register("oracle_boundary", oracle_boundary)
 register("oracle_progress", oracle_progress)
+# Supervision as state (DE-Venus, arXiv 2609.03324; docs/methods/README.md): target places read
+# Feedback.answers (Scheduler.targets), reward places the per-rollout token statistics
+# (Scheduler.rewards); partially labelled pools mark Pool.labeled.
+register("ttrl", ttrl)                      # majority-vote pseudo-labels, docs/methods/ttrl.md
+register("self_certainty", self_certainty)  # Intuitor reward, docs/methods/self_certainty.md
+register("entropy_min", entropy_min)        # EM-RL reward, docs/methods/entropy_min.md
+register("olr", olr)                        # noisy-label relabelling, docs/methods/olr.md
+register("trapo", trapo)                    # semi-supervised trajectory selection, docs/methods/trapo.md

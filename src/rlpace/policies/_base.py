@@ -1,4 +1,4 @@
-"""The policy algebra: four kinds of data policy as pure (init, update, apply) triples,
+"""The policy algebra: seven kinds of data policy as pure (init, update, apply) triples,
 and the combinators that make methods out of them.
 
 A `DataPolicy` is the optax `GradientTransformation` of data scheduling
@@ -15,7 +15,8 @@ per-prompt arrays hold 10⁶–10⁷ entries, and copying them every step would 
 the whole step. The Scheduler owns the only reference and validates all input before
 calling `update`, so a rejected batch leaves the state untouched.
 
-The four kinds and what `apply` computes:
+The kinds and what `apply` computes (the last three are the supervision places of DE-Venus,
+arXiv 2609.03324, Eq. 3–5: rollout → target → admission → reward → advantages → weights):
 
 | kind          | where it acts                   | apply(...)                                   | returns          |
 |---------------|---------------------------------|----------------------------------------------|------------------|
@@ -23,10 +24,15 @@ The four kinds and what `apply` computes:
 | `selection`   | before rollout: which prompts   | apply(state, pool, n, probs, arms, rng)      | int64[n] ids     |
 | `admission`   | after rollout: which rollouts   | apply(state, pool, batch)                    | `Admission`      |
 | `reweighting` | in the loss: how much each      | apply(state, pool, batch)                    | float64[B, G]    |
+| `target`      | after rollout: verify against   | apply(state, pool, batch)                    | `Targets`        |
+| `reward`      | after verification: transform   | apply(state, pool, batch)                    | float64[B, G]    |
+| `advantage`   | after GRPO: Ã = w·Â, w ∈ [0, 1] | apply(state, pool, batch)                    | float64[B, G]    |
 
 A `Method` holds one policy per place; `compose` builds one from any set of policies
-(filling the empty places with neutral defaults), `chain` stacks several admission or
-reweighting policies, and `with_floor` bounds a mixture away from zero.
+(filling the empty places with neutral defaults: every prompt keeps its dataset label,
+rewards unchanged, advantage weights 1), `chain` stacks several admission, reweighting,
+reward (applied in order) or advantage (weights multiply) policies, and `with_floor` bounds
+a mixture away from zero.
 """
 
 from __future__ import annotations
@@ -38,13 +44,14 @@ import numpy as np
 from ..types import Batch, Pool
 
 __all__ = [
-    "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "KINDS",
-    "DataPolicy", "Method", "Admission", "compose", "chain", "with_floor",
-    "softmax", "EmptyState",
+    "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "KINDS",
+    "DataPolicy", "Method", "Admission", "Targets", "compose", "chain", "with_floor",
+    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage",
 ]
 
 MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
-KINDS = (MIXTURE, SELECTION, ADMISSION, REWEIGHTING)
+TARGET, REWARD, ADVANTAGE = "target", "reward", "advantage"
+KINDS = (MIXTURE, SELECTION, ADMISSION, REWEIGHTING, TARGET, REWARD, ADVANTAGE)
 
 
 class EmptyState(NamedTuple):
@@ -62,11 +69,21 @@ class Admission(NamedTuple):
     full_group_advantages: bool = False
 
 
+class Targets(NamedTuple):
+    """Result of a target policy for one batch (`Scheduler.targets` returns `labels`)."""
+
+    labels: list       # [B] str | None: the target each prompt's rollouts are verified against this
+                       # step; None = the dataset label (labelled prompt) or no target (unlabelled)
+    decisions: list    # [dict] one per relabel / pseudo-label / promotion: {"row": i, "rule": str,
+                       # "evidence": {name: number}, "decision": str}; the Scheduler adds step and id
+
+
 class DataPolicy(NamedTuple):
     """One data policy: pure functions over an explicit state (see module docstring).
 
     Attributes:
-        kind: one of `mixture`, `selection`, `admission`, `reweighting`.
+        kind: one of `mixture`, `selection`, `admission`, `reweighting`, `target`,
+            `reward`, `advantage`.
         init: (pool) -> state.
         update: (state, pool, batch) -> state.
         apply: kind-specific, see the table in the module docstring.
@@ -92,8 +109,10 @@ class DataPolicy(NamedTuple):
         reads: the signals beyond rollout feedback this policy needs a trainer to produce:
             "grads" (per-rollout gradient features `Feedback.grads` / `ref_grad`: diem, dvc),
             "measurement" (every training prompt's current pass rate, fed as one Feedback
-            over the whole pool: the oracle_* measurement tools). Trainers decide what to
-            compute from this field, never from policy names; `chain` takes the union.
+            over the whole pool: the oracle_* measurement tools), "answers"
+            (`Feedback.answers`: the target places), "token_entropy", "self_certainty",
+            "mean_logprob" (per-rollout token statistics: the reward places). Trainers decide
+            what to compute from this field, never from policy names; `chain` takes the union.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
@@ -112,18 +131,26 @@ class DataPolicy(NamedTuple):
 
 
 class Method(NamedTuple):
-    """A full scheduling method: one policy at each of the four places."""
+    """A full scheduling method: one policy at each place. `target`, `reward` and
+    `advantage` may be None in a hand-built Method: the Scheduler then behaves as their
+    neutral defaults (`dataset_labels`, `identity_reward`, `unit_advantage`)."""
 
     mixture: DataPolicy | None
     selection: DataPolicy
     admission: DataPolicy
     reweighting: DataPolicy
     name: str = ""
+    target: DataPolicy | None = None
+    reward: DataPolicy | None = None
+    advantage: DataPolicy | None = None
 
     def policies(self) -> dict[str, DataPolicy]:
         out = {SELECTION: self.selection, ADMISSION: self.admission, REWEIGHTING: self.reweighting}
         if self.mixture is not None:
             out[MIXTURE] = self.mixture
+        for kind, p in ((TARGET, self.target), (REWARD, self.reward), (ADVANTAGE, self.advantage)):
+            if p is not None:
+                out[kind] = p
         return out
 
 
@@ -149,13 +176,35 @@ def unit_weights() -> DataPolicy:
     return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="unit_weights")
 
 
+def dataset_labels() -> DataPolicy:
+    """Target that keeps every prompt's dataset label (neutral: `Targets([None] * B, [])`)."""
+    def apply(state, pool, batch):
+        return Targets([None] * int(batch.prompt_ids.shape[0]), [])
+    return DataPolicy(TARGET, _empty_init, _no_update, apply, name="dataset_labels")
+
+
+def identity_reward() -> DataPolicy:
+    """Reward transform that returns the verified rewards unchanged (neutral)."""
+    def apply(state, pool, batch):
+        return np.asarray(batch.rewards, dtype=np.float64)
+    return DataPolicy(REWARD, _empty_init, _no_update, apply, name="identity_reward")
+
+
+def unit_advantage() -> DataPolicy:
+    """Advantage weights w = 1 for every rollout (neutral: Ã = Â)."""
+    def apply(state, pool, batch):
+        return np.ones(batch.rewards.shape, dtype=np.float64)
+    return DataPolicy(ADVANTAGE, _empty_init, _no_update, apply, name="unit_advantage")
+
+
 def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     """Build a `Method` from policies of any kinds (and/or other methods).
 
-    At most one mixture and one selection; several admission or reweighting policies are
-    stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
+    At most one mixture, one selection and one target; several admission, reweighting,
+    reward or advantage policies are stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
     drawn arm by arm from it (`uniform_within_arm`); without, uniformly from the pool;
-    admission keeps everything; weights are 1. A mixture with a selection whose
+    admission keeps everything; weights are 1; every prompt keeps its dataset label; rewards
+    pass unchanged; advantage weights are 1. A mixture with a selection whose
     `follows_mixture` is False is a ValueError: the mixture would be silently ignored.
 
     >>> from rlpace.policies import make_policy
@@ -180,7 +229,7 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
             names.append(p.name)
         else:
             raise TypeError(f"compose takes DataPolicy or Method objects; got {type(p).__name__}.")
-    for kind in (MIXTURE, SELECTION):
+    for kind in (MIXTURE, SELECTION, TARGET):
         if len(slots[kind]) > 1:
             raise ValueError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
                              f"Keep one of them.")
@@ -202,11 +251,16 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
         selection = uniform_within_arm() if mixture is not None else uniform_pool()
     admission = chain(*slots[ADMISSION]) if slots[ADMISSION] else keep_all()
     reweighting = chain(*slots[REWEIGHTING]) if slots[REWEIGHTING] else unit_weights()
+    target = slots[TARGET][0] if slots[TARGET] else dataset_labels()
+    reward = chain(*slots[REWARD]) if slots[REWARD] else identity_reward()
+    advantage = chain(*slots[ADVANTAGE]) if slots[ADVANTAGE] else unit_advantage()
     return Method(mixture, selection, admission, reweighting,
-                  name=name or "+".join(n for n in names if n))
+                  name=name or "+".join(n for n in names if n),
+                  target=target, reward=reward, advantage=advantage)
 
 
-_DEFAULT_NAMES = {"keep_all", "unit_weights", "uniform_pool"}
+_DEFAULT_NAMES = {"keep_all", "unit_weights", "uniform_pool", "dataset_labels", "identity_reward",
+                  "unit_advantage"}
 
 
 def _is_default(p: DataPolicy) -> bool:
@@ -215,8 +269,9 @@ def _is_default(p: DataPolicy) -> bool:
 
 def chain(*policies: DataPolicy) -> DataPolicy:
     """Stack admission policies (a rollout is kept if every policy keeps it; refills add
-    up) or reweighting policies (weights multiply). The chained state is the tuple of the
-    members' states.
+    up), reweighting or advantage policies (weights multiply), or reward policies (each
+    transforms the rewards the previous one returned). The chained state is the tuple of
+    the members' states.
 
     >>> from rlpace.policies import make_policy
     >>> p = chain(make_policy("dapo_dynamic_sampling"), make_policy("pods_max_variance"))
@@ -228,8 +283,9 @@ def chain(*policies: DataPolicy) -> DataPolicy:
     if len(policies) == 1:
         return policies[0]
     kinds = {p.kind for p in policies}
-    if len(kinds) != 1 or kinds.pop() not in (ADMISSION, REWEIGHTING):
-        raise ValueError("chain stacks policies of one kind, admission or reweighting; got "
+    if len(kinds) != 1 or kinds.pop() not in (ADMISSION, REWEIGHTING, REWARD, ADVANTAGE):
+        raise ValueError("chain stacks policies of one kind, admission, reweighting, reward or "
+                         "advantage; got "
                          f"{[(p.name, p.kind) for p in policies]}. Use compose() for a whole method.")
     kind = policies[0].kind
 
@@ -240,6 +296,10 @@ def chain(*policies: DataPolicy) -> DataPolicy:
         return tuple(p.update(s, pool, batch) for p, s in zip(policies, state))
 
     def apply(state, pool, batch):
+        if kind == REWARD:      # in order: each member sees the rewards the previous returned
+            for p, s in zip(policies, state):
+                batch = batch._replace(rewards=np.asarray(p.apply(s, pool, batch), dtype=np.float64))
+            return batch.rewards
         outs = [p.apply(s, pool, batch) for p, s in zip(policies, state)]
         if kind == ADMISSION:
             keep = np.logical_and.reduce([o.keep for o in outs])

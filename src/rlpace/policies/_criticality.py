@@ -100,6 +100,20 @@ def shape_weights(w: np.ndarray, weight_floor: float, normalize: bool, weight_cl
     return np.minimum(w, weight_clamp)
 
 
+
+def proposal_metrics(state, pool) -> dict:
+    """The proposal's stage, whether q is active, max c and the fallback mass (metrics())."""
+    return {"criticality/stage": float(state.predictor.stage),
+            "criticality/active": float(state.norm[0]),
+            "criticality/max_c": float(state.norm[1]),
+            "criticality/fallback_mass": float(state.norm[3])}
+
+
+def weight_metrics(state, pool) -> dict:
+    """Effective sample size of the last batch's loss weights, absolute and over B."""
+    ess, b = float(state.ess[0]), float(state.ess[1])
+    return {"criticality/ess": ess, "criticality/ess_fraction": ess / b if b else 1.0}
+
 def _q_of(c: np.ndarray, norm: np.ndarray, n: int, alpha: float, epsilon: float,
           weight_threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q_i, q'_i, in_fallback_i) for criticalities c of some prompts, from a stage's norm."""
@@ -113,11 +127,13 @@ def _q_of(c: np.ndarray, norm: np.ndarray, n: int, alpha: float, epsilon: float,
 
 
 def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clamp, normalize,
-          unbiased, target, lr, l2, stage_steps, buffer, newton_steps, with_cdf: bool):
+          unbiased, target, lr, l2, stage_steps, buffer, newton_steps, with_cdf: bool,
+          owner: str = "criticality_is"):
     """(init, update, weights, crit, version, check_state), shared by the selection and the
-    reweighting; `with_cdf` keeps the stage's CDF in the state (the selection draws from it)."""
+    reweighting (and by the grid proposal, `criticality_grid`, which runs them over a pool of
+    parameter cells); `with_cdf` keeps the stage's CDF in the state (the selection draws from it)."""
     pr = predictor(lr=lr, l2=l2, stage_steps=stage_steps, buffer=buffer, newton_steps=newton_steps,
-                   owner="criticality_is")
+                   owner=owner)
 
     def crit(theta, pool, ids=None):
         pi = _sigmoid(logits(theta, pool, ids))
@@ -195,8 +211,8 @@ _DEFAULTS = dict(alpha=3.0, epsilon=0.1, threshold=0.0, weight_threshold=0.01, w
 
 
 def _checked(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clamp, normalize,
-             unbiased, target, lr, l2, stage_steps, buffer, newton_steps) -> dict:
-    o = "criticality_is"
+             unbiased, target, lr, l2, stage_steps, buffer, newton_steps, owner: str = "criticality_is") -> dict:
+    o = owner
     check_real(o, "alpha", alpha, low=0, high=50,
                hint=" (softmax sharpness; the criticality-IS code: 3)")
     check_real(o, "epsilon", epsilon, low=0, high=1, hint=" (share of p mixed into q)")
@@ -208,7 +224,7 @@ def _checked(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_c
     check_real(o, "weight_clamp", weight_clamp, low=0, low_open=True,
                hint=" (weight cap after normalising; 10)")
     if weight_clamp < weight_floor:
-        raise ValueError(f"criticality_is weight_clamp must be ≥ weight_floor; got "
+        raise ValueError(f"{o} weight_clamp must be ≥ weight_floor; got "
                          f"weight_clamp={weight_clamp}, weight_floor={weight_floor}.")
     _check_bool(o, "normalize", normalize)
     _check_bool(o, "unbiased", unbiased)
@@ -243,13 +259,7 @@ def criticality_selection(**kw) -> DataPolicy:
             ids = np.where(fb, alt, ids)
         return ids
 
-    def metrics(state, pool):
-        return {"criticality/stage": float(state.predictor.stage),
-                "criticality/active": float(state.norm[0]),
-                "criticality/max_c": float(state.norm[1]),
-                "criticality/fallback_mass": float(state.norm[3])}
-
-    return DataPolicy(SELECTION, init, update, apply, name="criticality_selection", metrics=metrics,
+    return DataPolicy(SELECTION, init, update, apply, name="criticality_selection", metrics=proposal_metrics,
                       check_state=check_state)
 
 
@@ -263,11 +273,7 @@ def criticality_weights(**kw) -> DataPolicy:
         _, w = weights(state, pool, batch.prompt_ids, batch.step)
         return np.broadcast_to(w[:, None], batch.rewards.shape).astype(np.float64)
 
-    def metrics(state, pool):
-        ess, b = float(state.ess[0]), float(state.ess[1])
-        return {"criticality/ess": ess, "criticality/ess_fraction": ess / b if b else 1.0}
-
-    return DataPolicy(REWEIGHTING, init, update, apply, name="criticality_weights", metrics=metrics,
+    return DataPolicy(REWEIGHTING, init, update, apply, name="criticality_weights", metrics=weight_metrics,
                       check_state=check_state)
 
 

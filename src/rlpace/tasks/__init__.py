@@ -25,11 +25,13 @@ from ._embedded import (DEFAULT_MISTAKES, DEFAULT_SUITE, FAMILIES, LADDER_MISTAK
 from ._parquet import read_parquet, read_taskset, rows_to_items, items_to_rows, write_parquet, write_taskset
 from ._rg import knights_knaves_specs, knights_knaves_suite, reasoning_gym_suite, rg_score, rg_spec
 from ._spec import SPEC_HELP, make_taskset
+from ._features import prompt_features
+from ._grid import grid_taskset
 from ._types import Item, TaskSet
 from ._verify import exact_score, extract_tagged, math_equal, math_score
 
 __all__ = [
-    "Item", "TaskSet", "make_taskset", "SPEC_HELP",
+    "Item", "TaskSet", "make_taskset", "SPEC_HELP", "prompt_features", "grid_taskset",
     "embedded_suite", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "FAMILIES", "parse_distribution",
     "parse_mistakes", "sample_items", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "MOSTLY_SOLVED_SUITE",
     "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES",

@@ -21,12 +21,25 @@ sizes: `generated:last` → last2 … last10). The generator is a categorical di
 A · Σ_j (e_{c_j} − π) is the score-function (REINFORCE) estimate of ∇_φ E[R] for the batch
 as one action (log P(batch) = Σ_j log π(c_j)): unbiased for any baseline b that does not
 depend on this batch (`reinforce_gradient`; tested against the exact gradient of a toy).
-The first update only sets b (A = 0). New items enter a ring buffer of `buffer_size` item
-keys. State is a NamedTuple of arrays, saved with the trainer's checkpoint (exact resume).
+The first update only sets b (A = 0).
+
+Fresh items. Each drawn configuration c_j gets a *new* item of the family at that size,
+generated from the key (c_j, step, round, j): `fresh_items` runs the family's own generator
+with `np.random.default_rng([seed, 7, c, step, round, j])`, redrawing (same stream) while the
+prompt is a held-out prompt. An item is a pure function of its key and the seed, so the ring
+buffer of previously generated items stores the keys of the real items trained on — int64[C, 4]
+rows (cell, step, round, slot) — and regenerates exactly those items to measure their NLL.
+State is a NamedTuple of arrays, saved with the trainer's checkpoint (exact resume: the next
+draws depend only on (seed, step, round) and the saved π).
 
 >>> st = generator_init(3, buffer_size=4)
 >>> generator_probs(st).round(3).tolist()
 [0.333, 0.333, 0.333]
+>>> keys = draw_keys(st, 2, np.random.default_rng(0), step=5, round_=0)
+>>> keys[:, 1:].tolist()                               # (step, round, slot) of each new item
+[[5, 0, 0], [5, 0, 1]]
+>>> [it.domain for it in fresh_items(("max2", "max3", "max4"), keys, seed=0)] == [f"max{2 + c}" for c in keys[:, 0]]
+True
 """
 
 from __future__ import annotations
@@ -35,14 +48,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._embedded import FAMILIES
+from ._embedded import FAMILIES, parse_distribution
+from ._types import Item
 
 __all__ = ["GeneratorState", "generator_init", "generator_probs", "generator_sample", "reinforce_gradient",
            "entropy_gradient", "generator_update", "buffer_push", "family_configs", "generator_to_json",
-           "generator_from_json", "ADV_CLIP", "GENERATED_PREFIX", "generated_taskset"]
+           "generator_from_json", "ADV_CLIP", "GENERATED_PREFIX", "generated_taskset", "draw_keys", "fresh_items",
+           "KEY_FIELDS"]
 
 ADV_CLIP = 5.0
 _LOGIT_MAX = 50.0       # |φ| bound: π stays a finite distribution whatever the rewards were
+KEY_FIELDS = ("cell", "step", "round", "slot")   # one generated item's key (a buffer row)
+_ITEM_STREAM = 7        # random stream of fresh items, apart from the trainer's streams 0–3
+_REDRAWS = 100          # redraws of a fresh item that hit a held-out prompt before the fallback
 
 
 class GeneratorState(NamedTuple):
@@ -50,7 +68,8 @@ class GeneratorState(NamedTuple):
     baseline: np.ndarray    # float64[] EMA of the reward R
     reward_var: np.ndarray  # float64[] EMA of (R − baseline)²
     updates: np.ndarray     # int64[] rewards received so far
-    buffer: np.ndarray      # int64[C] item keys (pool ids) of previously generated items; −1 empty
+    buffer: np.ndarray      # int64[C, 4] keys (cell, step, round, slot) of previously generated
+                            #   items (`fresh_items` regenerates them); rows of −1 are empty
     buffer_len: np.ndarray  # int64[] filled slots (≤ C)
     cursor: np.ndarray      # int64[] next slot to write
 
@@ -68,7 +87,8 @@ def generator_init(n_configs: int, buffer_size: int = 64) -> GeneratorState:
     if n_configs < 1 or buffer_size < 1:
         raise ValueError(f"generator needs n_configs ≥ 1 and buffer_size ≥ 1; got {n_configs}, {buffer_size}.")
     return GeneratorState(np.zeros(n_configs), np.array(0.0), np.array(0.0), np.array(0, np.int64),
-                          np.full(buffer_size, -1, np.int64), np.array(0, np.int64), np.array(0, np.int64))
+                          np.full((buffer_size, len(KEY_FIELDS)), -1, np.int64), np.array(0, np.int64),
+                          np.array(0, np.int64))
 
 
 def generator_probs(state: GeneratorState) -> np.ndarray:
@@ -120,15 +140,68 @@ def generator_update(state: GeneratorState, choices: np.ndarray, reward: float, 
 
 
 def buffer_push(state: GeneratorState, keys: np.ndarray) -> GeneratorState:
-    """Append item keys to the ring buffer (oldest overwritten), in order."""
+    """Append item keys (int64[n, 4] rows, see `KEY_FIELDS`) to the ring buffer in order; the
+    oldest rows are overwritten."""
+    rows = np.asarray(keys, np.int64).reshape(-1, len(KEY_FIELDS))
     buf = state.buffer.copy()
     c = buf.shape[0]
     cur, n = int(state.cursor), int(state.buffer_len)
-    for k in np.asarray(keys, np.int64).ravel()[-c:].tolist():     # ≤ C keys: the last ones win
-        buf[cur] = k
+    for row in rows[-c:]:                                  # ≤ C rows: the last ones win
+        buf[cur] = row
         cur = (cur + 1) % c
         n = min(c, n + 1)
     return state._replace(buffer=buf, buffer_len=np.array(n, np.int64), cursor=np.array(cur, np.int64))
+
+
+def draw_keys(state: GeneratorState, n: int, rng: np.random.Generator, *, step: int, round_: int) -> np.ndarray:
+    """int64[n, 4] keys of n new items: cells c_1..c_n ~ π (`generator_sample`), then
+    (step, round, slot j). The trainer passes rng = default_rng([seed, step, round, stream])."""
+    cells = generator_sample(state, n, rng)
+    return np.stack([cells, np.full(n, step), np.full(n, round_), np.arange(n)], axis=1).astype(np.int64)
+
+
+def fresh_items(names, keys: np.ndarray, seed: int, *, exclude=frozenset(), fallback=None) -> list:
+    """The items of `keys` (int64[n, 4] rows (cell, step, round, slot)): for each, the family's
+    generator at the size of `names[cell]` (a distribution name, e.g. "sort4"), with
+    rng = default_rng([seed, 7, cell, step, round, slot]); a prompt in `exclude` (the held-out
+    prompts) is redrawn from the same stream, up to 100 times, then the item is
+    `fallback[cell][slot % len]` (a training item of that size; ValueError when none is given).
+    A reasoning-gym grid cell (`names[cell]` = 'rg:NAME:FIELD=v;...', `rlpace.tasks._grid.rg_cell`)
+    is drawn the same way, each draw being reasoning-gym's item for that config at the seed
+    `rng.integers(2**31 - 1)`. Pure in (names, keys, seed, exclude): the same key always gives
+    the same item.
+
+    >>> [tuple(it[:3]) for it in fresh_items(("last3",), np.array([[0, 4, 0, 1]]), seed=0)]
+    [('l:haf=', 'f', 'last3')]
+    """
+    rows = np.asarray(keys, np.int64).reshape(-1, len(KEY_FIELDS))
+    out = []
+    for cell, step, round_, slot in rows.tolist():
+        if not 0 <= cell < len(names) or min(step, round_, slot) < 0:
+            raise ValueError(f"fresh_items: key {(cell, step, round_, slot)} needs a cell in [0, {len(names)}) "
+                             f"and step, round, slot ≥ 0.")
+        name = names[cell]
+        rng = np.random.default_rng([int(seed), _ITEM_STREAM, cell, step, round_, slot])
+        if name.startswith("rg:"):          # a reasoning-gym grid cell (tasks=grid:rg:...)
+            from ._grid import rg_cell
+            from ._rg import rg_item
+            spec = rg_cell(name)
+            draw = lambda: rg_item(spec, int(rng.integers(2**31 - 1)), slot)   # noqa: E731
+        else:
+            fam, size = parse_distribution(name)
+            draw = lambda: Item(*FAMILIES[fam][0](rng, size)[:2], name, float(size), slot)   # noqa: E731
+        for _ in range(_REDRAWS):
+            it = draw()
+            if it.prompt not in exclude:
+                out.append(it)
+                break
+        else:      # the size's space is (almost) all held out: reuse a training item of that size
+            pool = fallback[cell] if fallback is not None and cell < len(fallback) else ()
+            if not pool:
+                raise ValueError(f"fresh_items: {name} has no prompt outside the held-out set after {_REDRAWS} "
+                                 f"draws and no fallback item; lower heldout_per_domain.")
+            out.append(pool[slot % len(pool)])
+    return out
 
 
 def generator_to_json(state: GeneratorState) -> dict:
@@ -136,7 +209,7 @@ def generator_to_json(state: GeneratorState) -> dict:
     return {k: np.asarray(v).tolist() for k, v in zip(state._fields, state)}
 
 
-def generator_from_json(raw, n_configs: int, buffer_size: int, n_items: int) -> GeneratorState:
+def generator_from_json(raw, n_configs: int, buffer_size: int) -> GeneratorState:
     """The state `generator_to_json` wrote, validated (ValueError naming the field)."""
     def fail(field, why):
         return ValueError(f"state.json counters['generator'][{field!r}] {why}; the checkpoint is corrupt "
@@ -158,16 +231,19 @@ def generator_from_json(raw, n_configs: int, buffer_size: int, n_items: int) -> 
             raise fail(f, "must be one finite number" + (" ≥ 0" if f == "reward_var" else ""))
     if st.updates.shape != () or st.updates < 0:
         raise fail("updates", "must be an int ≥ 0")
-    if st.buffer.shape != (buffer_size,):
-        raise fail("buffer", f"must hold {buffer_size} keys")
+    w = len(KEY_FIELDS)
+    if st.buffer.shape != (buffer_size, w):
+        raise fail("buffer", f"must hold {buffer_size} keys of {w} ints {KEY_FIELDS}")
     n = int(st.buffer_len) if st.buffer_len.shape == () else -1
     if not 0 <= n <= buffer_size:
         raise fail("buffer_len", f"must be in [0, {buffer_size}]")
     if st.cursor.shape != () or not 0 <= int(st.cursor) < buffer_size:
         raise fail("cursor", f"must be in [0, {buffer_size})")
-    filled = st.buffer[:n] if n < buffer_size else st.buffer
-    if ((filled < 0) | (filled >= n_items)).any() or (n < buffer_size and (st.buffer[n:] != -1).any()):
-        raise fail("buffer", f"must hold item keys in [0, {n_items}) then −1")
+    filled = st.buffer[:n]
+    if ((filled < 0).any() or (filled[:, 0] >= n_configs).any()
+            or (n < buffer_size and (st.buffer[n:] != -1).any())):
+        raise fail("buffer", f"must hold keys with a cell in [0, {n_configs}) and step, round, slot ≥ 0, "
+                             f"then rows of −1")
     return st
 
 
@@ -176,8 +252,12 @@ GENERATED_PREFIX = "generated:"
 
 def generated_taskset(spec: str, *, train_per_domain: int = 256, heldout_per_domain: int = 32, seed: int = 0):
     """The task set of `tasks=generated:<family>`: the embedded suite over every configuration
-    of the family (one distribution per size), from which the generator draws its prompts;
-    the held-out items cover the family's whole parameter range.
+    of the family (one distribution per size). Its held-out items cover the family's whole
+    parameter range (evaluation and loss probe); a fresh item never repeats one. Its training
+    items are not what the generator trains on (it generates fresh ones, `fresh_items`): they
+    name the sizes that have prompts outside the held-out set (the generator's cells), serve
+    as the fallback of a size whose space is nearly all held out, and are the pool of the
+    fixed-mix baseline `tasks=embedded:<the same sizes>` (the same items, the same base policy).
 
     >>> generated_taskset("generated:max", train_per_domain=2, heldout_per_domain=1).domains[:3]
     ('max1', 'max10', 'max2')

@@ -13,6 +13,7 @@ completion when it has none.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import json
@@ -20,7 +21,8 @@ import json
 from ._types import Item, TaskSet
 from ._verify import extract_tagged
 
-__all__ = ["RGSpec", "rg_spec", "reasoning_gym_suite", "knights_knaves_specs", "knights_knaves_suite", "rg_score"]
+__all__ = ["RGSpec", "rg_spec", "reasoning_gym_suite", "knights_knaves_specs", "knights_knaves_suite", "rg_score",
+           "rg_config", "rg_check", "rg_item"]
 
 
 class RGSpec(tuple):
@@ -65,6 +67,62 @@ def rg_spec(dataset: str, label: str | None = None, difficulty: float = 0.0, **c
         raise ValueError(f"reasoning-gym dataset {dataset!r} has no config field(s) {unknown}; "
                          f"valid fields: {sorted(fields)}.")
     return RGSpec(dataset, label or dataset, difficulty, config)
+
+
+def rg_config(text: str, where: str) -> dict:
+    """'key=value;key=value' -> {key: value}, in order: a value is read as a Python literal
+    (`3`, `0.5`, `True`, `('+', '-')`), else kept as text; ValueError naming `where` (the spec)
+    for an item that is not key=value or a key given twice.
+
+    >>> rg_config("n_people=3; mode=hard", "rg:x")
+    {'n_people': 3, 'mode': 'hard'}
+    """
+    out = {}
+    for kv in (s.strip() for s in text.split(";") if s.strip()):
+        key, eq, val = kv.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"reasoning-gym config item {kv!r} in {where!r} is not key=value.")
+        if key in out:
+            raise ValueError(f"reasoning-gym config field {key!r} is given twice in {where!r}.")
+        try:
+            out[key] = ast.literal_eval(val.strip())
+        except (ValueError, SyntaxError):
+            out[key] = val.strip()
+    return out
+
+
+def rg_check(spec: RGSpec, where: str = "") -> None:
+    """reasoning-gym's own check of the spec's config values (its config dataclass and
+    `validate()`), run now, before any item is generated: ValueError naming the dataset, the
+    config and reasoning-gym's reason.
+
+    >>> rg_check(rg_spec("knights_knaves", n_people=0))
+    Traceback (most recent call last):
+    ...
+    ValueError: reasoning-gym rejects knights_knaves config {'n_people': 0}: Number of people must be at least 1.
+    """
+    _, cfg_cls = _rg().factory.DATASETS[spec.dataset]
+    try:
+        cfg = cfg_cls(**spec.config, size=1, seed=0)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+    except (AssertionError, ValueError, TypeError) as e:
+        at = f" in {where!r}" if where else ""
+        raise ValueError(f"reasoning-gym rejects {spec.dataset} config {spec.config}{at}: {e}.") from None
+
+
+def rg_item(spec: RGSpec, seed: int, index: int = 0) -> Item:
+    """The entry reasoning-gym generates for the spec's config with this seed (its dataset of
+    size 1, entry 0) as an `Item` of distribution `spec.label`, graded by `rg_score`.
+
+    >>> it = rg_item(rg_spec("basic_arithmetic", "a", 2.0, max_terms=2, max_digits=1), seed=5)
+    >>> it.domain, it.difficulty, rg_score(it.answer, it)
+    ('a', 2.0, 1.0)
+    """
+    e = _rg().create_dataset(spec.dataset, size=1, seed=int(seed), **spec.config)[0]
+    return Item(e["question"], str(e["answer"]), spec.label, spec.difficulty, int(index), "reasoning_gym",
+                json.dumps(e, default=_jsonable))
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 from ._embedded import DEFAULT_SUITE, SUITES, embedded_suite
+from ._grid import GRID_PREFIX, grid_taskset
 from ._parquet import read_taskset
 from ._rg import knights_knaves_suite, reasoning_gym_suite, rg_spec
 from ._types import TaskSet
@@ -15,7 +16,10 @@ __all__ = ["make_taskset", "SPEC_HELP"]
 
 SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostly_solved' (the "
              "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'embedded:add1,rev3,...', "
-             "'knights_knaves' (DUMP's 3…14 people via reasoning-gym), "
+             "'grid:<family>' (every size of an embedded family, one distribution each: the parameter grid of "
+             "criticality_grid), 'grid:rg:NAME:FIELD=v1,v2,...[;key=value]' (a reasoning-gym dataset, one "
+             "distribution per value of its config field FIELD, the other items fixed, e.g. "
+             "grid:rg:knights_knaves:n_people=3,4,5,6), 'knights_knaves' (DUMP's 3…14 people via reasoning-gym), "
              "'rg:NAME[:key=value;key=value]|rg:NAME2...' (reasoning-gym datasets, one "
              "distribution each), or a path to a verl train .parquet (test.parquet beside it "
              "is the held-out set)")
@@ -67,6 +71,9 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
     if s.startswith("embedded:"):
         return embedded_suite(s[len("embedded:"):], train_per_domain=train_per_domain,
                               heldout_per_domain=heldout_per_domain, seed=seed)
+    if s.startswith(GRID_PREFIX):      # a family's sizes / an rg config field as a parameter grid (criticality_grid)
+        return grid_taskset(s, train_per_domain=train_per_domain,
+                            heldout_per_domain=heldout_per_domain, seed=seed)
     if s == "knights_knaves":
         return knights_knaves_suite(train_per_domain=train_per_domain,
                                     heldout_per_domain=heldout_per_domain, seed=seed)

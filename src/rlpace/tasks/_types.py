@@ -68,12 +68,17 @@ class TaskSet:
         """Distribution names, sorted (the order `Pool.domain_names` uses)."""
         return tuple(sorted({it.domain for it in self.train}))
 
-    def pool(self) -> Pool:
+    def pool(self, labeled=None, features=None) -> Pool:
         """The `rlpace.Pool` of the training items: domain = distribution, difficulty =
-        its known size or level, ids = `Item.index`."""
+        its known size or level, ids = `Item.index`; `labeled` (bool[N], optional) marks
+        the prompts whose ground truth training may use (`Pool.labeled`); `features`
+        (float32[N, f], optional) is `Pool.features`, e.g. `rlpace.tasks.prompt_features(self)`."""
+        extra = {} if labeled is None else {"labeled": labeled}
+        if features is not None:
+            extra["features"] = features
         return Pool([it.domain for it in self.train],
                     difficulty=[it.difficulty for it in self.train],
-                    ids=[it.index for it in self.train])
+                    ids=[it.index for it in self.train], **extra)
 
     def score(self, items: Sequence[Item], completions: Sequence[str]) -> np.ndarray:
         """float32[len(items)] reward of each completion under its item's scorer."""

@@ -20,7 +20,7 @@ import torch
 
 from .config import RESUMABLE_CHANGES, TrainConfig
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_resumable"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_resumable", "restore_domain_tokens", "restore_grad_ref"]
 
 
 def save_checkpoint(directory, *, model, optimizer, scheduler, counters: dict, config: TrainConfig) -> None:
@@ -138,3 +138,25 @@ def load_checkpoint(directory, *, model, optimizer, scheduler) -> dict:
     optimizer.load_state_dict(optim_sd)
     scheduler.load_state_dict(sched_sd)
     return counters
+
+
+def restore_domain_tokens(counters: dict, k: int) -> np.ndarray:
+    """float64[K] answer tokens trained on per domain, from a checkpoint's counters."""
+    raw = counters.get("domain_tokens", [0] * k)
+    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
+    if arr.shape != (k,) or not (np.isfinite(arr).all() and (arr >= 0).all()):
+        raise ValueError(f"state.json counters['domain_tokens'] is {raw!r}; it must be a list of {k} "
+                         f"numbers ≥ 0. The checkpoint is corrupt.")
+    return arr
+
+
+def restore_grad_ref(counters: dict, gf) -> np.ndarray | None:
+    """float32[d] reference direction from a checkpoint's counters (None when absent)."""
+    raw = counters.get("grad_ref")
+    if raw is None or gf is None:
+        return None
+    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
+    if arr.shape != (gf.dim,) or not np.isfinite(arr).all():
+        raise ValueError(f"state.json counters['grad_ref'] must be a list of {gf.dim} finite numbers; the "
+                         f"checkpoint is corrupt.")
+    return arr.astype(np.float32)

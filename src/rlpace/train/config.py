@@ -49,7 +49,8 @@ class TrainConfig:
     loss_probe_per_domain: int = _f(16, "loss-curve policies: probe items per domain (its first held-out items; "
                                         "training items where a domain has none)")
     # epiplexity-guided generator (issue 15): only with tasks=generated:<family>
-    gen_lr: float = _f(0.1, "tasks=generated:<family>: REINFORCE step size of the generator over the family's sizes")
+    gen_lr: float = _f(0.1, "tasks=generated:<family>: REINFORCE step size of the generator over the family's sizes "
+                                  "(0: the generator stays uniform — the fixed uniform size mix)")
     gen_entropy: float = _f(0.01, "tasks=generated:<family>: entropy bonus β of the generator")
     gen_buffer: int = _f(32, "tasks=generated:<family>: previously generated items whose NLL drop is the reward")
     # per-rollout gradient features (issue 11): Feedback.grads / ref_grad for diem and dvc
@@ -72,6 +73,16 @@ class TrainConfig:
                                 "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet")
     train_per_domain: int = _f(256, "training prompts per distribution (the Scheduler's pool)")
     heldout_per_domain: int = _f(64, "held-out prompts per distribution (greedy evaluation)")
+    # ---- supervision (issue 14): partial and noisy labels, drawn from `seed`
+    labeled_fraction: float = _f(1.0, "share of each distribution's training prompts that keep their ground "
+                                      "truth for training (the rest are unlabelled); with a policy that "
+                                      "supervises them (a target or reward place: ttrl, trapo, self_certainty, "
+                                      "entropy_min) the pool holds both, with any other policy the unlabelled "
+                                      "prompts are left out of training ('labelled-only'); evaluation always "
+                                      "uses the truth")
+    label_noise: float = _f(0.0, "share of each distribution's labelled training prompts whose label is "
+                                 "replaced by a wrong but realisable answer (that of another item of the "
+                                 "distribution; OLR's 'active' noise); evaluation uses the clean labels")
     # ---- model
     model: str = _f("", "local Hugging Face causal-LM directory; empty = the tiny base policy (built once, cached)")
     chat: bool = _f(False, "wrap prompts in the tokenizer's chat template (real instruction models)")

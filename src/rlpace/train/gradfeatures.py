@@ -115,18 +115,34 @@ class GradFeatures:
         self._calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (layer, P_in·a, y)
 
     @contextlib.contextmanager
-    def capture(self):
-        """Record P_in·a and the output y of every hooked call made inside the block."""
+    def capture(self, graph_from_hooks: bool = False):
+        """Record P_in·a and the output y of every hooked call made inside the block.
+
+        `graph_from_hooks=True` is for a forward run under `torch.no_grad()` that exists only
+        for the features (the TRL adapter's feature pass): each hooked layer switches autograd
+        on as it is called, so the graph starts at the first hooked layer — nothing before it
+        stores activations (for lm_head: the whole body runs as inference) — and a hooked
+        output that needs no grad (a frozen layer, e.g. under LoRA) is made a leaf that does.
+        `features` then differentiates the loss to those outputs as usual.
+        """
         self._calls = []
 
         def hook(idx):
             def fn(module, inputs, output):
                 a = inputs[0].detach()
                 p_in = self.layers[idx].p_in
+                if graph_from_hooks and not output.requires_grad:
+                    output = output.detach().requires_grad_(True)
                 self._calls.append((idx, a.to(p_in.dtype) @ p_in.T, output))
+                return output if graph_from_hooks else None
             return fn
 
+        def grad_on(module, inputs):
+            torch.set_grad_enabled(True)   # the caller's no_grad block restores its mode on exit
+
         handles = [l.module.register_forward_hook(hook(i)) for i, l in enumerate(self.layers)]
+        if graph_from_hooks:
+            handles += [l.module.register_forward_pre_hook(grad_on) for l in self.layers]
         try:
             yield self
         finally:

@@ -10,13 +10,14 @@ global RNG), and it skips the per-step logits-processor machinery — on the tin
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 __all__ = ["Rollout", "encode_prompts", "left_pad", "right_pad", "generate", "completion_logprobs",
-           "completion_logprobs_reference", "decode_completions"]
+           "completion_logprobs_reference", "decode_completions", "token_statistics"]
 
 
 class Rollout(NamedTuple):
@@ -26,6 +27,34 @@ class Rollout(NamedTuple):
     prompt_mask: torch.Tensor      # int64[N, P]  1 = real token
     completion_ids: torch.Tensor   # int64[N, T]  pad after EOS
     completion_mask: torch.Tensor  # float32[N, T] 1 up to and including EOS
+    # per-token statistics of the sampling distribution (generate(..., stats=True); else None)
+    token_entropy: torch.Tensor | None = None    # float32[N, T] H(p_t) in nats, 0 where masked
+    self_certainty: torch.Tensor | None = None   # float32[N, T] KL(U ‖ p_t), 0 where masked
+    token_logprob: torch.Tensor | None = None    # float32[N, T] log p_t(o_t) of the drawn token, 0 where masked
+
+
+def token_statistics(logits: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(entropy, self-certainty), each float32[...], of the distributions p = softmax(z / τ)
+    whose logits z are the last axis of `logits` ([..., V]):
+
+        H(p)        = −Σ_j p_j log p_j                                    (nats, ≥ 0)
+        KL(U ‖ p)   = logsumexp(z/τ) − mean_j (z/τ)_j − log V             (≥ 0)
+
+    The second is Intuitor's self-certainty (arXiv 2505.19590; `self_certainty_from_logits`
+    in sunblaze-ucb/Intuitor's verl fork) with the constant log V kept, so a uniform p
+    scores exactly 0; as in that verl code the logits are first divided by the sampling
+    temperature, i.e. both read the distribution the token was drawn from.
+
+    >>> h, sc = token_statistics(torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]]))
+    >>> [round(x, 4) for x in h.tolist()], [round(x, 4) for x in sc.tolist()]
+    ([0.6931, 0.5623], [0.0, 0.1438])
+    """
+    z = (logits if logits.dtype == torch.float64 else logits.float()) / temperature   # [..., V]
+    lse = torch.logsumexp(z, dim=-1)                              # [...]
+    logp = z - lse[..., None]
+    entropy = (-(logp.exp() * logp).sum(-1)).clamp(min=0.0)     # rounding can give −1e-8 when p_t is one-hot
+    certainty = lse - z.mean(-1) - math.log(z.shape[-1])
+    return entropy, certainty
 
 
 def encode_prompts(tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -93,7 +122,7 @@ def _shares_cache(model) -> bool:
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int,
              pad_id: int, temperature: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None, repeats: int = 1) -> Rollout:
+             generator: torch.Generator | None = None, repeats: int = 1, stats: bool = False) -> Rollout:
     """Sample `repeats` completions for every prompt; rows are prompt-major (the G
     rollouts of prompt i are rows i·G … i·G + G − 1).
 
@@ -102,6 +131,11 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
     are drawn from softmax(logits / temperature) with `generator` (so a run is
     reproducible from its seed), or argmax when `greedy`. A row stops at its first EOS;
     the loop stops when every row has, or after `max_new_tokens`.
+
+    With `stats`, the returned rollout also carries each token's entropy and
+    self-certainty (`token_statistics`) of the temperature-scaled distribution it was drawn
+    from, and the drawn token's log-probability under it, read off the logits the loop
+    computes anyway (no extra forward).
 
     Example:
         >>> # rollout = generate(model, [[1, 5, 6]], repeats=8, max_new_tokens=6, eos_id=2, pad_id=0)
@@ -117,9 +151,13 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
     n = ids.shape[0]
     next_pos = pos[:, -1:] + 1
     done = torch.zeros(n, dtype=torch.bool, device=device)
-    tokens, live = [], []
+    tokens, live, ents, certs, lps = [], [], [], [], []
     logits = last[:, -1, :].float()
     for t in range(max_new_tokens):
+        if stats:
+            h, sc = token_statistics(logits, temperature)
+            ents.append(h)
+            certs.append(sc)
         if greedy:
             tok = logits.argmax(-1)
         else:
@@ -127,6 +165,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # generator on `device`
         live.append(~done)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        if stats:
+            lps.append(torch.log_softmax(logits / temperature, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+                       .clamp(max=0.0))
         tokens.append(tok)
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
@@ -138,7 +179,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
         next_pos = next_pos + 1
     comp = torch.stack(tokens, dim=1)                       # [N, T]
     cmask = torch.stack(live, dim=1).float()                # [N, T]
-    return Rollout(ids, prompt_mask, comp, cmask)
+    if not stats:
+        return Rollout(ids, prompt_mask, comp, cmask)
+    return Rollout(ids, prompt_mask, comp, cmask, torch.stack(ents, dim=1) * cmask,
+                   torch.stack(certs, dim=1) * cmask, torch.stack(lps, dim=1) * cmask)
 
 
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group_size: int = 1) -> torch.Tensor:

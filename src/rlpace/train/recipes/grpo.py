@@ -6,10 +6,16 @@
             → loss (GRPO / Dr. GRPO / DAPO / GSPO, optional KL) → step
             held-out greedy eval every k steps; one JSONL record per step; checkpoints
             loss-curve policies (epiplexity): probe NLL per domain every k steps → observe_losses
+            supervision (issue 14; labeled_fraction, label_noise, ttrl / olr / trapo / self_certainty):
+            answers → sched.targets → verify against target or training label → sched.rewards
+            → observe, admit → advantages × sched.advantage_weights (rlpace.train.supervision)
     end:    final eval, summary.json
 
 The objectives are pure functions in `rlpace.train.losses`; sampling and log-probs in
-`rlpace.train.rollout`. Everything that can be wrong with the input is checked before
+`rlpace.train.rollout`; rollout groups and the measurements made besides training (LILO
+probes, the oracle measurement, the loss probe) in `rlpace.train.sampling`; partial / noisy
+labels in `rlpace.train.supervision`; fresh procedural items (`generated:`, `grid:`) in
+`rlpace.train.generated`; per-rollout gradient features in `rlpace.train.gradfeatures`. Everything that can be wrong with the input is checked before
 the first rollout (`check_config`, the task spec, the policy name, the model directory,
 the resume directory).
 
@@ -24,19 +30,21 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ...optim import build_optimizer
+from ...policies import make_method
 from ...scheduler import Scheduler
 from ...tasks import make_taskset, parse_mistakes
+from ...tasks._features import prompt_features
+from ...tasks._grid import GRID_PREFIX, cell_keys, grid_cells, grid_pool
 from ...tasks._generator import (GENERATED_PREFIX, buffer_push, family_configs, generated_taskset,
-                                 generator_from_json, generator_init, generator_probs, generator_sample,
-                                 generator_to_json, generator_update)
+                                 generator_init, generator_probs, generator_to_json, generator_update)
 from ...types import Feedback, group_advantages
-from ..checkpoint import check_resumable, load_checkpoint, save_checkpoint
+from ..checkpoint import (check_resumable, load_checkpoint, restore_domain_tokens, restore_grad_ref,
+                          save_checkpoint)
 from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
 from ..gradfeatures import GradFeatures, heldout_reference, needs_grad_features, split_with_grads
@@ -44,14 +52,13 @@ from ..logging import StepLogger
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
 from ..report import rollouts_before
-from ..rollout import Rollout, completion_logprobs, decode_completions, encode_prompts, generate, left_pad, right_pad
+from ..rollout import Rollout, completion_logprobs, encode_prompts, left_pad, right_pad
+from ..sampling import (SAMPLE, build_loss_probe, lilo_select, oracle_measure, probe_losses, sample_groups,
+                        step_generator, uses_losses, uses_oracle)
+from ..supervision import Supervision, check_fractions
+from ..generated import buffer_nll, cell_pool, draw, fresh_source, generator_state, sample_fresh
 
-__all__ = ["train", "check_config", "base_policy", "Groups", "sample_groups", "lilo_select", "summarize",
-           "uses_oracle", "oracle_measure", "uses_losses", "LossProbe", "build_loss_probe", "probe_losses"]
-
-_SAMPLE, _PROBE = 0, 1          # random streams of the generation seed
-_ORACLE = 2                     # stream of the oracle measurement (issue 10)
-_GENERATE = 3                   # stream of the generator's draws (tasks=generated:<family>, issue 15)
+__all__ = ["train", "check_config", "base_policy", "summarize"]
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -93,11 +100,23 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.tasks.strip().startswith(GENERATED_PREFIX):
         family_configs(cfg.tasks.strip()[len(GENERATED_PREFIX):].strip())        # names the valid families
         need(cfg.lilo_candidates == 0, "tasks=generated:<family> chooses the prompts itself; set lilo_candidates=0.")
-    need(cfg.gen_lr > 0 and math.isfinite(cfg.gen_lr), f"gen_lr must be a finite number > 0; got {cfg.gen_lr}.")
+    need(cfg.gen_lr >= 0 and math.isfinite(cfg.gen_lr),      # 0: π stays uniform (the fixed-mix baseline)
+         f"gen_lr must be a finite number ≥ 0; got {cfg.gen_lr}.")
     need(cfg.gen_entropy >= 0 and math.isfinite(cfg.gen_entropy),
          f"gen_entropy must be a finite number ≥ 0; got {cfg.gen_entropy}.")
     need(cfg.gen_buffer >= 1, f"gen_buffer must be ≥ 1; got {cfg.gen_buffer}.")
     need(cfg.heldout_per_domain >= 1, f"heldout_per_domain must be ≥ 1; got {cfg.heldout_per_domain}.")
+    check_fractions(cfg.labeled_fraction, cfg.label_noise)          # issue 14: partial / noisy labels
+    need(not cfg.tasks.strip().startswith(GENERATED_PREFIX) or (cfg.labeled_fraction == 1 and cfg.label_noise == 0),
+         "tasks=generated:<family> draws fresh items; set labeled_fraction=1 and label_noise=0.")
+    if cfg.tasks.strip().startswith(GRID_PREFIX):
+        grid_cells(cfg.tasks.strip())                                 # names the valid families
+        need(cfg.lilo_candidates == 0 and cfg.labeled_fraction == 1 and cfg.label_noise == 0,
+             "tasks=grid:<family> rolls out fresh items of the proposed cells; set lilo_candidates=0, "
+             "labeled_fraction=1 and label_noise=0.")
+    need(cfg.lilo_candidates == 0 or (cfg.labeled_fraction == 1 and cfg.label_noise == 0),
+         "lilo_candidates > 0 scores its probes against the true labels; with labeled_fraction < 1 or "
+         "label_noise > 0 set lilo_candidates=0.")
     need(cfg.grad_features in ("auto", "on", "off"), f"grad_features must be auto, on or off; got {cfg.grad_features!r}.")
     need(cfg.grad_params in ("lm_head", "last_block", "all"),
          f"grad_params must be lm_head, last_block or all; got {cfg.grad_params!r}.")
@@ -118,180 +137,6 @@ def check_config(cfg: TrainConfig) -> None:
         check_model_dir(cfg.model)
 
 
-class Groups(NamedTuple):
-    """B prompts × G sampled completions, verified."""
-
-    ids: np.ndarray              # int64[B]     pool positions
-    prompts: list                # B·G token-id lists (prompt of each rollout)
-    completions: list            # B·G token-id lists (EOS included when produced)
-    rewards: np.ndarray          # float32[B, G]
-    tokens: int                  # completion tokens generated
-    lengths: np.ndarray          # int64[B, G] completion tokens of each rollout (EOS included)
-
-
-def _generator(cfg: TrainConfig, step: int, round_: int, stream: int) -> torch.Generator:
-    seed = int(np.random.SeedSequence([cfg.seed, step, round_, stream]).generate_state(1)[0])
-    return torch.Generator(device=cfg.device).manual_seed(seed)
-
-
-def sample_groups(model, tok, tasks, prompt_tokens, ids, g: int, cfg: TrainConfig, gen) -> Groups:
-    """Generate g rollouts for each pool position in `ids` and score them."""
-    ro = generate(model, [prompt_tokens[i] for i in ids], repeats=g, max_new_tokens=cfg.max_new_tokens,
-                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=gen)
-    prompts = [prompt_tokens[i] for i in ids for _ in range(g)]
-    texts = decode_completions(tok, ro)
-    items = [tasks.train[i] for i in ids for _ in range(g)]
-    rewards = tasks.score(items, texts).reshape(len(ids), g)
-    lens = ro.completion_mask.sum(1).long().tolist()
-    comps = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lens)]
-    return Groups(np.asarray(ids, dtype=np.int64), prompts, comps, rewards, int(sum(lens)),
-                  np.asarray(lens, dtype=np.int64).reshape(len(ids), g))
-
-
-def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int):
-    """LILO (Foster et al. 2025, arXiv 2502.12272): propose k·B candidates, spend `lilo_probes`
-    rollouts on each, keep the B with the largest p̂(1−p̂) (ties: proposal order).
-    Returns (ids int64[B], probe rollouts spent, probe tokens generated). The probes only
-    score; they are neither trained on nor observed by the Scheduler (LILO keeps only the
-    scores), but they cost generation, so both counts are charged to the budget."""
-    b = cfg.batch_prompts
-    cand = sched.propose(cfg.lilo_candidates * b)
-    probe = sample_groups(model, tok, tasks, prompt_tokens, cand, cfg.lilo_probes, cfg,
-                          _generator(cfg, step, 0, _PROBE))
-    p = (probe.rewards >= cfg.success_threshold).mean(axis=1)
-    keep = np.argsort(-(p * (1.0 - p)), kind="stable")[:b]
-    return cand[keep], cand.size * cfg.lilo_probes, probe.tokens
-
-
-# ---- oracle measurement (issue 10) -------------------------------------------------------
-def uses_oracle(sched) -> bool:
-    """Whether a policy of the Scheduler reads the pass-rate measurement of every training
-    prompt (`DataPolicy.reads` holds "measurement": the oracle_* measurement tools)."""
-    return any("measurement" in p.reads for p in sched.method.policies().values())
-
-
-def oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int) -> int:
-    """Measure every training prompt's current pass rate with m = `oracle_rollouts` extra
-    rollouts (the training sampling: same temperature and token budget, batched
-    `eval_batch` prompts at a time) and feed them to the Scheduler as ONE measurement
-    `Feedback(all ids, rewards[N, m], step)`; an oracle policy overwrites its per-prompt
-    pass rate with it. Returns the rollouts spent, N·m, which the recipe logs as
-    `oracle_rollouts` and never adds to the budget counter: the oracle is an upper bound
-    on what scheduling could save, not a method."""
-    n, m = len(tasks.train), cfg.oracle_rollouts
-    gen = _generator(cfg, step, 0, _ORACLE)
-    chunk = max(1, cfg.eval_batch)
-    rewards = np.concatenate([sample_groups(model, tok, tasks, prompt_tokens, np.arange(s, min(n, s + chunk)),
-                                            m, cfg, gen).rewards for s in range(0, n, chunk)])   # [N, m]
-    sched.observe(Feedback(np.arange(n, dtype=np.int64), rewards, step=step))
-    return n * m
-
-
-# ---- held-out loss probe (issue 15) ----------------------------------------------------------
-def uses_losses(sched) -> bool:
-    """Whether a policy of the Scheduler learns from held-out loss curves (`epiplexity`)."""
-    return any(p.update_losses is not None for p in sched.method.policies().values())
-
-
-class LossProbe(NamedTuple):
-    """A fixed probe set: prompts with their reference answers, teacher-forced."""
-
-    rollout: Rollout             # [P] prompt (left-padded) + answer + EOS (right-padded)
-    domains: np.ndarray          # int64[P] pool domain code of each row
-    names: tuple                 # pool domain labels (code order)
-
-
-def build_loss_probe(tasks, pool, tok, cfg: TrainConfig) -> LossProbe:
-    """The first `loss_probe_per_domain` held-out items of each domain (its first training
-    items where it has no held-out ones): never trained on, fixed for the whole run."""
-    held = tasks.heldout_by_domain()
-    items, codes = [], []
-    for code, name in enumerate(pool.domain_names):
-        src = held.get(name) or [it for it in tasks.train if it.domain == name]
-        chosen = list(src[: cfg.loss_probe_per_domain])
-        items += chosen
-        codes += [code] * len(chosen)
-    return LossProbe(_answer_rollout(tok, items, cfg), np.asarray(codes, dtype=np.int64), tuple(pool.domain_names))
-
-
-def _answer_rollout(tok, items, cfg: TrainConfig) -> Rollout:
-    """Each item's prompt (left-padded) with its reference answer + EOS as the completion."""
-    prompts = encode_prompts(tok, [it.prompt for it in items], cfg.chat)
-    answers = [tok.encode(it.answer, add_special_tokens=False) + [tok.eos_token_id] for it in items]
-    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
-    c_ids, c_mask = right_pad(answers, tok.pad_token_id)
-    dev = cfg.device
-    return Rollout(p_ids.to(dev), p_mask.to(dev), c_ids.to(dev), c_mask.to(dev))
-
-
-@torch.no_grad()
-def probe_losses(model, probe: LossProbe) -> np.ndarray:
-    """float64[K] mean NLL per answer token (nats) of each domain's probe rows, in one batched
-    forward at temperature 1: Σ_rows Σ_t −log π(a_t | q, a_<t) / Σ_rows (answer tokens + EOS);
-    NaN for a domain without probe rows."""
-    logp = completion_logprobs(model, probe.rollout, 1.0)                            # [P, T]
-    mask = probe.rollout.completion_mask.float()
-    nll = (-(logp * mask).sum(1)).double().cpu().numpy()                             # [P]
-    ntok = mask.sum(1).double().cpu().numpy()                                        # [P]
-    k = len(probe.names)
-    num = np.bincount(probe.domains, weights=nll, minlength=k)
-    den = np.bincount(probe.domains, weights=ntok, minlength=k)
-    # LossFeedback bounds a loss to [0, 1e4]; a −inf log-prob (fp16 underflow) would break it
-    return np.where(den > 0, np.minimum(num / np.maximum(den, 1.0), 1e4), np.nan)
-
-
-def _domain_tokens(counters: dict, k: int) -> np.ndarray:
-    """float64[K] answer tokens trained on per domain, from a checkpoint's counters."""
-    raw = counters.get("domain_tokens", [0] * k)
-    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
-    if arr.shape != (k,) or not (np.isfinite(arr).all() and (arr >= 0).all()):
-        raise ValueError(f"state.json counters['domain_tokens'] is {raw!r}; it must be a list of {k} "
-                         f"numbers ≥ 0. The checkpoint is corrupt.")
-    return arr
-
-
-def _grad_ref(counters: dict, gf) -> np.ndarray | None:
-    """float32[d] reference direction from a checkpoint's counters (None when absent)."""
-    raw = counters.get("grad_ref")
-    if raw is None or gf is None:
-        return None
-    arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
-    if arr.shape != (gf.dim,) or not np.isfinite(arr).all():
-        raise ValueError(f"state.json counters['grad_ref'] must be a list of {gf.dim} finite numbers; the "
-                         f"checkpoint is corrupt.")
-    return arr.astype(np.float32)
-
-
-# ---- epiplexity-guided generator: tasks=generated:<family> (issue 15) ------------------------
-def generated_ids(gen, pool, n: int, cfg: TrainConfig, step: int, round_: int) -> np.ndarray:
-    """int64[n] pool positions: n configurations drawn from the generator, and for each a
-    uniformly drawn item of that configuration (its domain), from (seed, step, round)."""
-    rng = np.random.default_rng([cfg.seed, step, round_, _GENERATE])
-    configs = generator_sample(gen, n, rng)                                          # [n] domain codes
-    order = np.argsort(pool.domains, kind="stable")
-    counts = np.bincount(pool.domains, minlength=pool.n_domains)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return order[starts[configs] + rng.integers(0, counts[configs])].astype(np.int64)
-
-
-@torch.no_grad()
-def buffer_nll(model, tok, tasks, gen, cfg: TrainConfig) -> float | None:
-    """Mean NLL per answer token of the generator's buffer of previously generated items
-    (teacher-forced reference answers, one batched forward); None while the buffer is empty."""
-    n = int(gen.buffer_len)
-    if n == 0:
-        return None
-    items = [tasks.train[i] for i in gen.buffer[:n].tolist()]
-    ro = _answer_rollout(tok, items, cfg)
-    logp = completion_logprobs(model, ro, 1.0)                                       # [n, T]
-    mask = ro.completion_mask.float()
-    return float(-(logp * mask).sum() / mask.sum())
-
-
-def _generator_state(counters: dict, pool, cfg: TrainConfig):
-    return generator_from_json(counters.get("generator"), pool.n_domains, cfg.gen_buffer, len(pool))
-
-
 def base_policy(cfg: TrainConfig, tasks, progress: bool | None = None):
     """Directory of the tiny base policy for this config (built once, then cached)."""
     return build_base_policy(
@@ -308,16 +153,33 @@ def train(cfg: TrainConfig) -> dict:
     # ---- 0. check everything that can fail, before any work -----------------------------
     check_config(cfg)
     generated = cfg.tasks.strip().startswith(GENERATED_PREFIX)   # the generator picks the prompts
+    grid = cfg.tasks.strip().startswith(GRID_PREFIX)     # the Scheduler picks cells of a family's sizes
     tasks = (generated_taskset if generated else make_taskset)(
         cfg.tasks.strip() if generated else cfg.tasks, train_per_domain=cfg.train_per_domain,
         heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
-    pool = tasks.pool()
+    full_tasks = tasks                           # the base policy is built from every item
+    # issue 14: training labels drawn from the seed (labeled_fraction, label_noise); a method
+    # without a target or reward place trains on the labelled prompts only ("labelled-only")
+    sup = Supervision(tasks, cfg, make_method(cfg.policy, **json.loads(cfg.policy_kwargs)))
+    tasks = sup.tasks
+    if (generated or grid) and sup.places:
+        raise ValueError(f"tasks={cfg.tasks!r} rolls out fresh items of proposed cells, which the supervision "
+                         f"places of policy={cfg.policy!r} ({', '.join(sorted(sup.places))}) cannot follow; "
+                         f"use a fixed task set (e.g. tasks=embedded).")
+    # per-prompt features for the pass-rate predictor (criticality_is / _grid, mopps' prior):
+    # [family one-hot, size, log prompt length], cheap and deterministic (rlpace.tasks._features)
+    pool = (cell_pool(tasks) if generated           # generated: one cell per size, fresh items (issue 15)
+            else grid_pool(tasks) if grid           # grid: one cell per size with its features, fresh items
+            else tasks.pool(features=prompt_features(tasks), labeled=sup.pool_labeled))
     sched = Scheduler(pool, cfg.policy, seed=cfg.seed, success_threshold=cfg.success_threshold,
                       **json.loads(cfg.policy_kwargs))
     if generated and (sched.method.mixture is not None or sched.method.selection.name != "uniform_pool"):
         raise ValueError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
                          f"have a mixture or a selection; admission and reweighting policies are fine "
                          f"(e.g. policy=uniform or policy=dapo_dynamic_sampling).")
+    if grid and uses_oracle(sched):
+        raise ValueError(f"tasks={cfg.tasks!r} rolls out fresh items, which an oracle cannot measure in "
+                         f"advance; use another policy (e.g. policy=criticality_grid) or tasks=embedded:<names>.")
     out = Path(cfg.out)
     ckpt_dir = out / "checkpoint"
     if cfg.resume:
@@ -325,7 +187,7 @@ def train(cfg: TrainConfig) -> dict:
 
     # ---- 1. setup: policy, reference, optimizer, tokenized pool -------------------------
     torch.set_num_threads(cfg.threads)
-    model_dir = cfg.model or base_policy(cfg, tasks)
+    model_dir = cfg.model or base_policy(cfg, full_tasks)
     model, tok = load_policy(model_dir, cfg.device)
     ref = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)  # iso_*: frames
@@ -341,17 +203,22 @@ def train(cfg: TrainConfig) -> dict:
     # per-rollout gradient features (issue 11): only when a policy reads them (diem, dvc)
     gf = (GradFeatures(model, cfg.grad_params, cfg.grad_dim, cfg.seed)
           if needs_grad_features(sched, cfg.grad_features) else None)
+    if gf is not None and sup.active:
+        raise ValueError(f"policy={cfg.policy!r} with labeled_fraction / label_noise or a target, reward or "
+                         f"advantage place cannot run with gradient features (grad_features=off, or drop "
+                         f"diem / dvc): the built-in trainer does not carry answers through them yet.")
     ref_probe = (probe or build_loss_probe(tasks, pool, tok, cfg)) \
         if gf is not None and cfg.grad_reference == "heldout" else None
     grad_ref = None                              # float32[d] Feedback.ref_grad (checkpointed)
     gen = generator_init(pool.n_domains, cfg.gen_buffer) if generated else None   # checkpointed
+    fresh = fresh_source(tasks, pool, cfg.seed) if generated or grid else None    # what fresh items need
     step, spent, seconds = 0, 0, 0.0
     if cfg.resume:
         counters = load_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched)
         step, spent, seconds = counters["step"], counters["rollouts"], counters["seconds"]
-        domain_tokens = _domain_tokens(counters, pool.n_domains)
-        gen = _generator_state(counters, pool, cfg) if generated else None
-        grad_ref = _grad_ref(counters, gf)
+        domain_tokens = restore_domain_tokens(counters, pool.n_domains)
+        gen = generator_state(counters, pool, cfg) if generated else None
+        grad_ref = restore_grad_ref(counters, gf)
         _truncate_log(out / "metrics.jsonl", step)
     else:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -395,17 +262,31 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.lilo_candidates:
             ids, probe_rollouts, probe_tokens = lilo_select(sched, model, tok, tasks, prompt_tokens, cfg, step)
         else:
-            ids = sched.propose(b) if gen is None else generated_ids(gen, pool, b, cfg, step, 0)
+            keys = None if gen is None else draw(gen, b, cfg, step, 0)                # int64[B, 4] fresh items
+            ids = sched.propose(b) if gen is None else keys[:, 0]
+            keys = cell_keys(ids, step, 0) if grid else keys                          # grid: fresh items of the cells
 
         # 2b. generate → verify → observe → admit; refill dropped groups while asked to.
         # The Scheduler always sees GRPO group-normalised advantages (`group_advantages`),
         # whatever the objective: DUMP, SEC, EXP3 and top-k read one scale under every loss.
         pieces, admitted, round_, gen_tokens = [], 0, 0, probe_tokens
         fbs = []                                                # each round's Feedback
+        sup_fbs = []                                            # each round's Feedback with answers (issue 14)
+        drawn = []                                              # generated: each round's item keys
         while True:
-            grp = sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg,
-                                _generator(cfg, step, round_, _SAMPLE))
-            fb = Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards), step, lengths=grp.lengths)
+            if fresh is None:
+                grp = sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg,
+                                    step_generator(cfg, step, round_, SAMPLE), token_stats=sup.token_stats)
+            else:          # new items of the drawn sizes; grp.ids are their cells
+                grp = sample_fresh(model, tok, tasks, fresh, keys, g, cfg, step_generator(cfg, step, round_, SAMPLE),
+                                   token_stats=sup.token_stats)
+                drawn.append(keys)
+            if sup.active:
+                # answers → sched.targets → verify against target / training label → sched.rewards
+                grp, fb = sup.feedback(sched, grp, step)
+                sup_fbs.append(fb)
+            else:
+                fb = Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards), step, lengths=grp.lengths)
             if gf is None:
                 sched.observe(fb)                               # every group, kept or not
             else:
@@ -419,8 +300,10 @@ def train(cfg: TrainConfig) -> dict:
             if adm.refill <= 0 or admitted >= b or round_ >= cfg.max_refill_rounds:
                 break
             round_ += 1
-            ids = (sched.propose(int(adm.refill)) if gen is None
-                   else generated_ids(gen, pool, int(adm.refill), cfg, step, round_))
+            if gen is not None:
+                keys = draw(gen, int(adm.refill), cfg, step, round_)
+            ids = sched.propose(int(adm.refill)) if gen is None else keys[:, 0]
+            keys = cell_keys(ids, step, round_) if grid else keys
         rollouts = probe_rollouts + sum(p[0].rewards.size for p in pieces)
         spent += rollouts
 
@@ -438,7 +321,7 @@ def train(cfg: TrainConfig) -> dict:
         taken = len(rows)
 
         # generator: NLL of previously generated items before this step's update (the reward's "before")
-        nll_before = buffer_nll(model, tok, tasks, gen, cfg) if gen is not None else None
+        nll_before = buffer_nll(model, tok, fresh, gen, cfg) if gen is not None else None
 
         # 2d. loss and optimizer step(s)
         stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
@@ -458,6 +341,11 @@ def train(cfg: TrainConfig) -> dict:
             keep_t = torch.from_numpy(keep_np.reshape(-1)).float().to(dev)                   # [N] 0/1
             fb_t = Feedback(ids_t, rew_t, group_advantages(rew_t), step,
                             lengths=np.array([len(x) for x in comps], dtype=np.int64).reshape(taken, g))
+            if sup.active:          # the trained rows' answers / token statistics; Ã = w · Â (issue 14)
+                fb_t = sup.batch_feedback(fb_t, sup_fbs, src)
+                w_adv = sup.advantage_weights(sched, fb_t)                                   # [Bt, G] or None
+                if w_adv is not None:
+                    adv_t = adv_t * torch.from_numpy(w_adv.reshape(-1)).float().to(dev)
             mb = cfg.micro_batch or n                    # a multiple of G: whole groups per chunk
             chunks = [slice(s, min(n, s + mb)) for s in range(0, n, mb)]
             batches = [Rollout(p_ids[c].to(dev), p_mask[c].to(dev), c_ids[c].to(dev), c_mask[c].to(dev))
@@ -535,12 +423,12 @@ def train(cfg: TrainConfig) -> dict:
         if gen is not None:
             if taken and nll_before is not None:
                 model.eval()
-                nll_after = buffer_nll(model, tok, tasks, gen, cfg)
+                nll_after = buffer_nll(model, tok, fresh, gen, cfg)
                 configs = np.concatenate([pool.domains[p[0].ids] for p in pieces])    # every drawn prompt
                 gen = generator_update(gen, configs, nll_before - nll_after, lr=cfg.gen_lr,
                                        entropy_coef=cfg.gen_entropy)
                 rec.update({"gen/reward": nll_before - nll_after, "gen/buffer_nll": nll_after})
-            gen = buffer_push(gen, np.concatenate([p[0].ids for p in pieces]))
+            gen = buffer_push(gen, np.concatenate(drawn))             # the real items of this step
             rec.update({f"gen/prob/{d}": float(q) for d, q in zip(pool.domain_names, generator_probs(gen))})
 
         # 2e. one JSONL record per step
@@ -560,6 +448,7 @@ def train(cfg: TrainConfig) -> dict:
             "seconds_total": seconds,
         })
         rec.update({f"sched/{k}": v for k, v in sched.metrics().items()})
+        rec.update(sup.step_metrics())          # labelled share, relabels, target accuracy (issue 14)
         log(rec)
         step += 1
         bar.update(1)

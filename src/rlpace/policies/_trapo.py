@@ -1,0 +1,284 @@
+"""TraPO: semi-supervised RL — unlabelled prompts train on their majority answer when their
+pass-rate trajectory resembles those of labelled prompts.
+
+Yang et al., "TraPO: A Semi-Supervised Reinforcement Learning Framework for Boosting LLM
+Reasoning", arXiv 2512.13106, following `ShenzhiYang2000/TRAPO`
+`Weakly_Supervised/Research/Semi_RL/semi_ray_trainer.py` (`_generate_pseudo_labels_and_update_passrate`,
+`_compute_trajectory_cosine`, `filter_dict_by_topk`, `filter_dict_by_threshold`); docs/methods/trapo.md.
+
+Two places. Target: a labelled prompt (`Pool.labeled`) keeps its dataset label; an
+unlabelled one gets the unique majority m of its group's answers (None — no target — on a
+tie or without answers). History, one entry per visit (first `capacity` visits kept):
+labelled P_lab[q] += [pass rate against the label]; unlabelled P_unl[q] += [#{a_i = m} / G].
+
+Admission, on step s (0-based count of `observe` calls with groups):
+
+    s < warm_up : drop every rollout of unlabelled prompts (train on labelled ones only)
+    otherwise   : DB = {P_lab[q] : q labelled, seen} ∪ {snapshots of selected P_unl} (update_db)
+                  L  = min length over DB;  ẑ(v) = (v[:L] − mean) / (std_unbiased + 1e-8)
+                  s(q) = mean_{d ∈ DB} cos(ẑ_d, ẑ_q)        (aggregate="max": the max)
+                  keep S = TopK(s, k = max(1, ⌊topk · n_unl⌋)) ∪ {q : s(q) ≥ thres}
+                  over the n_unl distinct unlabelled prompts of the batch; drop the others;
+                  with update_db, add each selected P_unl[q] (as it is now) to DB.
+
+The selection is made in `observe` (against DB as it was before the step's additions, then
+added) and read by `admission` for the prompts of that last observed batch: call `observe`
+before `admit`, as the Scheduler documents.
+
+Option (off by default), reconstructed from the DE-Venus paper's text on "TraPO v2"
+(arXiv 2609.03324; no public code): `promote=True` promotes an unlabelled prompt whose
+last pass rate ≥ `promote_pass_rate`, whose OLS trend over its trajectory is > 0 and whose
+last `promote_window` majorities are one answer: that answer becomes its persistent label
+(kept in state, checkpointed), and the prompt counts as labelled from then on.
+
+>>> import numpy as np
+>>> from rlpace import Pool, Feedback, Scheduler
+>>> s = Scheduler(Pool(["x"] * 2, labeled=[True, False]), "trapo", warm_up=1)
+>>> fb = Feedback([0, 1], [[1, 0], [1, 1]], answers=[["1", "2"], ["5", "5"]])
+>>> s.targets(fb)
+[None, '5']
+>>> s.observe(fb); s.admit(fb).tolist()                         # warm-up: unlabelled dropped
+[[True, True], [False, False]]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._base import ADMISSION, TARGET, Admission, DataPolicy, Method, Targets, compose
+from ._checks import check_choice, check_int, check_real
+from ._vote import answer_hash, ols_slope, require_answers, unique_majority
+
+_EPS = 1e-8
+
+
+class TrapoState(NamedTuple):
+    rate: np.ndarray          # float64[N, C] pass-rate trajectory, the first C visits
+    majority: np.ndarray      # int64[N, C]   answer_hash of each visit's majority (0 = none)
+    visits: np.ndarray        # int64[N]      visits recorded (may exceed C)
+    db: np.ndarray            # float64[N, C] snapshot of a selected unlabelled trajectory (update_db)
+    db_len: np.ndarray        # int64[N]      its length; 0 = not in the database
+    selected_at: np.ndarray   # int64[N]      step at which the prompt was last selected; −1 never
+    steps: np.ndarray         # int64[]       observe calls with groups (TraPO's epochs → steps)
+    promoted: np.ndarray      # bool[N]       promoted to labelled (option `promote`)
+    label: np.ndarray         # <U[N]         promoted label ("" = none); width grows as needed
+    selected: np.ndarray      # int64[]       unlabelled groups admitted after warm-up
+    dropped: np.ndarray       # int64[]       unlabelled groups dropped (warm-up or not selected)
+    promotions: np.ndarray    # int64[]       prompts promoted
+
+
+def _znorm(x: np.ndarray) -> np.ndarray:
+    """Row-wise (v − mean) / (std_unbiased + 1e-8); zeros for length < 2 (torch.std of one
+    value is NaN; a constant trajectory has z = 0 either way)."""
+    if x.shape[-1] < 2:
+        return np.zeros_like(x)
+    return (x - x.mean(axis=-1, keepdims=True)) / (x.std(axis=-1, ddof=1, keepdims=True) + _EPS)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Rows divided by max(‖row‖, 1e-8) (torch cosine_similarity's clamp): cos = unit(a)·unit(b)."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), _EPS)
+
+
+def trapo_scores(db: np.ndarray, queries: np.ndarray, aggregate: str = "mean") -> np.ndarray:
+    """float64[Q] TraPO's trajectory score of each query row against the database rows
+    float64[D, L] (every trajectory already cut to the shortest database length L; queries
+    are cut to L here).
+
+    >>> trapo_scores(np.array([[0.0, 0.5, 1.0]]), np.array([[0.1, 0.2, 0.9], [1.0, 0.5, 0.0]])).round(3).tolist()
+    [0.918, -1.0]
+    """
+    length = db.shape[1]
+    dbz = _unit(_znorm(np.asarray(db, dtype=np.float64)))
+    qz = _unit(_znorm(np.asarray(queries, dtype=np.float64)[:, :length]))
+    if aggregate == "mean":
+        return qz @ dbz.mean(axis=0)            # mean of cosines = cosine with the mean unit vector
+    return (qz @ dbz.T).max(axis=1)
+
+
+def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bool = True,
+          aggregate: str = "mean", capacity: int = 16, db_min_visits: int = 1, promote: bool = False,
+          promote_pass_rate: float = 0.8, promote_window: int = 3) -> Method:
+    """TraPO (arXiv 2512.13106): majority targets for unlabelled prompts, admitted after `warm_up` steps when their pass-rate trajectory resembles the labelled ones'.
+
+    Args:
+        warm_up: steps (observe calls) during which unlabelled prompts are dropped (TraPO: 8
+            epochs; one epoch is len(pool) / prompts-per-step steps).
+        topk: share of the batch's unlabelled prompts kept by score, at least one (TraPO: 0.1).
+        thres: prompts with score ≥ thres are kept too (TraPO: 0.4).
+        update_db: add the selected prompts' trajectories to the database (TraPO: True).
+        aggregate: "mean" (TraPO) or "max" over the database of the cosine similarities.
+        capacity: visits kept per prompt (the first `capacity`: TraPO compares prefixes).
+        db_min_visits: labelled prompts enter the database once seen this often (TraPO: 1,
+            every labelled prompt seen; under an adaptive scheduler a labelled prompt seen
+            once would cut every comparison to length 1, where all scores are 0).
+        promote: option (DE-Venus v2 reconstruction): promote stable unlabelled prompts to
+            labelled with their majority answer. Off by default.
+        promote_pass_rate: promotion needs the last pass rate ≥ this.
+        promote_window: promotion needs this many last majorities to be one answer.
+    """
+    warm_up = check_int("trapo", "warm_up", warm_up, low=0)
+    topk = check_real("trapo", "topk", topk, low=0, high=1)
+    thres = check_real("trapo", "thres", thres, low=-1, high=1)
+    for flag, value in (("update_db", update_db), ("promote", promote)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"trapo {flag} must be True or False; got {value!r}.")
+    check_choice("trapo", "aggregate", aggregate, ("mean", "max"))
+    cap = check_int("trapo", "capacity", capacity, low=2)
+    db_min_visits = check_int("trapo", "db_min_visits", db_min_visits, low=1, high=cap)
+    promote_pass_rate = check_real("trapo", "promote_pass_rate", promote_pass_rate, low=0, high=1)
+    promote_window = check_int("trapo", "promote_window", promote_window, low=1, high=cap)
+
+    def init(pool):
+        n = len(pool)
+        return TrapoState(np.zeros((n, cap)), np.zeros((n, cap), np.int64), np.zeros(n, np.int64),
+                          np.zeros((n, cap)), np.zeros(n, np.int64), np.full(n, -1, np.int64),
+                          np.array(0, np.int64), np.zeros(n, bool), np.full(n, "", dtype="<U1"),
+                          np.array(0, np.int64), np.array(0, np.int64), np.array(0, np.int64))
+
+    def labelled(state, pool, pos):
+        return pool.labeled[pos] | state.promoted[pos]
+
+    def promotes(rate_row, maj_row, v, m, p):
+        """Whether visit v (0-based) of an unlabelled prompt, with majority m and pass rate p,
+        promotes it; `rate_row` / `maj_row` already hold this visit where v < capacity."""
+        k = min(v + 1, cap)
+        recent = maj_row[max(0, k - promote_window):k]
+        return bool(k >= promote_window and p >= promote_pass_rate and ols_slope(rate_row[:k]) > 0
+                    and (recent == answer_hash(m)).all())
+
+    def majorities(batch):
+        answers = require_answers(batch, "trapo")
+        return [unique_majority(row, ties="abstain") for row in answers]
+
+    # ---- the target place ----------------------------------------------------------------
+    def target_apply(state, pool, batch):
+        votes = majorities(batch)
+        labels, decisions = [], []
+        for i, pos in enumerate(batch.prompt_ids.tolist()):
+            if pool.labeled[pos]:
+                labels.append(None)
+            elif promote and state.promoted[pos]:
+                labels.append(str(state.label[pos]))
+            else:
+                m, count = votes[i]
+                labels.append(m)
+                if m is None:
+                    continue
+                g = len(batch.answers[i])
+                decisions.append({"row": i, "rule": "trapo_majority", "decision": "pseudo_label",
+                                  "target": m, "evidence": {"votes": count, "voters": g}})
+                if promote:      # the promotion `observe` will make on this visit, with its evidence
+                    v, p = int(state.visits[pos]), count / g
+                    rates, majs = state.rate[pos].copy(), state.majority[pos].copy()
+                    if v < cap:
+                        rates[v], majs[v] = p, answer_hash(m)
+                    if promotes(rates, majs, v, m, p):
+                        decisions.append({"row": i, "rule": "trapo_v2_promotion", "decision": "promote",
+                                          "target": m, "evidence": {
+                                              "pass_rate": p, "visit": v,
+                                              "slope": ols_slope(rates[:min(v + 1, cap)])}})
+        return Targets(labels, decisions)
+
+    # ---- shared history update (both places keep it when `promote`; else the admission) ---
+    def update(state, pool, batch):
+        b = batch.prompt_ids.shape[0]
+        if b == 0:
+            return state
+        ids = batch.prompt_ids.tolist()
+        votes = majorities(batch) if batch.answers is not None else [(None, 0)] * b
+        g = batch.rewards.shape[1]
+        step = int(state.steps)
+        rate, majority, visits = state.rate, state.majority, state.visits
+        promoted, label, promotions = state.promoted, state.label, int(state.promotions)
+        for i, pos in enumerate(ids):
+            if not labelled(state, pool, pos) and batch.answers is None:
+                continue                                  # nothing to record for this visit
+            m, count = votes[i]
+            p = float(batch.pass_rate[i]) if labelled(state, pool, pos) else (count / g if m is not None else 0.0)
+            v = int(visits[pos])
+            if v < cap:
+                rate[pos, v], majority[pos, v] = p, answer_hash(m)
+            visits[pos] = v + 1
+            if promote and not labelled(state, pool, pos) and m is not None:
+                if promotes(rate[pos], majority[pos], v, m, p):
+                    if len(m) > label.dtype.itemsize // 4:
+                        label = label.astype(f"<U{len(m)}")
+                    promoted[pos], label[pos] = True, m
+                    promotions += 1
+        selected_at, db, db_len = state.selected_at, state.db, state.db_len
+        unl = list(dict.fromkeys(p for p in ids if not labelled(state, pool, p)))
+        n_sel = 0
+        if step >= warm_up and unl and batch.answers is not None:
+            lab = np.flatnonzero((pool.labeled | promoted) & (visits >= db_min_visits))
+            snap = np.flatnonzero(db_len > 0)
+            if lab.size or snap.size:
+                length = int(min(np.minimum(visits[lab], cap).min(initial=cap), db_len[snap].min(initial=cap)))
+                db_rows = np.concatenate([rate[lab, :length], db[snap, :length]])
+                q_len = np.minimum(visits[unl], cap)
+                ok = q_len >= length              # TraPO's code raises on a shorter query
+                scores = np.full(len(unl), -np.inf)
+                if ok.any():
+                    scores[ok] = trapo_scores(db_rows, rate[np.asarray(unl)[ok]], aggregate)
+                k = max(1, int(np.floor(topk * len(unl))))
+                order = np.argsort(-scores, kind="stable")[:k]
+                chosen = np.zeros(len(unl), bool)
+                chosen[order] = True
+                chosen |= scores >= thres
+                chosen &= ok
+                for j in np.flatnonzero(chosen):
+                    q = unl[j]
+                    selected_at[q] = step
+                    if update_db:
+                        n_q = min(int(visits[q]), cap)
+                        db[q, :n_q], db_len[q] = rate[q, :n_q], n_q
+                n_sel = int(chosen.sum())
+        return state._replace(label=label, steps=state.steps + 1, promotions=np.array(promotions, np.int64),
+                              selected=state.selected + n_sel, dropped=state.dropped + (len(unl) - n_sel))
+
+    # ---- the admission place -----------------------------------------------------------------
+    def admission_apply(state, pool, batch):
+        pos = batch.prompt_ids
+        last = int(state.steps) - 1
+        keep_row = pool.labeled[pos] | state.promoted[pos] | (state.selected_at[pos] == last) & (last >= warm_up)
+        return Admission(np.repeat(keep_row[:, None], batch.rewards.shape[1], axis=1), 0)
+
+    def metrics(state, pool):
+        return {"supervision/kept_unlabeled": float(state.selected),
+                "supervision/dropped_unlabeled": float(state.dropped),
+                "supervision/promotions": float(state.promotions),
+                "supervision/db_size": float(np.count_nonzero(state.db_len))}
+
+    def check_state(state, pool):
+        # counts ≥ 0 and rates in [0, 1] are generic field rules (`_state_checks.py`)
+        from ._state_checks import bad
+        db_len = np.asarray(state.db_len)
+        if (db_len > cap).any():
+            raise bad("trapo/db_len", f"has lengths above the capacity {cap}", db_len, db_len > cap)
+        mismatch = np.asarray(state.promoted) != (np.asarray(state.label) != "")
+        if mismatch.any():
+            raise bad("trapo/label", "disagrees with trapo/promoted (a promoted prompt has a label, "
+                      "no other does)", np.asarray(state.label), mismatch)
+
+    adm = DataPolicy(ADMISSION, init, update, admission_apply, name="trapo", metrics=metrics,
+                     check_state=check_state, reads=frozenset({"answers"}))
+    if promote:
+        # The target needs the promoted labels: it keeps its own copy of the same state,
+        # updated by the same function on the same batches (deterministic, so the two agree).
+        tgt = DataPolicy(TARGET, init, update, target_apply, name="trapo_target",
+                         check_state=check_state, reads=frozenset({"answers"}))
+    else:
+        tgt = DataPolicy(TARGET, _empty, _same, target_apply, name="trapo_target",
+                         reads=frozenset({"answers"}))
+    return compose(tgt, adm, name="trapo")
+
+
+def _empty(pool):
+    from ._base import EmptyState
+    return EmptyState()
+
+
+def _same(state, pool, batch):
+    return state

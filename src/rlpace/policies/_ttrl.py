@@ -1,0 +1,98 @@
+"""TTRL: the majority answer of the group becomes the target (test-time RL without labels).
+
+Zuo et al., "TTRL: Test-Time Reinforcement Learning", arXiv 2504.16084, following the
+current public code `PRIME-RL/TTRL` (v2, verl 0.4.1 refactor) `verl/trainer/ppo/ttrl_utils.py`
+(`_majority_vote`, `apply_ttrl_gt`); docs/methods/ttrl.md.
+
+For each prompt whose target TTRL sets (unlabelled prompts, or every prompt with
+`all_prompts=True`), over the first N = `vote_rollouts` answers of its group (all G by default):
+
+    valid  = [a.strip() for a in answers[:N] if a is not None and a.strip() != ""]
+    ŷ      = Counter(valid).most_common(1)          # ties: the answer seen first
+    target = ŷ, or None ("no target": every rollout gets reward 0) when `valid` is empty
+    ratio  = count(ŷ) / N                           # over all N votes, unparseable ones included
+
+The trainer then verifies every rollout against ŷ (TTRL's reward: 1 if the answer matches
+the pseudo-label, else 0; `rlpace.policies.agreement_rewards` for exact-match verifiers).
+Labelled prompts keep their dataset label.
+
+>>> import numpy as np
+>>> from rlpace import Pool, Feedback, Scheduler
+>>> s = Scheduler(Pool(["x"] * 2, labeled=[False, False]), "ttrl", vote_rollouts=2)
+>>> s.targets(Feedback([0, 1], np.zeros((2, 3)), answers=[["5", "6", "6"], [None, " ", "1"]]))
+['5', None]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._base import TARGET, DataPolicy, Targets
+from ._checks import check_int
+from ._vote import require_answers, unique_majority
+
+
+class TtrlState(NamedTuple):
+    pseudo_labels: np.ndarray   # int64[] visits whose target was a majority answer
+    no_answer: np.ndarray       # int64[] visits of target-less prompts with no valid vote (no target)
+
+
+def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPolicy:
+    """TTRL (arXiv 2504.16084): the target of an unlabelled prompt is the majority of its first `vote_rollouts` answers.
+
+    Args:
+        vote_rollouts: N, the answers that vote (the first N of the G in `Feedback.answers`;
+            TTRL's N/G split, its scripts vote 64 and train 32). None: all G. N > G is a
+            ValueError naming vote_rollouts, raised by `targets` and `observe` before
+            anything changes.
+        all_prompts: True sets the target of every prompt (pure test-time RL, labels unused);
+            False (default) keeps the dataset label of labelled prompts (`Pool.labeled`).
+    """
+    if vote_rollouts is not None:
+        vote_rollouts = check_int("ttrl", "vote_rollouts", vote_rollouts, low=1)
+    if not isinstance(all_prompts, (bool, np.bool_)):
+        raise ValueError(f"ttrl all_prompts must be True or False; got {all_prompts!r}.")
+
+    def init(pool):
+        return TtrlState(np.array(0, np.int64), np.array(0, np.int64))
+
+    def decide(pool, batch):
+        answers = require_answers(batch, "ttrl")
+        if vote_rollouts is not None and vote_rollouts > answers.shape[1]:
+            # silently voting with fewer answers than asked would misreport TTRL's N
+            raise ValueError(f"ttrl vote_rollouts={vote_rollouts} but Feedback.answers holds "
+                             f"{answers.shape[1]} answers per prompt: pass all N answers (and "
+                             f"admit the G that train), or set vote_rollouts ≤ {answers.shape[1]}.")
+        labels, decisions = [], []
+        for i, pos in enumerate(batch.prompt_ids):
+            if pool.labeled[pos] and not all_prompts:
+                labels.append(None)
+                continue
+            votes = answers[i] if vote_rollouts is None else answers[i, :vote_rollouts]
+            m, count = unique_majority(votes, ties="first")
+            labels.append(m)
+            if m is not None:
+                decisions.append({"row": i, "rule": "ttrl_majority", "decision": "pseudo_label",
+                                  "target": m, "evidence": {"votes": int(count), "voters": int(len(votes)),
+                                                            "majority_ratio": count / len(votes)}})
+        return labels, decisions
+
+    def apply(state, pool, batch):
+        return Targets(*decide(pool, batch))
+
+    def update(state, pool, batch):
+        if batch.answers is None:       # nothing to count; `targets` is where answers are required
+            return state
+        labels, _ = decide(pool, batch)
+        used = [t for t, pos in zip(labels, batch.prompt_ids) if all_prompts or not pool.labeled[pos]]
+        got = sum(t is not None for t in used)
+        return TtrlState(state.pseudo_labels + got, state.no_answer + (len(used) - got))
+
+    def metrics(state, pool):
+        return {"supervision/pseudo_labels": float(state.pseudo_labels),
+                "supervision/no_target": float(state.no_answer)}
+
+    return DataPolicy(TARGET, init, update, apply, name="ttrl", metrics=metrics,
+                      reads=frozenset({"answers"}))

@@ -1,0 +1,45 @@
+"""Helpers shared by tests: run a script in its own process session (Ray/TransferQueue
+drivers), and compare Scheduler states."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+def run_result_script(script, args, cwd, timeout: int, what: str) -> dict:
+    """Run `python script *args` in its own session (so that a timeout also kills Ray's helper
+    processes, which outlive the driver otherwise) and return the JSON of its last
+    `RESULT {...}` line; fail the test with the script's stderr when it has none."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
+    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(cwd), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{what} did not finish within {timeout} s (Ray on a loaded machine); rerun alone")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def assert_state_equal(a, b):
+    """Two `Scheduler.state_dict()`s hold the same keys, dtypes and values."""
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = np.asarray(a[k]), np.asarray(b[k])
+        assert x.dtype == y.dtype, k
+        np.testing.assert_array_equal(x, y, err_msg=k)
