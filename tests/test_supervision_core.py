@@ -5,6 +5,7 @@ trajectories."""
 
 import math
 import statistics
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -335,6 +336,27 @@ def test_trapo_warm_up_then_trajectory_selection():
     assert keeps[3] == [True, True, True, False, False]
     m = s.metrics()
     assert m["supervision/kept_unlabeled"] == 2.0 and m["supervision/dropped_unlabeled"] == 10.0
+
+
+def test_trapo_logs_every_keep_and_drop_with_its_evidence():
+    pool = Pool(["m"] * 5, labeled=[True, True, False, False, False])
+    s = Scheduler(pool, "trapo", warm_up=2, topk=0.34, thres=0.9, update_db=False)
+    for t in range(4):
+        s.observe(_trapo_feedback(t))
+    log = [e for e in s.supervision_log() if e["rule"] in ("trapo_warm_up", "trapo_trajectory")]
+    warm = [(e["step"], e["prompt_id"], e["decision"]) for e in log if e["rule"] == "trapo_warm_up"]
+    assert warm == [(t, q, "drop") for t in (0, 1) for q in (2, 3, 4)]
+    traj = [(e["step"], e["prompt_id"], e["decision"], e["evidence"]) for e in log if e["rule"] == "trapo_trajectory"]
+    assert [(t, q, d) for t, q, d, _ in traj] == [(t, q, d) for t in (2, 3)
+                                                  for q, d in ((2, "keep"), (3, "drop"), (4, "drop"))]
+    for t, q, _, ev in traj:
+        length = t + 1                                     # the labelled prefixes: every visit so far
+        assert (ev["length"], ev["database"], ev["thres"], ev["topk"]) == (length, 2, 0.9, 0.34)
+        traj_q = [float(Counter(a).most_common(1)[0][1] / 4) if q != 4 else 0.0
+                  for a in TRAPO_UNL[q][:length]]
+        want = 0.0 if statistics.pstdev(traj_q) == 0 else _ref_score(
+            [TRAPO_LAB[0][:length], TRAPO_LAB[1][:length]], traj_q)
+        assert ev["score"] == pytest.approx(want, abs=1e-6), (t, q)
 
 
 def test_trapo_scores_mean_versus_max_and_prefix_cut_by_hand():

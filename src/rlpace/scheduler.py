@@ -224,6 +224,8 @@ class Scheduler:
         self._log_decisions(batch, decisions)
         for kind, policy in self.method.policies().items():
             self.states[kind] = policy.update(self.states[kind], self.pool, batch)
+            if policy.decisions is not None:        # decisions the update made (TraPO's keep / drop)
+                self._log_decisions(batch, policy.decisions(self.states[kind], self.pool, batch))
         n_informative = int(np.count_nonzero(informative))
         c = self.counters
         c.observations[...] += 1

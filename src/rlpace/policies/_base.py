@@ -113,6 +113,12 @@ class DataPolicy(NamedTuple):
             (`Feedback.answers`: the target places), "token_entropy", "self_certainty",
             "mean_logprob" (per-rollout token statistics: the reward places). Trainers decide
             what to compute from this field, never from policy names; `chain` takes the union.
+        decisions: optional (state, pool, batch) -> [dict] for policies whose `update` makes
+            per-prompt supervision decisions (TraPO keeping or dropping an unlabelled
+            prompt): called by `Scheduler.observe` right after `update`, with the updated
+            state; each dict is `{"row": i, "rule": str, "evidence": {name: number},
+            "decision": str}` and lands in `Scheduler.supervision_log()`. Target places
+            report theirs through `Targets.decisions` instead.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
@@ -128,6 +134,7 @@ class DataPolicy(NamedTuple):
     update_losses: Callable[[Any, Pool, Any], Any] | None = None
     follows_mixture: bool = False
     reads: frozenset = frozenset()
+    decisions: Callable[[Any, Pool, Batch], list] | None = None
 
 
 class Method(NamedTuple):
@@ -319,9 +326,14 @@ def chain(*policies: DataPolicy) -> DataPolicy:
             if p.check_state is not None:
                 p.check_state(s, pool)
 
+    def decisions(state, pool, batch):
+        return [d for p, s in zip(policies, state) if p.decisions is not None
+                for d in p.decisions(s, pool, batch)]
+
     return DataPolicy(kind, init, update, apply, name=">".join(p.name for p in policies),
                       metrics=metrics, check_state=check_state,
-                      reads=frozenset().union(*(p.reads for p in policies)))
+                      reads=frozenset().union(*(p.reads for p in policies)),
+                      decisions=decisions if any(p.decisions is not None for p in policies) else None)
 
 
 def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:

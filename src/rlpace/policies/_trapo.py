@@ -67,6 +67,10 @@ class TrapoState(NamedTuple):
     selected: np.ndarray      # int64[]       unlabelled groups admitted after warm-up
     dropped: np.ndarray       # int64[]       unlabelled groups dropped (warm-up or not selected)
     promotions: np.ndarray    # int64[]       prompts promoted
+    score: np.ndarray         # float64[N]    similarity s(q) at the last selection round; NaN never
+                              #               scored or shorter than the database (not selectable)
+    scored_at: np.ndarray     # int64[N]      step of that round; −1 never
+    compared: np.ndarray      # int64[2]      (L, database rows) of the last selection round
 
 
 def _znorm(x: np.ndarray) -> np.ndarray:
@@ -136,7 +140,8 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
         return TrapoState(np.zeros((n, cap)), np.zeros((n, cap), np.int64), np.zeros(n, np.int64),
                           np.zeros((n, cap)), np.zeros(n, np.int64), np.full(n, -1, np.int64),
                           np.array(0, np.int64), np.zeros(n, bool), np.full(n, "", dtype="<U1"),
-                          np.array(0, np.int64), np.array(0, np.int64), np.array(0, np.int64))
+                          np.array(0, np.int64), np.array(0, np.int64), np.array(0, np.int64),
+                          np.full(n, np.nan), np.full(n, -1, np.int64), np.zeros(2, np.int64))
 
     def labelled(state, pool, pos):
         return pool.labeled[pos] | state.promoted[pos]
@@ -228,6 +233,10 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
                 chosen[order] = True
                 chosen |= scores >= thres
                 chosen &= ok
+                ua = np.asarray(unl)
+                state.score[ua] = np.where(np.isfinite(scores), scores, np.nan)
+                state.scored_at[ua] = step
+                state.compared[...] = (length, db_rows.shape[0])
                 for j in np.flatnonzero(chosen):
                     q = unl[j]
                     selected_at[q] = step
@@ -237,6 +246,27 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
                 n_sel = int(chosen.sum())
         return state._replace(label=label, steps=state.steps + 1, promotions=np.array(promotions, np.int64),
                               selected=state.selected + n_sel, dropped=state.dropped + (len(unl) - n_sel))
+
+    def decisions(state, pool, batch):
+        """The keep / drop decision of each unlabelled row of the batch `update` just observed,
+        with its evidence: warm-up drops, or the similarity score against the database."""
+        step = int(state.steps) - 1
+        out, seen = [], set()
+        for i, pos in enumerate(batch.prompt_ids.tolist()):
+            if labelled(state, pool, pos) or pos in seen:
+                continue
+            seen.add(pos)
+            if step < warm_up:
+                out.append({"row": i, "rule": "trapo_warm_up", "decision": "drop",
+                            "evidence": {"step": step, "warm_up": warm_up}})
+            elif state.scored_at[pos] == step:
+                sc = float(state.score[pos])
+                out.append({"row": i, "rule": "trapo_trajectory", "decision":
+                            "keep" if state.selected_at[pos] == step else "drop",
+                            "evidence": {"score": None if np.isnan(sc) else sc, "thres": thres, "topk": topk,
+                                         "length": int(state.compared[0]),
+                                         "database": int(state.compared[1])}})
+        return out
 
     # ---- the admission place -----------------------------------------------------------------
     def admission_apply(state, pool, batch):
@@ -263,7 +293,7 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
                       "no other does)", np.asarray(state.label), mismatch)
 
     adm = DataPolicy(ADMISSION, init, update, admission_apply, name="trapo", metrics=metrics,
-                     check_state=check_state, reads=frozenset({"answers"}))
+                     check_state=check_state, reads=frozenset({"answers"}), decisions=decisions)
     if promote:
         # The target needs the promoted labels: it keeps its own copy of the same state,
         # updated by the same function on the same batches (deterministic, so the two agree).

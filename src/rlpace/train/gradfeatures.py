@@ -20,13 +20,33 @@ only its output-projection part), "last_block" (every nn.Linear of the last deco
 dimension is Σ_layers k_o·k_i ≤ `grad_dim`, with each layer's budget grad_dim // layers
 split as k_o = min(isqrt(budget), d_out), k_i = min(budget // k_o, d_in).
 
-Rows must be rollouts. Exact features need every hooked call to see one row per rollout:
-the built-in trainer then forwards [prompt | completion] per row (`grad_exact=True`), not the
+Rows must be rollouts. Exact features need every hooked call to see one row per rollout —
+except lm_head's call over the shared prompt forward (below). For "last_block" and "all" the
+built-in trainer forwards [prompt | completion] per row (`grad_exact=True`), not the
 shared-prefix path, whose prompt forward is shared by a group's rollouts and cannot be split
 by row. With `shared_prefix=True` (`grad_exact=False`) calls over the shared prompt rows are
 skipped: the features cover completion positions only — for lm_head every completion token
 but the first (whose logits come from the prompt forward); for inner layers the prompt
 positions' share is left out. Cheaper (no extra prompt forwards), not exact.
+
+lm_head over the shared prompt forward, exactly (`first_token`, the trainer's default for
+`grad_params="lm_head"`): the prompt forward's head call sees one row per group, and only its
+last position feeds the loss — as the logits z of every rollout's first completion token,
+z repeated G times. Rollout i's part of that call's gradient is b_i ⊗ h, with h the prompt's
+last hidden state (shared) and b_i = ∂L/∂z_i, which follows from the per-row gradient of the
+first token's log-probability ℓ_i = log softmax(z/τ)[y_i0]:
+
+    b_i = (∂L/∂ℓ_i) · (e_{y_i0} − softmax(z/τ)) / τ,
+    P_out b_i ⊗ P_in h = (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h
+
+∂L/∂ℓ_i comes from the same `torch.autograd.grad` call (ℓ is column 0 of the log-probs the
+loss was built from), so every objective (clipping, token weights, KL on ℓ) is covered; the
+rest of row i's feature comes from the completion forward's head call as usual. Exact (the
+test compares it with single-rollout `backward()` calls); costs a softmax over one row per
+group. Needs the head's output to be the logits (checked: log softmax(z/τ)[y_i0] must equal
+ℓ_i, which fails for models that scale or soft-cap logits after the head — ValueError).
+Inner layers have no such closed form (their prompt positions reach every completion token
+through the repeated KV cache), so "last_block" and "all" keep the per-row forward.
 
 Example:
     >>> # gf = GradFeatures(model, "lm_head", grad_dim=256, seed=0)
@@ -45,10 +65,26 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["GradFeatures", "GRAD_PARAMS", "select_linears", "needs_grad_features",
+__all__ = ["GradFeatures", "FirstToken", "GRAD_PARAMS", "select_linears", "needs_grad_features",
            "heldout_reference", "split_with_grads"]
 
 GRAD_PARAMS = ("lm_head", "last_block", "all")
+
+
+class FirstToken(NamedTuple):
+    """What `GradFeatures.features` needs for lm_head's exact first-token term over a shared
+    prompt forward (module docstring).
+
+    logp: float[N, T] the log-probs the loss was built from (`completion_logprobs`, masked),
+        still in the graph; column 0 is ℓ_i.
+    completion_ids: int[N, T] (column 0: y_i0).
+    completion_mask: [N, T] (column 0: whether rollout i has a first token).
+    temperature: τ, as passed to `completion_logprobs`.
+    """
+    logp: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    temperature: float = 1.0
 
 
 class _Layer(NamedTuple):
@@ -111,6 +147,8 @@ class GradFeatures:
             p_out = torch.randn(k_o, mod.out_features, generator=gen) / math.sqrt(k_o)
             layers.append(_Layer(name, mod, p_in.to(dev), p_out.to(dev)))
         self.layers = layers
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self.head = next((i for i, l in enumerate(layers) if l.module is head), None)   # lm_head's index
         self.dim = sum(l.p_in.shape[0] * l.p_out.shape[0] for l in layers)
         self._calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (layer, P_in·a, y)
 
