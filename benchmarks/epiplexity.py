@@ -90,13 +90,14 @@ def mixture_suite(suite: str, seeds, args) -> str:
 
 
 def generator_family(family: str, seeds, args) -> str:
-    from rlpace.tasks import LADDER_MISTAKES
+    from rlpace.tasks import LADDER_MISTAKES, SORT_LADDER_MISTAKES
     from rlpace.tasks._generator import family_configs
     configs = family_configs(family)
     fixed_tasks = "embedded:" + ",".join(configs)
     mistakes = args.gen_mistakes
     if mistakes == "ladder":       # the ladder suite's warm-up shares: sizes learned in order (headroom)
-        mistakes = ",".join(f"{k}={v}" for k, v in LADDER_MISTAKES.items() if k in configs) or "default"
+        ramps = {**SORT_LADDER_MISTAKES, **LADDER_MISTAKES}          # sort (the earlier ladder) and rev
+        mistakes = ",".join(f"{k}={v}" for k, v in ramps.items() if k in configs) or "default"
     a = _args(args, tasks=fixed_tasks, mistakes=mistakes, out=str(Path(args.out) / f"generated_{family}"))
     le.build_bases(seeds, a)                         # the same base policy serves both arms
 

@@ -4,7 +4,9 @@ side by side in one run (issue 11; not a timed test).
 Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each):
 
     plain     policy=uniform                      no features (the shared-prompt forward)
-    features  policy=uniform grad_features=on     features computed, weights 1
+    features  policy=uniform grad_features=on     exact features computed, weights 1 (lm_head:
+                                                  the shared-prompt forward + the first token's
+                                                  share in closed form; last_block/all: per row)
     diem      policy=diem                         features → DIEM weights → weighted backward
     diem_shared  ... grad_exact=false               the shared-prompt forward, approximate features
     dvc       policy=dvc                          features → observe → EXP3.S mixture
@@ -18,7 +20,8 @@ relative to `plain`. The first `--skip` steps of every run are left out (warm-up
 `--synthetic H,L,V,P,T` instead times one loss forward + backward of a random Qwen2 (hidden
 H, L layers, vocabulary V, P prompt and T completion tokens, B·G rows) without the trainer:
 shared-prompt vs per-row forward, and the feature computation for each parameter subset in
-both modes — how the overhead scales beyond the tiny model.
+both modes (plus `shared_exact_lm_head`: exact lm_head features over the shared-prompt forward)
+— how the overhead scales beyond the tiny model.
 
 Usage:
     python benchmarks/gradients.py                         # B = 16, G = 8, lm_head, d = 256
@@ -110,7 +113,7 @@ def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dic
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlpace.train.gradfeatures import GradFeatures
+    from rlpace.train.gradfeatures import FirstToken, GradFeatures
     from rlpace.train.losses import policy_loss
     from rlpace.train.rollout import Rollout, completion_logprobs
 
@@ -128,13 +131,15 @@ def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dic
                  torch.ones(n, t))
     adv, keep = torch.randn(n, generator=gen), torch.ones(n)
 
-    def step(group, gf=None):
+    def step(group, gf=None, exact_head=False):
         model.zero_grad(set_to_none=True)
         ctx = gf.capture() if gf is not None else _null()
         with ctx:
             lp = completion_logprobs(model, ro, 1.0, group)
             loss = policy_loss("grpo", lp, lp.detach(), adv, ro.completion_mask, keep).loss
-        if gf is not None:
+        if gf is not None and exact_head:
+            gf.features(loss, n, first_token=FirstToken(lp, ro.completion_ids, ro.completion_mask))
+        elif gf is not None:
             gf.features(loss, n, shared_prefix=group > 1)
         loss.backward()
 
@@ -152,6 +157,8 @@ def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dic
         gf = GradFeatures(model, gp, grad_dim)
         rows[f"exact_{gp}"] = timed(lambda: step(1, gf))
         rows[f"shared_{gp}"] = timed(lambda: step(g, gf))
+        if gp == "lm_head":
+            rows["shared_exact_lm_head"] = timed(lambda: step(g, gf, True))
     print(f"synthetic Qwen2 H={h} L={layers} V={v} P={p} T={t}, N={n} rows, d≤{grad_dim} "
           f"({repeats} repeats, median)")
     for k, sec in rows.items():

@@ -152,7 +152,7 @@ def write_parquet(path, n=8, all_labeled=False):
     return str(path)
 
 
-def verl_config(root, policy, kwargs=None, n=8, all_labeled=False):
+def verl_config(root, policy, kwargs=None, n=8, all_labeled=False, reward_file="reward_fn.py"):
     from omegaconf import OmegaConf
     from verl07._verl_data import data_config
     tag = f"{policy}_{n}_{all_labeled}"
@@ -164,7 +164,7 @@ def verl_config(root, policy, kwargs=None, n=8, all_labeled=False):
     return OmegaConf.create({
         "data": OmegaConf.to_container(data),
         "reward": {"reward_manager": {"source": "register", "name": "naive"},
-                   "custom_reward_function": {"path": str(root / "reward_fn.py"), "name": "compute_score"},
+                   "custom_reward_function": {"path": str(root / reward_file), "name": "compute_score"},
                    "sandbox_fusion": None},
         "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True}})
 
@@ -277,14 +277,14 @@ def grpo_reference(scores, uids):
 
 
 def run_verl(verl_env, steps=2, policy="uniform", kwargs=None, sched_factory=None, answers=answer_text, n=8,
-             all_labeled=False, entropys=None):
+             all_labeled=False, entropys=None, reward_file="reward_fn.py"):
     """`steps` steps through the mixin; records what verl trained on, what the Scheduler
     answered (`targets`) and observed, and the reward_model dicts before supervision."""
     from verl.trainer.ppo.reward import load_reward_manager
 
     import rlpace.adapters.verl as rv
     tok, root = verl_env
-    cfg = verl_config(root, policy, kwargs, n, all_labeled)
+    cfg = verl_config(root, policy, kwargs, n, all_labeled, reward_file)
     ds, loader = build_verl(cfg, tok)
     if sched_factory is not None:
         ds.rlpace = rv.VerlFeedback(sched_factory(ds.scheduler.pool))
@@ -678,6 +678,14 @@ def test_trl_target_method_without_target_column_is_refused(trl_parts, tmp_path)
     with pytest.raises(ValueError, match="no 'label' column"):
         RlpaceGRPOTrainer(**kw, scheduler=Scheduler(pool, "ttrl"), target_column="label")
     RlpaceGRPOTrainer(**kw, scheduler=Scheduler(pool, "self_certainty"))          # no target place: fine
+    # a reward place over several reward functions needs TRL's sum_then_normalize aggregation
+    two = dict(kw, reward_funcs=[kw["reward_funcs"]] * 2,
+               args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
+                               per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
+                               dataloader_num_workers=0, multi_objective_aggregation="normalize_then_sum"))
+    with pytest.raises(ValueError, match="multi_objective_aggregation='normalize_then_sum'"):
+        RlpaceGRPOTrainer(**two, scheduler=Scheduler(pool, "self_certainty"))
+    RlpaceGRPOTrainer(**two, scheduler=Scheduler(pool, "uniform"))                 # no reward place: fine
 
 
 V1_SCRIPT = textwrap.dedent('''
@@ -897,3 +905,169 @@ def test_ttrl_in_trl_votes_on_groups_gathered_across_ranks(trl_parts, tmp_path):
                 assert calls[1][3] == [t if t is not None else "1" for t in local_t[3 * rank:3 * rank + 3]]
                 n_rescored += 1
     assert n_rescored > 0
+
+
+PM_REWARD_FILE = textwrap.dedent('''
+    import re
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
+        found = re.findall(r"<answer>(.*?)</answer>", solution_str)
+        ok = bool(found) and found[-1].strip() == str(ground_truth).strip()
+        return {"score": 1.0 if ok else -1.0, "acc": float(ok), "pred": found[-1].strip() if found else ""}
+''')
+
+
+def v1_supervise(verl_env, monkeypatch, answers: dict, labels: dict, labeled: dict, reward_file: str):
+    """`RlpaceReplayBuffer._supervise` on finished groups held by a stand-in TransferQueue (the
+    real one: test_ttrl_on_verl_v1_replay_buffer_over_real_transfer_queue). Keys
+    `u<id>_<session>_0` sorted as strings, as `_dapo_filtered_keys` hands them over; the rows'
+    rewards are the streaming `acc` against the parquet label. Returns (rows out, [(key,
+    rm_scores written)], the Scheduler)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    import rlpace.adapters.verl as rv
+    from rlpace.adapters import _verl_v1
+    from rlpace.adapters._convert import Rows
+    tok, root = verl_env
+    (root / reward_file).write_text(PM_REWARD_FILE)
+    keys = sorted(f"u{i}_{s}_0" for i in answers for s in range(len(answers[i])))
+    ans = {k: answers[int(k[1:4])][int(k.split("_")[1])] for k in keys}
+    ids = {k: tok.encode("so" if ans[k] is None else f"so <answer>{ans[k]}</answer>") for k in keys}
+    puts = []
+
+    class FakeTQ:
+        def kv_batch_get(self, keys, partition_id, select_fields):
+            idx = [int(k[1:4]) for k in keys]
+            return {"responses": [torch.tensor(ids[k]) for k in keys],
+                    "reward_model": [{"style": "rule", "ground_truth": labels[i]} for i in idx],
+                    "data_source": ["math"] * len(keys), "extra_info": [{"index": i} for i in idx]}
+
+        def kv_batch_put(self, keys, partition_id, fields):
+            puts.extend((k, t.tolist()) for k, t in zip(keys, fields["rm_scores"].unbind()))
+    monkeypatch.setattr(_verl_v1._rb, "tq", FakeTQ())
+    pids = sorted(answers)
+    sched = Scheduler(Pool(["math"] * len(pids), ids=pids, labeled=[labeled[i] for i in pids]), "ttrl")
+    monkeypatch.setitem(rv._SHARED, "train", rv.VerlFeedback(sched, reward_key="acc"))
+
+    class Trainer:
+        config = OmegaConf.create({"reward": {"reward_manager": {"source": "register", "name": "naive"},
+                                              "custom_reward_function": {"path": str(root / reward_file),
+                                                                         "name": "compute_score"},
+                                              "sandbox_fusion": None}})
+        tokenizer = tok
+    buf = object.__new__(_verl_v1.RlpaceReplayBuffer)
+    buf._rlpace_trainer, buf.rlpace_answer_extractor = Trainer(), extract_answer
+    buf.partitions = {"train": dict.fromkeys(keys)}
+    streaming_acc = np.array([float(ans[k] == labels[int(k[1:4])]) for k in keys])
+    rows = Rows(np.array([k.split("_")[0] for k in keys], dtype=object), np.array([int(k[1:4]) for k in keys]),
+                streaming_acc)
+    return keys, buf._supervise("train", keys, rows, step=0), puts, sched, ids
+
+
+def test_v1_rescored_rows_train_on_the_reward_managers_score_not_on_acc(verl_env, monkeypatch):
+    """verl V1: with a reward function whose score (±1, as verl's math_dapo) differs from its
+    `acc` (0/1), re-verified rollouts get the reward manager's *score* in `rm_scores` (what
+    verl trains on) while the Scheduler observes `acc`; rollouts of a labelled prompt are not
+    rewritten. Unlabelled 101 (parquet label "7", hidden): answers 7, 3, 3 → TTRL target "3"
+    → score −1, +1, +1 (acc 0, 1, 1); labelled 100 keeps its streaming score."""
+    keys, out, puts, _, ids = v1_supervise(verl_env, monkeypatch, {100: ["1", "2", "1"], 101: ["7", "3", "3"]},
+                                           {100: "1", 101: "7"}, {100: True, 101: False}, "reward_pm.py")
+    np.testing.assert_array_equal(out.rewards, [1, 0, 1, 0, 1, 1])                 # acc: observed
+    assert [k for k, _ in puts] == ["u101_0_0", "u101_1_0", "u101_2_0"]             # only re-verified rows
+    for (k, sc), want in zip(puts, [-1.0, 1.0, 1.0]):                               # the manager's score
+        assert sc[-1] == want and sum(sc) == want and len(sc) == len(ids[k])
+
+
+def test_v1_votes_in_session_order_past_ten_rollouts(verl_env, monkeypatch):
+    """verl V1 with G = 12: keys sort as strings (`u101_10_0` before `u101_2_0`), but TTRL's
+    first-seen tie rule reads the rollouts in session order: session 2 says "b", session 10
+    says "a", the others nothing — target "b" (string order would give "a")."""
+    group = [None] * 12
+    group[2], group[10] = "b", "a"
+    keys, out, puts, sched, _ = v1_supervise(verl_env, monkeypatch, {101: group}, {101: "z"}, {101: False},
+                                             "reward_pm.py")
+    assert keys.index("u101_10_0") < keys.index("u101_2_0")
+    got = dict(zip(keys, out.rewards))
+    assert got["u101_2_0"] == 1.0 and got["u101_10_0"] == 0.0 and sum(out.rewards) == 1.0
+    assert dict(puts)["u101_2_0"][-1] == 1.0 and dict(puts)["u101_10_0"][-1] == -1.0
+    assert [a for a in out.answers] == [group[int(k.split("_")[1])] for k in keys]
+
+
+def test_reward_place_leaves_the_groups_it_does_not_change_on_verls_score(verl_env):
+    """Legacy trainer, `entropy_min` with a reward function whose score (±1) differs from its
+    `acc` (0/1): the reward place replaces the unlabelled groups' scores by −mean H and leaves
+    the labelled groups (which it does not change) on verl's ±1 score — not on `acc`, which
+    would put one batch's groups on two scales. Entropy of row r at token t: 0.1·g + 0.01·t."""
+    import torch
+    tok, root = verl_env
+    (root / "reward_pm.py").write_text(PM_REWARD_FILE)
+
+    def entropys(batch):
+        g = torch.as_tensor(batch.non_tensor_batch["test_g"].astype(np.float64))
+        t = torch.arange(batch.batch["responses"].shape[1], dtype=torch.float64)
+        return (0.1 * g[:, None] + 0.01 * t[None, :]).float()
+
+    out = run_verl(verl_env, steps=1, policy="entropy_min", entropys=entropys, reward_file="reward_pm.py")
+    log = out["log"][0]
+    want, acc = [], []
+    for i, g, L in zip(log["ids"], log["g"], log["mask"].sum(-1)):
+        p = i - 100
+        ok = answer_text(p, g, 0) == str(p + 1)
+        acc.append(float(ok) if p % 2 == 0 else None)
+        want.append((1.0 if ok else -1.0) if p % 2 == 0 else -np.mean([0.1 * g + 0.01 * t for t in range(int(L))]))
+    assert any(a == 0.0 for a in acc)                       # a labelled row where ±1 and acc differ
+    np.testing.assert_allclose(log["scores"], want, rtol=1e-5, atol=1e-6)
+    fb = out["observed"][0]                                 # rlpace observes acc on labelled prompts
+    for b, p in enumerate(fb.prompt_ids):
+        q = int(out["sched"].pool.ids[p]) - 100
+        if q % 2 == 0:
+            assert fb.rewards[b].tolist() == [float(answer_text(q, g, 0) == str(q + 1)) for g in range(G)]
+
+
+def graded_weights() -> DataPolicy:
+    """An advantage policy written here: w = (1 + id mod 3)/3 · (g + 1)/G for rollout g (in
+    generation order) of the prompt with stable id `id`, so a weight applied twice, to a
+    different row or to a reordered group shows in the advantages."""
+    from rlpace.policies._base import ADVANTAGE
+
+    def apply(state, pool, batch):
+        ids = np.asarray(pool.ids)[batch.prompt_ids].astype(np.int64)
+        g = batch.rewards.shape[1]
+        return ((1 + ids % 3) / 3.0)[:, None] * ((np.arange(g) + 1) / g)[None, :]
+    return DataPolicy(ADVANTAGE, lambda pool: EmptyState(), lambda s, p, b: s, apply, name="test_graded")
+
+
+def test_verl_advantage_weights_multiply_verls_advantages_once_on_the_right_rows(verl_env):
+    """An advantage place in the legacy trainer: after verl's GRPO advantages (over rows that
+    batch balancing reordered), each row's advantage is multiplied by its own weight exactly once
+    — reference: a GRPO loop over the streaming scores times w(id, g) from the row's recorded
+    rollout number."""
+    out = run_verl(verl_env, steps=2, sched_factory=lambda pool: Scheduler(pool, compose(graded_weights()), seed=1))
+    assert len(out["log"]) == 2
+    for step, log in enumerate(out["log"]):
+        scores = np.array([float(answer_text(i - 100, g, step) == str(i - 100 + 1))
+                           for i, g in zip(log["ids"], log["g"])])
+        np.testing.assert_array_equal(log["scores"], scores)
+        w = np.array([(1 + i % 3) / 3.0 * (g + 1) / G for i, g in zip(log["ids"], log["g"])])
+        assert len(set(np.round(w, 6))) > 4 and log["g"] != sorted(log["g"])
+        np.testing.assert_allclose(log["adv"], (grpo_reference(scores, log["uid"]) * w)[:, None] * log["mask"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_trl_advantage_weights_multiply_trls_advantages_once(trl_parts, tmp_path):
+    """An advantage place in TRL: the advantages TRL hands to the loss are its group-normalised
+    ones, (r − mean)/(std + 1e-4), times w(id, g) of each row, once."""
+    import torch
+    lm, ds = trl_parts
+    g = 4
+    sched = Scheduler(Pool(ds["data_source"], ids=ds["index"]), compose(graded_weights()), seed=2)
+    out = run_trl(lm, ds, tmp_path, sched, g=g, steps=2, target_column=None)
+    assert len(out["observed"]) == 2
+    for fb, a in zip(out["observed"], out["adv"]):
+        ids = np.asarray(sched.pool.ids)[fb.prompt_ids].astype(np.int64)
+        w = ((1 + ids % 3) / 3.0)[:, None] * ((np.arange(g) + 1) / g)[None, :]
+        rr = torch.tensor(fb.rewards)
+        base = (rr - rr.mean(1, keepdim=True)) / (rr.std(1, keepdim=True) + 1e-4)
+        torch.testing.assert_close(a.double(), (base * torch.tensor(w)).view(-1), rtol=1e-5, atol=1e-5)
+        assert (base != 0).any()

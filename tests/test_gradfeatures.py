@@ -134,6 +134,80 @@ def test_shared_prefix_mode_covers_completion_positions_of_lm_head():
     np.testing.assert_allclose(feats.numpy(), torch.stack(exact).numpy(), rtol=1e-4, atol=1e-6)
 
 
+def _grouped(n=6, g=3):
+    """Rollouts in groups of g sharing a prompt (the first group's left-padded), a short
+    completion and one with no token at all (its first token is masked)."""
+    ro, adv = _rollouts(n=n)
+    c_mask = ro.completion_mask.clone()
+    c_mask[4] = 0
+    return Rollout(ro.prompt_ids[::g].repeat_interleave(g, 0), ro.prompt_mask[::g].repeat_interleave(g, 0),
+                   ro.completion_ids, c_mask), adv
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_lm_head_features_over_the_shared_prompt_forward_are_exact(temperature):
+    # The shared prompt forward (one head call per group) plus the first token's closed-form
+    # share equals a loop of single-rollout backward() calls over per-row forwards — with a
+    # clipped objective (π_old ≠ π), a temperature, left padding and an empty completion.
+    from rlpace.train.gradfeatures import FirstToken
+    model = _model(tied=False)
+    ro, adv = _grouped()
+    n = len(adv)
+    gf = GradFeatures(model, "lm_head", grad_dim=48, seed=2)
+    for l in gf.layers:
+        l.p_in.data, l.p_out.data = l.p_in.double(), l.p_out.double()
+    with torch.no_grad():
+        old = completion_logprobs(model, ro, temperature, 1)
+    old = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(5), dtype=old.dtype)
+    keep = torch.ones(n, dtype=torch.float64)
+
+    def loss_of(weight, group):
+        logp = completion_logprobs(model, ro, temperature, group_size=group)
+        return logp, policy_loss("grpo", logp, old, adv, ro.completion_mask.double(), keep, weight,
+                                 clip_low=0.2, clip_high=0.2).loss
+
+    with gf.capture():
+        logp, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
+    assert sum(pa.shape[0] == 2 for _, pa, _ in gf._calls) == 1        # the prompt ran once per group
+    feats = gf.features(loss, n, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, temperature))
+    exact = []
+    for i in range(n):
+        model.zero_grad(set_to_none=True)
+        onehot = torch.zeros(n, dtype=torch.float64)
+        onehot[i] = 1.0
+        loss_of(onehot, 1)[1].backward()
+        exact.append(gf.project([model.lm_head.weight.grad]))
+    exact = torch.stack(exact)
+    assert exact[4].abs().max() == 0 and exact.abs().sum() > 0
+    np.testing.assert_allclose(feats.numpy(), exact.numpy(), rtol=1e-4, atol=1e-6)
+    # without the first token's share (the approximate shared_prefix mode) rows with a first
+    # token differ: the term is not negligible
+    with gf.capture():
+        logp, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
+    approx = gf.features(loss, n, shared_prefix=True)
+    assert not np.allclose(approx.numpy(), exact.numpy(), rtol=1e-2, atol=1e-4)
+
+
+def test_first_token_term_refuses_what_it_cannot_make_exact():
+    from rlpace.train.gradfeatures import FirstToken
+    model = _model(tied=False)
+    ro, adv = _grouped()
+    gf = GradFeatures(model, "lm_head", grad_dim=16)
+    with gf.capture():
+        logp = completion_logprobs(model, ro, 1.0, group_size=3)
+        loss = -(logp * adv[:, None]).sum()
+    # logits that are not log softmax(z/τ) of the head output (here: a wrong τ) are refused
+    with pytest.raises(ValueError, match="not the first token's logits"):
+        gf.features(loss, 6, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, 0.5))
+    # inner layers over the shared prompt forward have no closed form: still refused
+    gf = GradFeatures(model, "last_block", grad_dim=16)
+    with gf.capture():
+        logp = completion_logprobs(model, ro, 1.0, group_size=3)
+        loss = -(logp * adv[:, None]).sum()
+    with pytest.raises(ValueError, match="one per rollout"):
+        gf.features(loss, 6, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask))
+
+
 # ---- the channel: Feedback.grads / ref_grad --------------------------------------------------
 def test_feedback_grads_validated_and_stored_float32_readonly():
     g = np.arange(12, dtype=np.float64).reshape(2, 2, 3)
@@ -280,6 +354,31 @@ def test_trainer_shared_prefix_features_run(tmp_path, cache, monkeypatch):
         informative = fb.rewards.std(axis=1) > 0                     # A ≠ 0: a non-zero gradient
         assert fb.grads is not None
         assert ((np.abs(fb.grads).sum(axis=(1, 2)) > 0) == informative).all(), fb.rewards
+
+
+def test_trainer_exact_lm_head_features_use_the_shared_prompt_forward(tmp_path, cache, monkeypatch):
+    # grad_exact (default) with lm_head: no per-row forward any more (exactness: the test above);
+    # last_block keeps one forward of [prompt | completion] per rollout.
+    from rlpace.train import train
+    from rlpace.train.recipes import grpo
+    groups, firsts = [], []
+    real_lp, real_feats = grpo.completion_logprobs, GradFeatures.features
+
+    def completion_logprobs(model, r, temperature=1.0, group_size=1):
+        groups.append(group_size)
+        return real_lp(model, r, temperature, group_size)
+
+    def features(self, loss, n_rows, shared_prefix=False, first_token=None):
+        firsts.append(first_token is not None)
+        return real_feats(self, loss, n_rows, shared_prefix, first_token)
+
+    monkeypatch.setattr(grpo, "completion_logprobs", completion_logprobs)
+    monkeypatch.setattr(GradFeatures, "features", features)
+    train(_cfg(tmp_path / "head", cache, steps=2, policy="diem", grad_reference="none"))
+    assert groups and set(groups) == {4} and firsts == [True, True]
+    groups.clear(), firsts.clear()
+    train(_cfg(tmp_path / "block", cache, steps=2, policy="diem", grad_reference="none", grad_params="last_block"))
+    assert 1 in groups and firsts == [False, False]
 
 
 def test_trainers_read_the_signals_a_policy_declares_not_its_name():

@@ -1,4 +1,5 @@
-"""The headroom suites (issue 10): `ladder` and `mostly_solved` — their generators and
+"""The headroom suites (issue 10): `ladder`, `mostly_solved` (and the earlier
+`sort_ladder`) — their generators and
 verifiers against independent computations, disjoint held-out items, determinism, the
 mistake shares that set the base's starting point — and the trainer-side oracle
 measurement: its rollouts reach the Scheduler as one Feedback over every prompt, are
@@ -8,12 +9,15 @@ import numpy as np
 import pytest
 
 from rlpace.tasks import (DEFAULT_MISTAKES, LADDER_MISTAKES, LADDER_SUITE, MOSTLY_SOLVED_MISTAKES,
-                          MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SUITES, make_taskset, parse_mistakes)
+                          MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SORT_LADDER_MISTAKES, SORT_LADDER_SUITE, SUITES,
+                          make_taskset, parse_mistakes)
 
 
 def _solve(prompt: str) -> str:
-    """Independent solvers for the families the suites use (sort, last, max, sumd)."""
+    """Independent solvers for the families the suites use (rev, sort, last, max, sumd)."""
     tag, rest = prompt[:-1].split(":", 1)
+    if tag == "r":                                   # reversal by index
+        return "".join(rest[len(rest) - 1 - i] for i in range(len(rest)))
     if tag == "s":                                   # counting sort
         return "".join(d * rest.count(d) for d in "0123456789")
     if tag == "l":
@@ -29,27 +33,29 @@ def _solve(prompt: str) -> str:
 
 
 def test_suite_compositions_are_the_documented_ones():
-    assert LADDER_SUITE.split(",") == [f"sort{n}" for n in range(2, 9)]
+    assert LADDER_SUITE.split(",") == [f"rev{n}" for n in range(2, 9)]
+    assert SORT_LADDER_SUITE.split(",") == [f"sort{n}" for n in range(2, 9)]
     assert MOSTLY_SOLVED_SUITE.split(",") == ["last3", "last4", "last5", "max3", "max4", "max5", "max6", "max7",
                                               "last7", "last9", "sumd5", "sumd6", "sumd7"]
     assert SUITES["embedded"] == (SUITES["embedded"][0], DEFAULT_MISTAKES)
     # the ladder's warm-up mistake share rises strictly with the size, from the rung the
     # base solves (0.15) to one it never does (0.995)
-    shares = [LADDER_MISTAKES[f"sort{n}"] for n in range(2, 9)]
+    shares = [LADDER_MISTAKES[f"rev{n}"] for n in range(2, 9)]
     assert shares == [0.15, 0.4, 0.7, 0.9, 0.97, 0.99, 0.995]
+    assert [SORT_LADDER_MISTAKES[f"sort{n}"] for n in range(2, 9)] == shares
     assert set(MOSTLY_SOLVED_MISTAKES) == set(MOSTLY_SOLVED_SUITE.split(","))
     assert [MOSTLY_SOLVED_MISTAKES[d] for d in ("last3", "max7", "last7", "last9", "sumd5", "sumd7")] == \
         [0.05, 0.05, 0.7, 0.9, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("name", ["ladder", "mostly_solved"])
+@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "sort_ladder"])
 def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
     ts = make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=1)
     names = SUITES[name][0].split(",")
     assert sorted(ts.domains) == sorted(names) and ts.name == "embedded:" + SUITES[name][0]
     for it in ts.train + ts.heldout:
         assert it.answer == _solve(it.prompt), it
-        assert it.difficulty == float(it.domain.lstrip("lastmxudor"))     # difficulty = the size
+        assert it.difficulty == float(it.domain.lstrip("abcdefghijklmnopqrstuvwxyz"))   # difficulty = the size
     for d in names:
         tr = [it.prompt for it in ts.train if it.domain == d]
         he = [it.prompt for it in ts.heldout if it.domain == d]
@@ -59,7 +65,7 @@ def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
     assert make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=2).train != ts.train
 
 
-@pytest.mark.parametrize("name", ["ladder", "mostly_solved"])
+@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "sort_ladder"])
 def test_named_suite_verifier_right_wrong_malformed(name):
     ts = make_taskset(name, train_per_domain=5, heldout_per_domain=2, seed=0)
     items = list(ts.train)
@@ -77,8 +83,9 @@ def test_default_mistakes_follow_the_task_set():
     assert parse_mistakes("default", "ladder") == LADDER_MISTAKES
     assert parse_mistakes("default", " mostly_solved ") == MOSTLY_SOLVED_MISTAKES
     assert parse_mistakes("none", "ladder") == {} and parse_mistakes("last4=0.5", "ladder") == {"last4": 0.5}
-    parse_mistakes("default", "ladder")["sort2"] = 0.9          # a copy: the table is not changed
-    assert LADDER_MISTAKES["sort2"] == 0.15
+    assert parse_mistakes("default", "sort_ladder") == SORT_LADDER_MISTAKES
+    parse_mistakes("default", "ladder")["rev2"] = 0.9           # a copy: the table is not changed
+    assert LADDER_MISTAKES["rev2"] == 0.15
 
 
 def test_mostly_solved_shares_of_the_training_pool():

@@ -274,14 +274,19 @@ def test_self_certainty_rewards_unlabelled_rollouts_by_their_certainty(tmp_path,
     train(cfg)
     tasks = make_taskset(cfg.tasks, train_per_domain=16, heldout_per_domain=8, seed=0)
     lab = make_labels(tasks.train, 0.5, 0.0, 0)
+    seen = {True: 0, False: 0}
+    assert len(observed) == 2
     for fb, grp in zip(observed, sampled):
         assert grp.self_certainty is not None and fb.self_certainty is not None
         for i, p in enumerate(fb.prompt_ids):
+            seen[bool(lab.labeled[p])] += 1
             if lab.labeled[p]:
                 texts = grp.texts[i * 4:(i + 1) * 4]
                 assert fb.rewards[i].tolist() == [1.0 if t.strip() == tasks.train[p].answer else 0.0 for t in texts]
             else:
                 assert fb.rewards[i].tolist() == pytest.approx(grp.self_certainty[i].tolist(), abs=1e-12)
+                assert (grp.self_certainty[i] > 0).all()          # a reward, not the placeholder 0
+    assert seen[True] > 0 and seen[False] > 0               # both branches ran
 
 
 def test_ttrl_resume_is_exact(tmp_path, cache):

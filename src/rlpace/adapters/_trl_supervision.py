@@ -57,6 +57,16 @@ class TrlSupervision:
             raise ValueError(f"method {sched.name!r} sets targets (target place {target.name!r}) that TRL's reward "
                              f"functions must verify against: pass target_column='solution', the dataset column "
                              f"your reward functions read the label from.")
+        reward = getattr(sched.method, "reward", None)
+        if (reward is not None and not _is_default(reward) and len(self.reward_funcs) > 1
+                and getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize"):
+            # the reward place returns one reward per rollout, r' = place(Σ_k w_k r_k): it has no
+            # per-function parts for normalize_then_sum to normalise separately
+            raise ValueError(f"method {sched.name!r} has a reward place ({reward.name!r}), which replaces the "
+                             f"weighted sum of your {len(self.reward_funcs)} reward functions by one reward; "
+                             f"multi_objective_aggregation='{self.multi_objective_aggregation}' would normalise "
+                             f"each function on its own. Set GRPOConfig(multi_objective_aggregation="
+                             f"'sum_then_normalize') or pass one reward function.")
         self._rlpace_sup, self._rlpace_gen, self.rlpace_targets_used = {}, None, []
 
     def _generate(self, prompts):

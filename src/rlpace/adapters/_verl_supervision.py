@@ -20,9 +20,10 @@ module-level name after rollout and batch balancing): `supervise_batch` runs the
    prompt without a target score 0 (not verified). `rm_scores` (score at the last valid
    token, verl's `assemble_rm_scores` convention) and the `reward_extra_info` columns are
    overwritten in place, so the `reward_tensor` verl extracts next sees them;
-4. `sched.rewards(fb)`: when it changes the rewards, the transformed reward replaces the
-   sequence score (last valid token) and the `reward_key` column. A reward place that
-   reads token entropy is applied after the old-log-prob pass instead (`apply_deferred`),
+4. `sched.rewards(fb)` (on the `reward_key` column, else the sequence score): in each group
+   it changes, the transformed reward replaces the sequence score (last valid token); the
+   `reward_key` column keeps the verifier's value, and rlpace observes `rlpace_reward`. A
+   reward place that reads token entropy is applied after the old-log-prob pass instead (`apply_deferred`),
    where verl computes per-token entropies (then popped by `fit`).
 
 The answers (`rlpace_answer`), targets (`rlpace_target`), token statistics
@@ -176,12 +177,13 @@ def _apply_rewards(bridge, batch, step: int, valid: np.ndarray, **signals) -> No
     for fb, idx in _feedbacks(sched, batch, r, step, answers=nt[ANSWER], **signals):
         new = np.asarray(sched.rewards(fb), dtype=np.float64)
         out[idx] = new
-        if np.array_equal(new, fb.rewards):
-            continue
-        for (b, g), v in np.ndenumerate(new):
-            i = int(idx[b, g])
-            rm[i].zero_()
-            rm[i, max(int(valid[i]) - 1, 0)] = v
+        # only the groups the place changed: the others keep verl's score (its scale may
+        # differ from the observed reward_key: math_dapo's score ±1 beside acc 0/1)
+        for b in np.flatnonzero((new != fb.rewards).any(axis=1)):
+            for g, v in enumerate(new[b]):
+                i = int(idx[b, g])
+                rm[i].zero_()
+                rm[i, max(int(valid[i]) - 1, 0)] = v
     nt[REWARD] = out
 
 

@@ -142,9 +142,11 @@ class _RlpaceAdmission:
         """The supervision transforms on finished groups, before they are observed: answers
         from the decoded responses, `Scheduler.targets`, re-verification of the rollouts of
         prompts with a target by verl's reward manager (fresh `reward_model` dict per rollout),
-        `Scheduler.rewards`; changed rewards are written to TransferQueue's `rm_scores` (the
-        score on the last response token, as the agent loop writes it), which verl's
-        `_compute_advantage` reads. Returns the rows with the final rewards and the answers."""
+        `Scheduler.rewards`. TransferQueue's `rm_scores` (the score on the last response token,
+        as the agent loop writes it), which verl's `_compute_advantage` reads, is rewritten for
+        re-verified rollouts (the manager's `reward_score`), unverified ones (0) and the groups
+        the reward place changes (its output). Returns the rows with the rewards rlpace
+        observes (`reward_key`, then the reward place) and the answers."""
         import torch
         from tensordict import TensorDict
 
@@ -174,6 +176,11 @@ class _RlpaceAdmission:
             target[hit] = t[hit]
             zero |= z
         rewards = np.array(rows.rewards, dtype=np.float64)
+        # the score verl trains on (rm_scores), where it changes: the reward manager's
+        # `reward_score` for a re-verified rollout (which may differ from the observed
+        # `reward_key`, e.g. math_dapo's score ±1 beside acc 0/1), 0 for an unverified one,
+        # the reward place's output for a group it changes
+        scores = np.full(n, np.nan)
         rescored = np.flatnonzero(target != None)  # noqa: E711
         if rescored.size:
             from verl import DataProto
@@ -196,16 +203,20 @@ class _RlpaceAdmission:
                 info = res.get("reward_extra_info", {})
                 key = self.rlpace.reward_key
                 rewards[i] = float(info[key]) if key and key in info else float(res["reward_score"])
-        rewards[zero] = 0.0
+                scores[i] = float(res["reward_score"])
+        rewards[zero] = scores[zero] = 0.0
         out = rewards.copy()
         for fb, idx in feedbacks_from_rows(sched.pool, rows._replace(rewards=rewards), step=step):
-            out[idx] = np.asarray(sched.rewards(fb), dtype=np.float64)
-        changed = np.flatnonzero(out != np.asarray(rows.rewards, dtype=np.float64))
+            new = np.asarray(sched.rewards(fb), dtype=np.float64)
+            out[idx] = new
+            moved = (new != fb.rewards).any(axis=1)              # groups the reward place changed
+            scores[idx[moved]] = new[moved]
+        changed = np.flatnonzero(~np.isnan(scores))
         if changed.size:
-            scores = [torch.zeros(len(responses[i]), dtype=torch.float32) for i in changed]
-            for sc, i in zip(scores, changed):
-                sc[-1] = float(out[i])
-            nested = torch.nested.as_nested_tensor(scores, layout=torch.jagged)
+            rm = [torch.zeros(len(responses[i]), dtype=torch.float32) for i in changed]
+            for sc, i in zip(rm, changed):
+                sc[-1] = float(scores[i])
+            nested = torch.nested.as_nested_tensor(rm, layout=torch.jagged)
             _rb.tq.kv_batch_put(keys=[keys[i] for i in changed], partition_id=partition_id,
                                 fields=TensorDict({"rm_scores": nested}, batch_size=len(changed)))
         return rows._replace(rewards=out)

@@ -31,11 +31,13 @@ from ._mopps import mopps
 
 
 def recommended(temperature: float = 0.1, c: float = 1.0, window: int = 300, floor: float = 0.0,
-                ratio: int = 16, target: float = 0.5, decay: float = 1.0) -> Method:
+                ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_strength: float = 0.0) -> Method:
     """DUMP's domain mixture with MoPPS's boundary-prompt selection inside each domain.
 
     docs/methods/recommended.md. Args are DUMP's (`temperature`, `c`, `window`, `floor`:
-    see `dump_ucb`) and MoPPS's (`ratio`, `target`, `decay`: see `mopps`), validated by them.
+    see `dump_ucb`) and MoPPS's (`ratio`, `target`, `decay`, `prior_strength`: the weight of
+    the pass-rate predictor's prior for prompts not yet seen, which needs `Pool.features`;
+    0 = off; see `mopps`), validated by them.
 
     >>> from rlpace import Pool, Scheduler
     >>> s = Scheduler(Pool(["a"] * 8 + ["b"] * 8), "recommended", seed=0)
@@ -43,4 +45,5 @@ def recommended(temperature: float = 0.1, c: float = 1.0, window: int = 300, flo
     ((4,), 'recommended')
     """
     return compose(dump_ucb(temperature=temperature, c=c, window=window, floor=floor),
-                   mopps(ratio=ratio, target=target, decay=decay), name="recommended")
+                   mopps(ratio=ratio, target=target, decay=decay, prior_strength=prior_strength),
+                   name="recommended")

@@ -2,9 +2,10 @@
 
 * `embedded_suite` — procedural arithmetic and string tasks for a tiny CPU model
   (12 distributions by default, from near-certain to near-impossible for the base).
-  Two named suites with *headroom* for data scheduling (issue 10): `ladder` (one family
-  at seven sizes, learned in order) and `mostly_solved` (62% solved, 23% unlearnable, a
-  learnable minority); see `SUITES`.
+  Two named suites with *headroom* for data scheduling (issue 10): `ladder` (string
+  reversal at seven lengths, unlocked one after another) and `mostly_solved` (62% solved,
+  23% unlearnable, a learnable minority); `sort_ladder` is the earlier ladder without
+  headroom; see `SUITES`.
 * `reasoning_gym_suite`, `knights_knaves_suite` — reasoning-gym datasets as distributions,
   graded by their own `score_answer` (DUMP's Knights-and-Knaves 3…14 setup).
 * `math_score` — math-verify grading for math answers.
@@ -20,7 +21,8 @@ difficulty = its size or level, ids = `Item.index`).
 """
 
 from ._embedded import (DEFAULT_MISTAKES, DEFAULT_SUITE, FAMILIES, LADDER_MISTAKES, LADDER_SUITE,
-                        MOSTLY_SOLVED_MISTAKES, MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SUITES, embedded_suite,
+                        MOSTLY_SOLVED_MISTAKES, MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SORT_LADDER_MISTAKES,
+                        SORT_LADDER_SUITE, SUITES, embedded_suite,
                         parse_distribution, parse_mistakes, sample_items)
 from ._parquet import read_parquet, read_taskset, rows_to_items, items_to_rows, write_parquet, write_taskset
 from ._rg import knights_knaves_specs, knights_knaves_suite, reasoning_gym_suite, rg_score, rg_spec
@@ -33,7 +35,8 @@ from ._verify import exact_score, extract_tagged, math_equal, math_score
 __all__ = [
     "Item", "TaskSet", "make_taskset", "SPEC_HELP", "prompt_features", "grid_taskset",
     "embedded_suite", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "FAMILIES", "parse_distribution",
-    "parse_mistakes", "sample_items", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "MOSTLY_SOLVED_SUITE",
+    "parse_mistakes", "sample_items", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "SORT_LADDER_SUITE",
+    "SORT_LADDER_MISTAKES", "MOSTLY_SOLVED_SUITE",
     "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES",
     "reasoning_gym_suite", "knights_knaves_suite", "knights_knaves_specs", "rg_spec", "rg_score",
     "exact_score", "math_score", "math_equal", "extract_tagged",

@@ -53,7 +53,8 @@ from ._types import Item, TaskSet
 from ._verify import exact_score
 
 __all__ = ["FAMILIES", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "embedded_suite", "parse_distribution",
-           "sample_items", "parse_mistakes", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES",
+           "sample_items", "parse_mistakes", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "SORT_LADDER_SUITE",
+           "SORT_LADDER_MISTAKES",
            "MOSTLY_SOLVED_SUITE", "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES"]
 
 LETTERS = "abcdefghij"
@@ -160,20 +161,28 @@ DEFAULT_MISTAKES = {"max3": 0.5, "max4": 0.75, "max5": 0.97,
 # tiny base the intended starting point (`SUITES[name][1]`, used when warmup_mistakes is
 # 'default'). Figures: docs/methods/oracle.md and the report of `benchmarks/headroom.py`.
 
-#: Curriculum ladder: one family (`sort`, ascending; the mistake is descending) at seven
-#: sizes whose warm-up mistake share rises steeply with the size, so the base sorts 2 digits,
-#: 3 often, 4 rarely and 5–8 never (greedy ≈ 0). RL on size n strengthens the shared
-#: ascending rule, which is what lifts size n + 1 off zero: with uniform the sizes are
-#: learned in order and the largest (7, 8) only late in a 100-step budget — the structure
-#: of DUMP's Knights-and-Knaves 3…14 people (arXiv 2504.09710). Measured (seeds 0–2, B=16,
-#: G=8, 100 steps): uniform reaches 90% of its final gain at step 86 / 63 / 54, but the
-#: oracle (`oracle_boundary`) needs 0.53 / 1.31 / 0.85× uniform's rollouts to 80% of that
-#: gain — little headroom: sizes 3–6 are learned in a burst in the first ~20 steps under
-#: any schedule, and the slow rungs (7, 8) carry too little of the mean. One-token `last`
-#: ladders (sizes 2…10, several ramps) showed even less (0.85–0.93×).
-LADDER_SUITE = "sort2,sort3,sort4,sort5,sort6,sort7,sort8"
-LADDER_MISTAKES = {"sort2": 0.15, "sort3": 0.4, "sort4": 0.7, "sort5": 0.9, "sort6": 0.97,
-                   "sort7": 0.99, "sort8": 0.995}
+#: Curriculum ladder: one family (`rev`, reverse a string; the mistake is a copy) at seven
+#: lengths whose warm-up mistake share rises steeply with the length, so the base reverses 2
+#: letters, 3 often, 4 rarely and 5–8 never (greedy ≈ 0). Reversing is learned per length
+#: (each output position maps to its own input position), so RL on length n only partly
+#: transfers to n + 1: with uniform the rungs unlock one after another over the whole budget
+#: (rev4 by step ~20, rev5 by ~40–100, rev6 late, rev7–8 not within 100 steps) — the
+#: structure of DUMP's Knights-and-Knaves 3…14 people (arXiv 2504.09710). Measured (8 seeds,
+#: B=16, G=8, 100 steps; `benchmarks/headroom.py --suites ladder`): uniform 0.229 → 0.429,
+#: still improving at the end; `oracle_boundary` reaches 80 % of that gain with 0.35× [0.24,
+#: 0.54] uniform's rollouts, `recommended` 0.40× [0.27, 0.61] (92 % of the oracle's saving).
+LADDER_SUITE = "rev2,rev3,rev4,rev5,rev6,rev7,rev8"
+LADDER_MISTAKES = {"rev2": 0.15, "rev3": 0.4, "rev4": 0.7, "rev5": 0.9, "rev6": 0.97,
+                   "rev7": 0.99, "rev8": 0.995}
+
+#: The previous `ladder` (kept as `sort_ladder` so that its figures can be reproduced): the
+#: same ramp over `sort` (ascending; the mistake is descending). One shared rule (ascending
+#: order) lifts sizes 3–6 in a burst within the first ~20 steps under any schedule, so it has
+#: no measurable headroom: `oracle_boundary` 0.89× [0.73, 1.09] (8 seeds; 0.81× with the
+#: sharper oracle, 4 seeds). One-token `last` ladders showed even less (0.85–0.93×).
+SORT_LADDER_SUITE = "sort2,sort3,sort4,sort5,sort6,sort7,sort8"
+SORT_LADDER_MISTAKES = {"sort2": 0.15, "sort3": 0.4, "sort4": 0.7, "sort5": 0.9, "sort6": 0.97,
+                        "sort7": 0.99, "sort8": 0.995}
 
 #: Mostly solved / mostly unsolvable: 8 of 13 distributions (62% of the prompts) the base
 #: solves (greedy ≈ 1; mistake share 0.05, so it samples a wrong answer now and then and RL
@@ -196,7 +205,8 @@ MOSTLY_SOLVED_MISTAKES = {**{d: 0.05 for d in MOSTLY_SOLVED_ROLES["solved"]},
 #: Named embedded suites: name -> (distributions, default warm-up mistake shares).
 SUITES = {"embedded": (DEFAULT_SUITE, DEFAULT_MISTAKES),
           "ladder": (LADDER_SUITE, LADDER_MISTAKES),
-          "mostly_solved": (MOSTLY_SOLVED_SUITE, MOSTLY_SOLVED_MISTAKES)}
+          "mostly_solved": (MOSTLY_SOLVED_SUITE, MOSTLY_SOLVED_MISTAKES),
+          "sort_ladder": (SORT_LADDER_SUITE, SORT_LADDER_MISTAKES)}
 
 _NAME = re.compile(r"^([a-z]+)(\d+)$")
 
@@ -221,7 +231,7 @@ def parse_mistakes(spec: str, tasks: str = "embedded") -> dict[str, float]:
 
     >>> parse_mistakes("max3=0.5, last4=0.7")
     {'max3': 0.5, 'last4': 0.7}
-    >>> parse_mistakes("default", "ladder")["sort8"]
+    >>> parse_mistakes("default", "ladder")["rev8"]
     0.995
     """
     text = spec.strip()

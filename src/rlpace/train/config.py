@@ -59,9 +59,11 @@ class TrainConfig:
     grad_params: str = _f("lm_head", "parameters the features cover: lm_head | last_block | all (nn.Linear "
                                      "layers; projected per layer by a seeded Kronecker sketch, arXiv 2405.13954)")
     grad_dim: int = _f(256, "upper bound on the feature dimension d (Σ per layer k_out·k_in)")
-    grad_exact: bool = _f(True, "exact features: one forward of [prompt | completion] per rollout; false = the "
-                                "shared-prompt forward, features from completion positions only (cheaper, "
-                                "approximate: prompt positions and lm_head's first completion token left out)")
+    grad_exact: bool = _f(True, "exact features: lm_head over the shared-prompt forward, the first completion "
+                                "token's share added in closed form (about the plain step's cost); last_block / "
+                                "all: one forward of [prompt | completion] per rollout; false = the shared-prompt "
+                                "forward, features from completion positions only (approximate: prompt positions "
+                                "and lm_head's first completion token left out)")
     grad_reference: str = _f("heldout", "Feedback.ref_grad: heldout (gradient of the NLL of held-out reference "
                                         "answers, every grad_ref_every steps) | previous (the previous step's batch "
                                         "gradient) | none")
@@ -69,7 +71,8 @@ class TrainConfig:
     # ---- tasks
     tasks: str = _f("embedded", "task set: 'embedded', 'ladder', 'mostly_solved', 'embedded:add2,rev5,...', "
                                 "'generated:<family>' (an epiplexity-guided generator over the family's sizes), "
-                                "'knights_knaves', "
+                                "'grid:<family>' or 'grid:rg:NAME:FIELD=v1,v2,...[;k=v]' (a parameter grid for "
+                                "criticality_grid: fresh items of the proposed cells), 'knights_knaves', "
                                 "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet")
     train_per_domain: int = _f(256, "training prompts per distribution (the Scheduler's pool)")
     heldout_per_domain: int = _f(64, "held-out prompts per distribution (greedy evaluation)")

@@ -187,14 +187,21 @@ class GradFeatures:
             for h in handles:
                 h.remove()
 
-    def features(self, loss: torch.Tensor, n_rows: int, shared_prefix: bool = False) -> torch.Tensor:
+    def features(self, loss: torch.Tensor, n_rows: int, shared_prefix: bool = False,
+                 first_token: FirstToken | None = None) -> torch.Tensor:
         """float32[n_rows, dim] projected gradient of each row's part of `loss` (captured).
 
         Runs `torch.autograd.grad(loss, outputs, retain_graph=True)`: the graph stays for the
         caller's (weighted) backward. ValueError when nothing was captured or a hooked call
         did not see one row per rollout — unless `shared_prefix`, which skips such calls
-        (completion positions only; see the module docstring).
+        (completion positions only; see the module docstring), or the call is lm_head's over
+        a shared prompt forward and `first_token` is given: its exact per-row share is then
+        added in closed form (module docstring).
         """
+        shared = []                                        # lm_head calls over shared prompt rows
+        if first_token is not None and self.head is not None:
+            shared = [c for c in self._calls if c[0] == self.head and c[1].shape[0] != n_rows]
+            self._calls = [c for c in self._calls if not (c[0] == self.head and c[1].shape[0] != n_rows)]
         if shared_prefix:
             self._calls = [c for c in self._calls if c[1].shape[0] == n_rows]
         if not self._calls:
@@ -205,7 +212,7 @@ class GradFeatures:
                 raise ValueError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
                                  f"rows, not one per rollout ({n_rows}); forward [prompt | completion] "
                                  f"per row (group_size=1), not the shared-prefix path.")
-        outs = [y for _, _, y in self._calls]
+        outs = [y for _, _, y in self._calls] + ([first_token.logp] if shared else [])
         grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
         feats = [torch.zeros(n_rows, l.p_out.shape[0], l.p_in.shape[0], device=l.p_in.device)
                  for l in self.layers]
@@ -217,8 +224,37 @@ class GradFeatures:
                 feats[idx] += pb[:, :, None] * pa[:, None, :]
             else:
                 feats[idx] += torch.einsum("ntk,ntl->nkl", pb, pa)     # Σ_t (P_out b_t)(P_in a_t)ᵀ
+        for idx, pa, y in shared:
+            feats[idx] += self._first_token_term(idx, pa, y, grads[-1], first_token, n_rows)
         self._calls = []
         return torch.cat([f.reshape(n_rows, -1) for f in feats], dim=1).float()
+
+    def _first_token_term(self, idx: int, pa: torch.Tensor, y: torch.Tensor, g_logp, ft: FirstToken,
+                          n_rows: int) -> torch.Tensor:
+        """[n_rows, k_o, k_i] each rollout's share of lm_head's call over the shared prompt rows:
+        (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h (module docstring)."""
+        rows = pa.shape[0]
+        if y.dim() != 3 or n_rows % rows:
+            raise ValueError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
+                             f"{n_rows} rollouts' shared prompts; forward [prompt | completion] per row.")
+        g, tau = n_rows // rows, float(ft.temperature)
+        p_out = self.layers[idx].p_out                                          # [k_o, V]
+        logq = torch.log_softmax(y.detach()[:, -1, :].float() / tau, dim=-1)    # [b, V] as completion_logprobs
+        y0 = ft.completion_ids[:, 0].long()
+        m0 = ft.completion_mask[:, 0] != 0                                      # [N] has a first token
+        ell = logq.repeat_interleave(g, 0).gather(1, y0[:, None]).squeeze(1)    # [N] ℓ_i recomputed
+        if not torch.allclose(ell[m0], ft.logp.detach()[:, 0].float()[m0], rtol=1e-4, atol=1e-4):
+            raise ValueError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
+                             "(the model scales or soft-caps logits after the head); forward [prompt | "
+                             "completion] per row (group_size=1) for exact features, or in the trainer set "
+                             "grad_exact=false (approximate).")
+        if g_logp is None:
+            return torch.zeros(n_rows, p_out.shape[0], pa.shape[-1], dtype=pa.dtype, device=pa.device)
+        coef = (g_logp.detach()[:, 0] * m0).to(p_out.dtype) / tau              # [N] ∂L/∂ℓ_i / τ
+        pq = (logq.exp().to(p_out.dtype) @ p_out.T).repeat_interleave(g, 0)    # [N, k_o] P_out softmax
+        pb = coef[:, None] * (p_out.T[y0] - pq)                                 # [N, k_o] P_out b_i
+        ph = pa[:, -1, :].repeat_interleave(g, 0)                              # [N, k_i] P_in h
+        return pb[:, :, None].to(pa.dtype) * ph[:, None, :]
 
     def project(self, weight_grads: list[torch.Tensor]) -> torch.Tensor:
         """float32[dim] the feature of full weight gradients (one per hooked layer, in order):

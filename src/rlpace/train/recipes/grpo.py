@@ -47,7 +47,7 @@ from ..checkpoint import (check_resumable, load_checkpoint, restore_domain_token
                           save_checkpoint)
 from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
-from ..gradfeatures import GradFeatures, heldout_reference, needs_grad_features, split_with_grads
+from ..gradfeatures import FirstToken, GradFeatures, heldout_reference, needs_grad_features, split_with_grads
 from ..logging import StepLogger
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
@@ -363,18 +363,25 @@ def train(cfg: TrainConfig) -> dict:
                           if ref is not None else None)
             pre = None
             if gf is not None:
-                # Features (issue 11): one forward of [prompt | completion] per rollout, the unit-
-                # weight loss's per-rollout gradient features, then weights; the graph is kept and
-                # reused by the first epoch's weighted backward (rlpace.train.gradfeatures).
+                # Features (issue 11): one forward (per-row for exact last_block/all features, else
+                # the shared prompt forward), the unit-weight loss's per-rollout gradient features,
+                # then weights; the graph is kept and reused by the first epoch's weighted backward
+                # (rlpace.train.gradfeatures). Exact lm_head features need no per-row forward: the
+                # first token's share of the shared prompt call is added in closed form (FirstToken).
+                head_exact = cfg.grad_exact and cfg.grad_params == "lm_head"
                 pre, feats = [], []
                 for k, (r, c) in enumerate(zip(batches, chunks)):
-                    with gf.capture():       # grad_exact: one row per rollout in every call
-                        logp = completion_logprobs(model, r, cfg.temperature, 1 if cfg.grad_exact else g)
+                    with gf.capture():       # grad_exact, not lm_head: one row per rollout in every call
+                        logp = completion_logprobs(model, r, cfg.temperature,
+                                                   g if head_exact or not cfg.grad_exact else 1)
                         lo = policy_loss(cfg.objective, logp, old[k] if old else logp.detach(), adv_t[c],
                                          r.completion_mask, keep_t[c], clip_low=clip_low, clip_high=clip_high,
                                          max_tokens=cfg.max_new_tokens)
                     share = aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) / total_units
-                    feats.append(gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact))  # [n, d]
+                    first = (FirstToken(logp, r.completion_ids, r.completion_mask, cfg.temperature)
+                             if head_exact else None)
+                    feats.append(gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact,
+                                             first_token=first))                             # [n, d]
                     pre.append(logp)
                 grads_np = torch.cat(feats).cpu().numpy().reshape(taken, g, gf.dim)         # [Bt, G, d]
                 fb_t = Feedback(fb_t.prompt_ids, fb_t.rewards, fb_t.advantages, step, lengths=fb_t.lengths,
