@@ -216,6 +216,17 @@ def markdown(rows: list[dict], fraction: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def _policy_map(ap, flag: str, text: str, what: str) -> dict:
+    """A --flag's JSON object mapping policy names (or labels) to JSON objects; argparse error otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        ap.error(f"{flag} must be a JSON object ({e})")
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        ap.error(f"{flag} must map policy names to {what}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suites", default=",".join(SIM_SUITES),
@@ -256,18 +267,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/bench/headroom")
     args = ap.parse_args(argv)
     args.oracles = [o for o in args.oracles.split(",") if o]
-    try:
-        args.policy_kwargs = json.loads(args.policy_kwargs)
-    except json.JSONDecodeError as e:
-        ap.error(f"--policy-kwargs must be a JSON object ({e})")
-    if not isinstance(args.policy_kwargs, dict) or not all(isinstance(v, dict) for v in args.policy_kwargs.values()):
-        ap.error("--policy-kwargs must map policy names to JSON objects, e.g. '{\"mopps\": {\"prior_strength\": 8}}'")
-    try:
-        args.train_overrides = json.loads(args.train_overrides)
-    except json.JSONDecodeError as e:
-        ap.error(f"--train-overrides must be a JSON object ({e})")
-    if not isinstance(args.train_overrides, dict) or not all(isinstance(v, dict) for v in args.train_overrides.values()):
-        ap.error("--train-overrides must map policy names to JSON objects of TrainConfig fields")
+    args.policy_kwargs = _policy_map(ap, "--policy-kwargs", args.policy_kwargs,
+                                     "JSON objects, e.g. '{\"mopps\": {\"prior_strength\": 8}}'")
+    args.train_overrides = _policy_map(ap, "--train-overrides", args.train_overrides,
+                                       "JSON objects of TrainConfig fields")
     if any(o not in ORACLES for o in args.oracles):
         ap.error(f"--oracles: choose from {', '.join(ORACLES)}")
     if args.quick:

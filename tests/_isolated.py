@@ -43,3 +43,19 @@ def assert_state_equal(a, b):
         x, y = np.asarray(a[k]), np.asarray(b[k])
         assert x.dtype == y.dtype, k
         np.testing.assert_array_equal(x, y, err_msg=k)
+
+
+def run_two_ranks(worker_source: str, lm, tmp_path, port: int, timeout: int = 300) -> None:
+    """Write `worker_source` to tmp_path/worker.py and run it on 2 CPU ranks with torchrun
+    (gloo), as `worker.py LM_DIR TMP_PATH`; skip when torchrun is not beside the interpreter,
+    fail with the ranks' stderr when they fail. The worker writes its results into tmp_path."""
+    import shutil
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    script = tmp_path / "worker.py"
+    script.write_text(worker_source)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(script), str(lm),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -859,20 +859,10 @@ def test_ttrl_in_trl_votes_on_groups_gathered_across_ranks(trl_parts, tmp_path):
     ranks' completions), each rank re-scores its own rows against them, and both Schedulers
     observe the same agreement rewards and end in the same state."""
     import json
-    import os
-    import shutil
-    import subprocess
-    import sys
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    if torchrun is None:
-        pytest.skip("torchrun not found beside the interpreter")
+
+    from _isolated import run_two_ranks
     lm, _ = trl_parts
-    script = tmp_path / "worker.py"
-    script.write_text(DDP_WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29547", str(script), str(lm),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(DDP_WORKER, lm, tmp_path, port=29547, timeout=400)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["answered"] == r1["answered"] and r0["observed"] == r1["observed"] and r0["state"] == r1["state"]
     assert len(r0["observed"]) == 3

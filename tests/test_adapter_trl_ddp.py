@@ -10,10 +10,6 @@ bit-identical Scheduler states. About a minute on 2 cores.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -63,16 +59,9 @@ WORKER = textwrap.dedent('''
 
 
 def test_two_ranks_propose_the_same_chunks_and_end_in_the_same_state(tmp_path):
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    if torchrun is None:
-        pytest.skip("torchrun not found beside the interpreter")
+    from _isolated import run_two_ranks
     lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29531", str(script), str(lm),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(WORKER, lm, tmp_path, port=29531)
     r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
     assert int(r0["world"]) == 2
     np.testing.assert_array_equal(r0["proposals"], r1["proposals"])

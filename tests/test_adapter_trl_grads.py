@@ -228,21 +228,9 @@ def test_two_ranks_gather_the_same_features_in_row_order(lm, tmp_path):
     """torchrun, 2 CPU ranks (gloo), G = 4 rows per rank: both ranks observe the same
     float32[2, 4, d] features, rank r's rows r·4…r·4+3 equal its own rollouts' single-rollout
     loop, and the Scheduler states end identical."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
     from rlpace.train.gradfeatures import GradFeatures
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    if torchrun is None:
-        pytest.skip("torchrun not found beside the interpreter")
-    script = tmp_path / "worker.py"
-    script.write_text(DDP_WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29547", str(script), str(lm),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from _isolated import run_two_ranks
+    run_two_ranks(DDP_WORKER, lm, tmp_path, port=29547)
     r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
     assert r0["grads"].shape == (2, 2, 4, 64)                  # 2 batches × B 2 × G 4 × d
     np.testing.assert_array_equal(r0["grads"], r1["grads"])
