@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method
+from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method, supervising_places
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import bad, check_tree
 from .stats._window import window_init, window_mean, window_push
@@ -207,7 +207,7 @@ class Scheduler:
             return
         target = self.method.target
         decisions = []
-        if target is not None and target.name != "dataset_labels" and (
+        if TARGET in supervising_places(self.method) and (
                 batch.answers is not None or "answers" not in target.reads):
             # The decisions this visit was verified under, from the state before this update
             # (what `targets` returned for this feedback), with their evidence. Taken before

@@ -28,14 +28,12 @@ __all__ = ["SIGNALS", "TOKEN_SIGNALS", "needs", "supervises", "supervises_places
 
 SIGNALS = ("answers", "token_entropy", "self_certainty", "mean_logprob")
 TOKEN_SIGNALS = frozenset(SIGNALS[1:])
-_PLACES = ("target", "reward", "advantage")
 
 
 def supervises_places(sched) -> bool:
     """True when the Scheduler's method has a non-neutral target, reward or advantage place."""
-    from ..policies._base import _is_default
-    m = sched.method
-    return any(getattr(m, place, None) is not None and not _is_default(getattr(m, place)) for place in _PLACES)
+    from ..policies._base import supervising_places
+    return bool(supervising_places(sched.method))
 
 
 def needs(sched) -> frozenset:

@@ -46,7 +46,7 @@ from ..types import Batch, Pool
 __all__ = [
     "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "KINDS",
     "DataPolicy", "Method", "Admission", "Targets", "compose", "chain", "with_floor",
-    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage",
+    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "supervising_places",
 ]
 
 MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
@@ -272,6 +272,19 @@ _DEFAULT_NAMES = {"keep_all", "unit_weights", "uniform_pool", "dataset_labels", 
 
 def _is_default(p: DataPolicy) -> bool:
     return p.name in _DEFAULT_NAMES
+
+
+def supervising_places(method: Method) -> frozenset:
+    """The supervision places (`target`, `reward`, `advantage`) where `method` holds a policy
+    other than the neutral one `compose` fills in — empty for every method without
+    supervision. Trainers and adapters run the supervision transforms only for these.
+
+    >>> from rlpace.policies import make_method
+    >>> sorted(supervising_places(make_method("ttrl+dump"))), supervising_places(make_method("dump"))
+    (['target'], frozenset())
+    """
+    return frozenset(k for k in (TARGET, REWARD, ADVANTAGE)
+                     if getattr(method, k, None) is not None and not _is_default(getattr(method, k)))
 
 
 def chain(*policies: DataPolicy) -> DataPolicy:

@@ -169,18 +169,11 @@ def relabel(item, answer: str):
 
 
 # ---- what the method reads --------------------------------------------------------------------
-def _neutral_names() -> dict:
-    from ..policies import make_method
-    m = make_method("uniform")
-    return {k: getattr(getattr(m, k, None), "name", None) for k in PLACES}
-
-
 def supervising_places(method) -> frozenset:
     """The places among target / reward / advantage where `method` has a policy other than
-    the neutral one `compose` fills in (empty for every method that predates them)."""
-    neutral = _neutral_names()
-    return frozenset(k for k in PLACES
-                     if getattr(method, k, None) is not None and getattr(method, k).name != neutral[k])
+    the neutral one `compose` fills in (`rlpace.policies.supervising_places`)."""
+    from ..policies._base import supervising_places as places
+    return places(method)
 
 
 def reads_token_stats(method) -> bool:
