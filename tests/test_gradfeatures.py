@@ -248,11 +248,6 @@ def test_scheduler_passes_grads_to_policies_and_bad_grads_leave_state_unchanged(
 TINY = dict(_TINY, steps=3, loss_probe_per_domain=4, grad_dim=32)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _cfg(tmp_path, cache, **kw):
     return tiny_config(tmp_path / "run", cache, **{**TINY, **kw})
 

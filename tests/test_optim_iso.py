@@ -221,11 +221,6 @@ TINY = dict(tasks="embedded:max2,last3", train_per_domain=16, heldout_per_domain
             lr_warmup=0, steps=5)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _hidden_spectra(state: dict) -> dict:
     return {k: torch.linalg.svdvals(v.double()) for k, v in state.items()
             if v.ndim == 2 and "embed" not in k and "lm_head" not in k}

@@ -130,12 +130,6 @@ from rlpace.train import TrainConfig, check_config, train  # noqa: E402
 torch.set_num_threads(1)
 
 
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 _records = read_log
 
 

@@ -25,12 +25,6 @@ from rlpace.train.rollout import decode_completions, Rollout  # noqa: E402
 torch.set_num_threads(1)
 
 
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def cfg_for(tmp_path, cache, **kw):
     return tiny_config(tmp_path / "run", cache, **kw)
 

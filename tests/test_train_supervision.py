@@ -25,11 +25,6 @@ from rlpace.train.supervision import (Supervision, extract_answer, make_labels, 
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _items(n_per=40):
     """Two domains; answers cycle through 4 values in 'a', 2 in 'b'."""
     a = [Item(f"a{i}=", str(i % 4), "a", 1.0, i) for i in range(n_per)]

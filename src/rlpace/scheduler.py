@@ -331,7 +331,9 @@ class Scheduler:
         """The last `last` (default all kept, at most `SUPERVISION_LOG_SIZE` = 1000) supervision
         decisions, oldest first, each `{"step", "prompt_id" (the pool's stable id), "rule",
         "evidence": {name: number}, "decision", "target" (the label set)}` — one per relabel,
-        pseudo-label or promotion the target place made on an observed visit. The log belongs
+        pseudo-label or promotion the target place made on an observed visit, and one per
+        decision a policy's `update` reports through `DataPolicy.decisions` (TraPO keeping or
+        dropping an unlabelled prompt). The log belongs
         to this process: it is not part of `state_dict()` and starts empty after
         `load_state_dict`; the counters in `metrics()` (`supervision/...`) are state and
         resume exactly."""

@@ -9,19 +9,17 @@ themselves come from the generator (`_generate.py`) or from the user's own engin
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from rlpace.tasks._verify import extract_tagged
+from rlpace.tasks._verify import extract_tagged, last_boxed
 
 #: uncertainty signals `select` can rank by (higher = more uncertain).
 UNCERTAINTY = ("answer_entropy", "disagreement", "token_entropy", "self_certainty")
 VERIFIERS = ("auto", "exact", "math")
 
-_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 def extract_answer(completion: str) -> str:
@@ -41,16 +39,8 @@ def extract_answer(completion: str) -> str:
     tagged = extract_tagged(completion)
     if tagged is not None:
         return tagged.strip()
-    starts = [m.end() for m in _BOXED.finditer(completion)]
-    if starts:
-        i, depth = starts[-1], 1
-        j = i
-        while j < len(completion) and depth:
-            depth += {"{": 1, "}": -1}.get(completion[j], 0)
-            j += 1
-        if depth == 0:
-            return completion[i:j - 1].strip()
-    return completion.strip()
+    boxed = last_boxed(completion, ("boxed",))
+    return (completion if boxed is None else boxed).strip()
 
 
 def answer_consistency(answers: Sequence[str]) -> tuple[float, float, str | None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 
-__all__ = ["extract_tagged", "exact_score", "math_score", "math_equal"]
+__all__ = ["extract_tagged", "last_boxed", "exact_score", "math_score", "math_equal"]
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -22,6 +22,26 @@ def extract_tagged(completion: str) -> str | None:
     """
     found = _TAG.findall(completion or "")
     return found[-1] if found else None
+
+
+def last_boxed(text: str, commands: tuple = ("boxed", "fbox")) -> str | None:
+    """Content of the last brace-matched `\\boxed{...}` (or another of `commands`, e.g.
+    `\\fbox{...}`), or None when there is none or its braces never close.
+
+    >>> last_boxed("so $\\\\boxed{\\\\frac{1}{2}}$ and \\\\fbox{3}"), last_boxed("\\\\boxed{1", ("boxed",))
+    ('3', None)
+    >>> last_boxed("thus \\\\boxed{\\\\frac{1}{2}}.")
+    '\\\\frac{1}{2}'
+    """
+    found = list(re.finditer(r"\\(?:%s)\s*\{" % "|".join(map(re.escape, commands)), text))
+    if not found:
+        return None
+    start, depth = found[-1].end(), 1
+    for k in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[start:k]
+    return None
 
 
 def exact_score(completion: str, item) -> float:

@@ -30,12 +30,11 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import re
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ..tasks._verify import extract_tagged
+from ..tasks._verify import extract_tagged, last_boxed
 from ..types import Feedback, group_advantages
 
 __all__ = ["Labels", "make_labels", "check_fractions", "extract_answer", "relabel", "supervising_places",
@@ -115,21 +114,6 @@ def make_labels(items: Sequence, labeled_fraction: float = 1.0, label_noise: flo
 
 
 # ---- answers --------------------------------------------------------------------------------
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last brace-matched \\boxed{...} / \\fbox{...}, or None."""
-    found = list(_BOXED.finditer(text))
-    if not found:
-        return None
-    start = found[-1].end()
-    depth = 1
-    for k in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[k], 0)
-        if depth == 0:
-            return text[start:k]
-    return None
 
 
 def extract_answer(completion: str, ability: str = "exact") -> str | None:
@@ -149,7 +133,7 @@ def extract_answer(completion: str, ability: str = "exact") -> str | None:
         return None
     got = extract_tagged(completion)
     if got is None:
-        got = _last_boxed(completion) if ability == "math" else completion
+        got = last_boxed(completion) if ability == "math" else completion
     got = None if got is None else got.strip()
     return got or None
 

@@ -234,6 +234,11 @@ def train(cfg: TrainConfig) -> dict:
         return acc
 
     # ---- 2. the loop ---------------------------------------------------------------------
+    def counters() -> dict:          # what a checkpoint restores besides model, optimizer, Scheduler
+        return {"step": step, "rollouts": spent, "seconds": seconds, "domain_tokens": domain_tokens.tolist(),
+                "generator": None if gen is None else generator_to_json(gen),
+                "grad_ref": None if grad_ref is None else grad_ref.tolist()}
+
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {sched.name}", disable=not cfg.progress)
     last_acc = None
     while step < cfg.steps and not (cfg.max_rollouts and spent >= cfg.max_rollouts):
@@ -464,10 +469,7 @@ def train(cfg: TrainConfig) -> dict:
         # 2f. checkpoint (model, optimizer, Scheduler, counters; the RNG is the step)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                            counters={"step": step, "rollouts": spent, "seconds": seconds,
-                                      "domain_tokens": domain_tokens.tolist(),
-                                      "generator": None if gen is None else generator_to_json(gen),
-                                      "grad_ref": None if grad_ref is None else grad_ref.tolist()})
+                            counters=counters())
     bar.close()
 
     # ---- 3. final evaluation, checkpoint, summary --------------------------------------
@@ -476,10 +478,7 @@ def train(cfg: TrainConfig) -> dict:
     log(final)
     log.close()
     save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                    counters={"step": step, "rollouts": spent, "seconds": seconds,
-                              "domain_tokens": domain_tokens.tolist(),
-                              "generator": None if gen is None else generator_to_json(gen),
-                              "grad_ref": None if grad_ref is None else grad_ref.tolist()})
+                    counters=counters())
     summary = summarize(out / "metrics.jsonl")
     summary.update({"policy": sched.name, "model_dir": str(model_dir), "config": cfg.to_dict()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
