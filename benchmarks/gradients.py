@@ -14,8 +14,12 @@ Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each)
 
 They run in alternating rounds (plain, features, diem, dvc, diem_ref, plain, ...) so slow
 drifts of a shared machine hit every configuration alike. Reported per configuration: the
-median step time, the median time of the loss/backward part (`train_seconds`), and both
-relative to `plain`. The first `--skip` steps of every run are left out (warm-up).
+median step time, the median time of the loss/backward part (`train_seconds`), the median
+CPU time of a step (`time.thread_time` of the training thread: what the step computed, less
+the time a busy machine made it wait for a core), each relative to `plain`, and the paired
+per-round CPU overhead (each round against that round's `plain`; median and range). The
+first `--skip` steps of every run are left out (warm-up). On a shared machine a few % of
+noise remains between runs: repeat, and read the per-round range.
 
 `--synthetic H,L,V,P,T` instead times one loss forward + backward of a random Qwen2 (hidden
 H, L layers, vocabulary V, P prompt and T completion tokens, B·G rows) without the trainer:
@@ -95,14 +99,35 @@ def learning(base, names, seeds: int, steps: int, seed0: int = 0) -> dict:
     return {"steps": steps, "seeds": list(range(seed0, seed0 + seeds)), "rows": rows}
 
 
-def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[float]]:
+def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[float], list[float]]:
+    """Wall seconds, train_seconds and CPU seconds of this thread (`time.thread_time`) of each
+    step after the first `skip`. CPU time is read at every step record the trainer logs: the
+    difference of two consecutive reads is everything step k did. With one torch thread it
+    equals the wall time on an idle machine, and on a shared one it leaves out the time spent
+    waiting for a core."""
+    import time
+
     from rlpace.train import train
+    from rlpace.train.recipes import grpo
     out = Path(tempfile.mkdtemp(prefix=f"rlpace-grad-{name}-"))
     cfg = dataclasses.replace(base, out=str(out), steps=steps + skip, **CONFIGS[name])
-    train(cfg)
+    stamps, logger = [], grpo.StepLogger
+
+    class Stamped(logger):
+        def __call__(self, rec):
+            if not rec.get("final"):
+                stamps.append(time.thread_time())
+            return super().__call__(rec)
+
+    grpo.StepLogger = Stamped
+    try:
+        train(cfg)
+    finally:
+        grpo.StepLogger = logger
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if not r.get("final")][skip:]
-    return [r["seconds"] for r in recs], [r["train_seconds"] for r in recs]
+    cpu = [b - a for a, b in zip(stamps, stamps[1:])][max(skip, 1) - 1:]     # steps max(skip, 1)..
+    return [r["seconds"] for r in recs], [r["train_seconds"] for r in recs], cpu
 
 
 def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dict:
@@ -186,6 +211,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     ap.add_argument("--synthetic", default="", help="H,L,V,P,T: time a random Qwen2's loss step instead")
+    ap.add_argument("--repeats", type=int, default=3, help="--synthetic: timed repeats per row (median)")
     ap.add_argument("--learning", action="store_true", help="final accuracy vs uniform instead of step time")
     ap.add_argument("--seeds", type=int, default=3, help="--learning: seeds (paired)")
     ap.add_argument("--seed0", type=int, default=0, help="--learning: first seed")
@@ -203,7 +229,7 @@ def main(argv=None) -> dict:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return result
     if args.synthetic:
-        result = synthetic(args.synthetic, args.batch_prompts, args.group_size, args.grad_dim)
+        result = synthetic(args.synthetic, args.batch_prompts, args.group_size, args.grad_dim, args.repeats)
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return result
@@ -215,22 +241,34 @@ def main(argv=None) -> dict:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     step_s = {n: [] for n in names}
     train_s = {n: [] for n in names}
+    cpu_s = {n: [] for n in names}
+    round_s = {n: [] for n in names}                 # each round's median step CPU time
     for _ in range(args.rounds):
         for n in names:
-            s, t = run_once(base, n, args.steps, args.skip)
+            s, t, c = run_once(base, n, args.steps, args.skip)
             step_s[n] += s
             train_s[n] += t
+            cpu_s[n] += c
+            round_s[n].append(statistics.median(c))
     ref = "plain" if "plain" in names else names[0]
-    ms, mt = statistics.median(step_s[ref]), statistics.median(train_s[ref])
+    med = {n: (statistics.median(step_s[n]), statistics.median(train_s[n]), statistics.median(cpu_s[n]))
+           for n in names}
     result = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "rows": {}}
     print(f"B={args.batch_prompts} G={args.group_size} grad_params={args.grad_params} grad_dim={args.grad_dim} "
-          f"({args.rounds} rounds × {args.steps} steps)")
-    print(f"{'config':<10} {'step s':>8} {'vs plain':>9} {'loss+bwd s':>11} {'vs plain':>9}")
+          f"({args.rounds} rounds × {args.steps} steps; medians)")
+    # "per round": each round's median CPU time against the same round's plain one (paired,
+    # so a slow spell of a shared machine cancels); median and range over the rounds.
+    print(f"{'config':<12} {'step ms':>8} {'vs plain':>9} {'loss+bwd ms':>12} {'vs plain':>9} {'cpu ms':>8} "
+          f"{'vs plain':>9}   {'per round: median [min, max]':>28}")
     for n in names:
-        s, t = statistics.median(step_s[n]), statistics.median(train_s[n])
-        result["rows"][n] = {"median_step_s": s, "median_train_s": t, "step_overhead": s / ms - 1,
-                             "train_overhead": t / mt - 1, "steps": len(step_s[n])}
-        print(f"{n:<10} {s:8.3f} {100 * (s / ms - 1):+8.1f}% {t:11.3f} {100 * (t / mt - 1):+8.1f}%")
+        (s, t, c), (s0, t0, c0) = med[n], med[ref]
+        paired = [a / b - 1 for a, b in zip(round_s[n], round_s[ref])]
+        result["rows"][n] = {"median_step_s": s, "median_train_s": t, "median_cpu_s": c,
+                             "step_overhead": s / s0 - 1, "train_overhead": t / t0 - 1, "cpu_overhead": c / c0 - 1,
+                             "round_cpu_overheads": paired, "steps": len(step_s[n])}
+        print(f"{n:<12} {1e3 * s:8.2f} {100 * (s / s0 - 1):+8.1f}% {1e3 * t:12.2f} {100 * (t / t0 - 1):+8.1f}% "
+              f"{1e3 * c:8.2f} {100 * (c / c0 - 1):+8.1f}%   {100 * statistics.median(paired):+9.1f}% "
+              f"[{100 * min(paired):+.1f}%, {100 * max(paired):+.1f}%]")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

@@ -18,7 +18,7 @@ over S seeds (runs with one seed are paired):
 
 Suites: `sim:<scenario>` runs the simulator (exact oracle: true p every step, quantised to
 1/64); any other name is a built-in trainer task set looked up through `rlpace.tasks`
-(`embedded`, and the headroom suites `ladder` / `mostly_solved` once they exist; a name
+(`embedded`, and the headroom suites `ladder` / `mostly_solved`; a name
 `make_taskset` does not know is skipped with its error). Trainer oracles measure every
 prompt with `oracle_rollouts` rollouts every `oracle_every` steps (TrainConfig).
 
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--train-per-domain", type=int, default=256)
     # A sharper measurement than TrainConfig's defaults (10, 8): the oracle is an upper bound,
-    # so it should see fresh, low-noise pass rates (measured on mostly_solved: 0.56× vs 0.60×).
+    # so it should see fresh, low-noise pass rates (measured on mostly_solved_last: 0.56× vs 0.60×).
     ap.add_argument("--oracle-every", type=int, default=5)
     ap.add_argument("--oracle-rollouts", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-4)

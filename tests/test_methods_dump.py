@@ -159,3 +159,26 @@ def test_bad_hyperparameters():
             dump_ucb(**kw)
     with pytest.raises(ValueError, match="floor"):
         dump_ucb(floor=0.5).init(Pool([0, 1, 2]))
+
+
+def test_pool_base_tilts_the_pool_shares():
+    # Arms of 1 and 3 prompts. Before any feedback every score is equal (bonus sqrt(2 ln 2)):
+    # base="arms" gives [1/2, 1/2], base="pool" the pool's shares [1/4, 3/4].
+    pool = Pool([0, 1, 1, 1])
+    for base, want in (("arms", [0.5, 0.5]), ("pool", [0.25, 0.75])):
+        p = dump_ucb(base=base)
+        np.testing.assert_allclose(p.apply(p.init(pool), pool), want, rtol=0, atol=1e-15)
+    # Arm 0 saw 4 rollouts with |A| = 1, arm 1 none (the docstring example, scores
+    # [1.802356, 1.794123]): p0 = 1 / (1 + 3·exp(−(s0 − s1)/T)) = 1 / (1 + 3·0.920964) = 0.265753.
+    p = dump_ucb(base="pool")
+    s = p.update(p.init(pool), pool, _batch(pool, [0], [[1, 0, 1, 0]], adv=[[1, -1, 1, -1]]))
+    s0, s1 = 1 + math.sqrt(2 * math.log(5) / 5), math.sqrt(2 * math.log(5) / 1)
+    probs = p.apply(s, pool)
+    assert probs[0] == pytest.approx(1 / (1 + 3 * math.exp(-(s0 - s1) / 0.1)), abs=1e-12)
+    assert probs[0] == pytest.approx(0.265753, abs=1e-6) and probs.sum() == pytest.approx(1.0, abs=1e-12)
+    # a score lead of T·ln 3 exactly offsets a third of the size: equal shares
+    lead = np.array([0.1 * math.log(3), 0.0])
+    z = lead + 0.1 * np.log([0.25, 0.75])
+    np.testing.assert_allclose(np.exp(z / 0.1) / np.exp(z / 0.1).sum(), [0.5, 0.5], atol=1e-12)
+    with pytest.raises(ValueError, match="base"):
+        dump_ucb(base="prompts")

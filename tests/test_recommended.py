@@ -9,9 +9,10 @@ from rlpace.policies import compose, dump_ucb, mopps
 
 
 def test_same_batches_as_dump_composed_with_mopps():
+    # the defaults: DUMP at T = 0.15 over the pool's shares (docs/methods/recommended.md)
     pool = Pool(["a"] * 50 + ["b"] * 30 + ["c"] * 20)
     a = Scheduler(pool, "recommended", seed=3)
-    b = Scheduler(pool, compose(dump_ucb(), mopps(), name="x"), seed=3)
+    b = Scheduler(pool, compose(dump_ucb(temperature=0.15, base="pool"), mopps(), name="x"), seed=3)
     rng = np.random.default_rng(0)
     for step in range(6):
         ids_a, ids_b = a.propose(16), b.propose(16)

@@ -173,6 +173,45 @@ def test_state_from_other_pool_method_or_hyperparameters_rejected_unchanged():
     assert_state_equal(s.state_dict(), before)
 
 
+def _without(state, part_params):
+    """The state as saved before the hyperparameters `part_params` existed: their record removed."""
+    import json
+    h = json.loads(str(state["meta/hyperparameters"]))
+    for i, name in part_params:
+        del h[i][1][name]
+    return dict(state, **{"meta/hyperparameters": np.array(json.dumps(h, sort_keys=True))})
+
+
+def test_states_saved_before_a_hyperparameter_existed_load_with_its_old_value():
+    from rlpace.scheduler import ADDED_HYPERPARAMETERS
+    assert ADDED_HYPERPARAMETERS[("dump", "base")] == "arms"
+    a = Scheduler(POOL, "dump", seed=2)
+    run(a, 2)
+    old = _without(a.state_dict(), [(0, "base")])
+    b = Scheduler(POOL, "dump", seed=2)
+    b.load_state_dict(old)                                     # absent = "arms", the default: loads
+    assert_state_equal(b.state_dict(), a.state_dict())
+    c = Scheduler(POOL, "dump", seed=2, base="pool")
+    before = c.state_dict()
+    with pytest.raises(ValueError, match=r"dump.base: saved 'arms', now 'pool'"):
+        c.load_state_dict(old)
+    assert_state_equal(c.state_dict(), before)
+    # recommended's defaults changed (T 0.1 -> 0.15, base "arms" -> "pool"; prior_strength added):
+    # a state of the old defaults is refused by the new ones, naming both, and loads into them
+    r = Scheduler(POOL, "recommended", seed=1, temperature=0.1, base="arms")
+    run(r, 2)
+    old = _without(r.state_dict(), [(0, "base"), (0, "prior_strength")])
+    with pytest.raises(ValueError, match=r"recommended.base: saved 'arms', now 'pool'; "
+                                         r"recommended.temperature: saved 0.1, now 0.15"):
+        Scheduler(POOL, "recommended", seed=1).load_state_dict(old)
+    r2 = Scheduler(POOL, "recommended", seed=1, temperature=0.1, base="arms")
+    r2.load_state_dict(old)
+    assert np.array_equal(r2.propose(8), r.propose(8))
+    # a parameter not in the table stays a mismatch when it is missing
+    with pytest.raises(ValueError, match=r"dump.window: saved '<absent>', now 300"):
+        Scheduler(POOL, "dump", seed=2).load_state_dict(_without(a.state_dict(), [(0, "window")]))
+
+
 # ---- defined behaviour for awkward feedback ------------------------------------------------
 def test_empty_batch_is_a_no_op():
     s = Scheduler(POOL, "dump")

@@ -8,7 +8,8 @@ logged apart and never counted in the budget."""
 import numpy as np
 import pytest
 
-from rlpace.tasks import (DEFAULT_MISTAKES, LADDER_MISTAKES, LADDER_SUITE, MOSTLY_SOLVED_MISTAKES,
+from rlpace.tasks import (DEFAULT_MISTAKES, LADDER_MISTAKES, LADDER_SUITE, MOSTLY_SOLVED_LAST_MISTAKES,
+                          MOSTLY_SOLVED_LAST_ROLES, MOSTLY_SOLVED_LAST_SUITE, MOSTLY_SOLVED_MISTAKES,
                           MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SORT_LADDER_MISTAKES, SORT_LADDER_SUITE, SUITES,
                           make_taskset, parse_mistakes)
 
@@ -35,8 +36,11 @@ def _solve(prompt: str) -> str:
 def test_suite_compositions_are_the_documented_ones():
     assert LADDER_SUITE.split(",") == [f"rev{n}" for n in range(2, 9)]
     assert SORT_LADDER_SUITE.split(",") == [f"sort{n}" for n in range(2, 9)]
-    assert MOSTLY_SOLVED_SUITE.split(",") == ["last3", "last4", "last5", "max3", "max4", "max5", "max6", "max7",
-                                              "last7", "last9", "sumd5", "sumd6", "sumd7"]
+    assert MOSTLY_SOLVED_SUITE.split(",") == ["rev3", "last3", "last4", "last5", "max3", "max4", "max5", "max6",
+                                              "rev4", "rev5", "sumd5", "sumd6", "sumd7"]
+    assert MOSTLY_SOLVED_LAST_SUITE.split(",") == ["last3", "last4", "last5", "max3", "max4", "max5", "max6",
+                                                   "max7", "last7", "last9", "sumd5", "sumd6", "sumd7"]
+    assert SUITES["mostly_solved_last"] == (MOSTLY_SOLVED_LAST_SUITE, MOSTLY_SOLVED_LAST_MISTAKES)
     assert SUITES["embedded"] == (SUITES["embedded"][0], DEFAULT_MISTAKES)
     # the ladder's warm-up mistake share rises strictly with the size, from the rung the
     # base solves (0.15) to one it never does (0.995)
@@ -44,11 +48,14 @@ def test_suite_compositions_are_the_documented_ones():
     assert shares == [0.15, 0.4, 0.7, 0.9, 0.97, 0.99, 0.995]
     assert [SORT_LADDER_MISTAKES[f"sort{n}"] for n in range(2, 9)] == shares
     assert set(MOSTLY_SOLVED_MISTAKES) == set(MOSTLY_SOLVED_SUITE.split(","))
-    assert [MOSTLY_SOLVED_MISTAKES[d] for d in ("last3", "max7", "last7", "last9", "sumd5", "sumd7")] == \
+    assert [MOSTLY_SOLVED_MISTAKES[d] for d in ("rev3", "max6", "rev4", "rev5", "sumd5", "sumd7")] == \
+        [0.05, 0.05, 0.5, 0.8, 1.0, 1.0]
+    assert set(MOSTLY_SOLVED_LAST_MISTAKES) == set(MOSTLY_SOLVED_LAST_SUITE.split(","))
+    assert [MOSTLY_SOLVED_LAST_MISTAKES[d] for d in ("last3", "max7", "last7", "last9", "sumd5", "sumd7")] == \
         [0.05, 0.05, 0.7, 0.9, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "sort_ladder"])
+@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "mostly_solved_last", "sort_ladder"])
 def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
     ts = make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=1)
     names = SUITES[name][0].split(",")
@@ -65,7 +72,7 @@ def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
     assert make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=2).train != ts.train
 
 
-@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "sort_ladder"])
+@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "mostly_solved_last", "sort_ladder"])
 def test_named_suite_verifier_right_wrong_malformed(name):
     ts = make_taskset(name, train_per_domain=5, heldout_per_domain=2, seed=0)
     items = list(ts.train)
@@ -88,10 +95,12 @@ def test_default_mistakes_follow_the_task_set():
     assert LADDER_MISTAKES["rev2"] == 0.15
 
 
-def test_mostly_solved_shares_of_the_training_pool():
-    ts = make_taskset("mostly_solved", train_per_domain=256, heldout_per_domain=64, seed=0)
+@pytest.mark.parametrize("name,roles", [("mostly_solved", MOSTLY_SOLVED_ROLES),
+                                        ("mostly_solved_last", MOSTLY_SOLVED_LAST_ROLES)])
+def test_mostly_solved_shares_of_the_training_pool(name, roles):
+    ts = make_taskset(name, train_per_domain=256, heldout_per_domain=64, seed=0)
     dom = np.array([it.domain for it in ts.train])
-    share = {role: float(np.isin(dom, names).mean()) for role, names in MOSTLY_SOLVED_ROLES.items()}
+    share = {role: float(np.isin(dom, names).mean()) for role, names in roles.items()}
     # 8, 2 and 3 of 13 equal-sized distributions (every one has ≥ 1000 distinct prompts)
     assert len(ts.train) == 13 * 256
     assert share == pytest.approx({"solved": 8 / 13, "learnable": 2 / 13, "unlearnable": 3 / 13})
@@ -110,13 +119,14 @@ def test_unlearnable_distributions_never_see_a_right_answer_in_the_warmup():
             assert (a == _solve(p)) == (total < 10)      # ... right only when the sum has one digit
     sumd = [(p, a) for p, a in items if p.startswith("d:")]
     assert len(sumd) == 900 and np.mean([a == _solve(p) for p, a in sumd]) < 0.01
-    # a solved distribution keeps most answers right (share 0.05 flipped to the first
-    # letter, itself right when the first and last letters agree), a learnable one few
-    last3 = [a == _solve(p) for p, a in items if p.startswith("l:") and len(p) == 6]
-    last9 = [a == _solve(p) for p, a in items if p.startswith("l:") and len(p) == 12]
-    assert len(last3) == 300 and 0.91 < np.mean(last3) < 0.995
-    # expected shares: 0.95 + 0.05·0.1 = 0.955 and 0.1 + 0.9·0.1 = 0.19 (first = last letter 1 in 10)
-    assert len(last9) == 300 and 0.12 < np.mean(last9) < 0.27
+    # a solved distribution keeps most answers right (share 0.05 replaced by a copy, itself
+    # right when the string is a palindrome), the learnable ones fewer: expected shares
+    # rev3 0.95 + 0.05·0.1 = 0.955, rev4 0.5 + 0.5·0.01 = 0.505, rev5 0.2 + 0.8·0.01 = 0.208
+    right = {n: [a == _solve(p) for p, a in items if p.startswith("r:") and len(p) == n + 3] for n in (3, 4, 5)}
+    assert [len(v) for v in right.values()] == [300, 300, 300]
+    assert 0.91 < np.mean(right[3]) < 0.995
+    assert 0.42 < np.mean(right[4]) < 0.59
+    assert 0.14 < np.mean(right[5]) < 0.28
 
 
 # ---- the trainer-side oracle measurement -----------------------------------------------------

@@ -62,6 +62,11 @@ __all__ = ["Scheduler", "STATE_VERSION"]
 # and meta/hyperparameters are recorded and checked; values are validated on load.
 STATE_VERSION = 2
 _STREAM_PROPOSE = 0x5EED
+#: Hyperparameters added to a registered policy after states were first saved, with the value
+#: that reproduces the behaviour from before: a state that does not record one was saved with
+#: that value (and loads only into a Scheduler built with it).
+ADDED_HYPERPARAMETERS = {("dump", "base"): "arms", ("recommended", "base"): "arms",
+                         ("recommended", "prior_strength"): 0.0}
 # Decisions kept by `Scheduler.supervision_log` (a bounded log of this process, not checkpointed;
 # the counters in `metrics()` are state and resume exactly).
 SUPERVISION_LOG_SIZE = 1000
@@ -594,15 +599,22 @@ class Scheduler:
         try:
             if len(saved) != len(now):
                 raise ValueError
-            for (part, old), (_, new) in zip(saved, now):
+            for (part, old), (part_now, new) in zip(saved, now):
+                if part != part_now:
+                    diff.append(f"policy: saved {part!r}, now {part_now!r}")
+                    continue
                 old, new = dict(old), dict(new)
                 for k in sorted(set(old) | set(new)):
+                    if k not in old and (part, k) in ADDED_HYPERPARAMETERS:
+                        old[k] = ADDED_HYPERPARAMETERS[part, k]      # saved before it existed
                     if old.get(k, "<absent>") != new.get(k, "<absent>"):
                         diff.append(f"{part}.{k}: saved {old.get(k, '<absent>')!r}, now "
                                     f"{new.get(k, '<absent>')!r}")
         except (TypeError, ValueError):
             diff = [f"saved {saved!r}, now {now!r}"]
-        diff = diff or [f"saved {saved!r}, now {now!r}"]
+        else:
+            if not diff:
+                return  # equal once the parameters added since the save take their old value
         raise ValueError(f"the state was saved with other hyperparameters ({'; '.join(diff)}); build "
                          f"the Scheduler with the saved values.")
 

@@ -67,6 +67,18 @@ def constrained_weights(features: np.ndarray, importance: np.ndarray, ridge: flo
     >>> constrained_weights(f, p @ np.ones(2)).round(12).tolist()        # Î = P·1: uniform
     [1.0, 1.0]
     """
+    return _solve(features, importance, ridge, rcond)[0]
+
+
+def _solve(features, importance, ridge: float = 0.0, rcond: float = 1e-10) -> tuple[np.ndarray, np.ndarray, float]:
+    """(`constrained_weights`, P = F·Fᵀ, C = ‖1ᵀF‖²): the Gram matrix and norm returned for
+    the rescaling after the ReLU, so they are formed once.
+
+    (P + λI)⁺Î through one symmetric eigendecomposition P + λI = V·diag(e)·Vᵀ:
+    V·diag(1/e on |e| > rcond·max|e|, else 0)·VᵀÎ — what `np.linalg.pinv(..., hermitian=True)`
+    computes, without forming the N×N inverse. O(N³) in the N samples (N = B prompts for
+    unit="prompt"), never in the feature dimension d.
+    """
     f = np.asarray(features, dtype=np.float64)
     i = np.asarray(importance, dtype=np.float64)
     n = f.shape[0]
@@ -74,10 +86,13 @@ def constrained_weights(features: np.ndarray, importance: np.ndarray, ridge: flo
     g_b = f.sum(axis=0)                                               # [d]
     c = float(g_b @ g_b)
     if n == 0 or c <= 0.0:
-        return np.ones(n)
-    lam = ridge * float(np.trace(p)) / n
-    w = np.linalg.pinv(p + lam * np.eye(n), rcond=rcond, hermitian=True) @ i
-    return _rescale(w, p, c)
+        return np.ones(n), p, c
+    m = p + (ridge * float(np.trace(p)) / n) * np.eye(n) if ridge else p
+    e, v = np.linalg.eigh(m)                                          # m = V diag(e) Vᵀ
+    keep = np.abs(e) > rcond * np.abs(e).max()
+    inv = np.divide(1.0, e, out=np.zeros_like(e), where=keep)
+    w = v @ (inv * (v.T @ i))                                         # (P + λI)⁺Î
+    return _rescale(w, p, c), p, c
 
 
 def _rescale(w: np.ndarray, p: np.ndarray, c: float) -> np.ndarray:
@@ -174,8 +189,9 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
             return np.ones(shape)
         feats = None
         if batch.grads is not None and batch.grads.shape[2] > 0:
-            g = batch.grads.astype(np.float64)                      # [B, G, d]
-            feats = g.sum(axis=1) if unit == "prompt" else g.reshape(-1, g.shape[2])
+            g = batch.grads                                         # float32[B, G, d]
+            feats = (g.sum(axis=1, dtype=np.float64) if unit == "prompt"   # [B, d] or [B·G, d]
+                     else g.reshape(-1, g.shape[2]).astype(np.float64))
             top = np.abs(feats).max()
             feats = feats / top if top > 0 else feats               # scale-free (module docstring)
         ref = None
@@ -196,11 +212,11 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
         else:
             if feats is None:
                 return np.ones(shape)
-            w = constrained_weights(feats, score, ridge)
+            w, gram, c = _solve(feats, score, ridge)
             if relu:
                 w = np.maximum(w, 0.0)
                 if rescale_after_relu:
-                    w = _rescale(w, feats @ feats.T, float(np.square(feats.sum(axis=0)).sum()))
+                    w = _rescale(w, gram, c)
                 if not (w > 0).any():
                     w = np.ones_like(w)      # every weight clipped: fall back to plain GRPO
         w = np.where(np.isfinite(w), w, 1.0)

@@ -44,7 +44,7 @@ class DumpState(NamedTuple):
 
 def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
              window_unit: str = "rollouts", counting: str = "cumulative",
-             floor: float = 0.0, arms: str = "domain") -> DataPolicy:
+             floor: float = 0.0, arms: str = "domain", base: str = "arms") -> DataPolicy:
     """DUMP (arXiv 2504.09710): softmax over arms of windowed mean |A| plus a UCB bonus, at `temperature`.
 
     See the module docstring for the rule and docs/methods/dump.md.
@@ -57,6 +57,10 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         counting: "cumulative" | "windowed" — n_d in the bonus.
         floor: minimum probability per arm (0 = none, as in DUMP).
         arms: "domain" (DUMP's data_source) or "cluster".
+        base: the softmax's base measure — "arms" (DUMP: p ∝ exp(score/T)) or "pool"
+            (p ∝ s_d·exp(score/T), s_d = the arm's share of the pool's prompts, so equal
+            scores give uniform-over-prompts shares and a small arm must score T·ln(s_e/s_d)
+            higher than a large arm e to be drawn as often).
 
     Example (hand-computed): two arms, arm 0 saw 4 rollouts with |A| = 1, arm 1 none:
     N = 4, score = [1 + sqrt(2 ln 5 / 5), 0 + sqrt(2 ln 5 / 1)] = [1.802, 1.794],
@@ -69,6 +73,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     check_choice("dump", "counting", counting, ("cumulative", "windowed"))
     check_real("dump", "floor", floor, low=0, high=1, high_open=True)
     check_choice("dump", "arms", arms, ("domain", "cluster"))
+    check_choice("dump", "base", base, ("arms", "pool"))
 
     def init(pool):
         k = pool.n_arms(arms)
@@ -104,6 +109,10 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         n = state.count if counting == "cumulative" else state.window.filled
         total = max(1, int(n.sum()))
         score = mu + c * np.sqrt(2.0 * np.log(total + 1) / (n + 1))
+        if base == "pool":        # tilt the pool's shares: p ∝ s·exp(score/T); an empty arm gets 0
+            share = np.bincount(pool.arm_codes(arms), minlength=score.shape[0]) / len(pool)
+            with np.errstate(divide="ignore"):
+                score = score + temperature * np.log(share)
         p = softmax(shifted(score), temperature)
         k = p.shape[0]
         return (1.0 - k * floor) * p + floor

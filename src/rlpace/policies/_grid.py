@@ -5,7 +5,7 @@ The robot code of criticality-guided IS (`helx-20/go2_mujoco`, `helx-20/multitas
 samples disturbance parameters from a grid: a criticality model over the parameters scores
 every cell, a proposal oversamples the critical cells, and episodes are drawn inside them with
 weights p/q. In rlpace a cell is a pool domain — one distribution of a procedural family
-(`tasks=grid:<family>`: one cell per size; `ladder`: sort2 … sort8; `mostly_solved`: 13
+(`tasks=grid:<family>`: one cell per size; `ladder`: rev2 … rev8; `mostly_solved`: 13
 (family, size) cells) — with the cell's parameters as features:
 
     x_k = [1, z(mean features of cell k's prompts), z(mean difficulty of cell k), onehot(k)]

@@ -4,8 +4,9 @@
   (12 distributions by default, from near-certain to near-impossible for the base).
   Two named suites with *headroom* for data scheduling (issue 10): `ladder` (string
   reversal at seven lengths, unlocked one after another) and `mostly_solved` (62% solved,
-  23% unlearnable, a learnable minority); `sort_ladder` is the earlier ladder without
-  headroom; see `SUITES`.
+  23% unlearnable, a learnable minority of reversal lengths learned in order);
+  `sort_ladder` and `mostly_solved_last` are their earlier versions, with less headroom
+  (kept so that their figures reproduce); see `SUITES`.
 * `reasoning_gym_suite`, `knights_knaves_suite` — reasoning-gym datasets as distributions,
   graded by their own `score_answer` (DUMP's Knights-and-Knaves 3…14 setup).
 * `math_score` — math-verify grading for math answers.
@@ -21,6 +22,7 @@ difficulty = its size or level, ids = `Item.index`).
 """
 
 from ._embedded import (DEFAULT_MISTAKES, DEFAULT_SUITE, FAMILIES, LADDER_MISTAKES, LADDER_SUITE,
+                        MOSTLY_SOLVED_LAST_MISTAKES, MOSTLY_SOLVED_LAST_ROLES, MOSTLY_SOLVED_LAST_SUITE,
                         MOSTLY_SOLVED_MISTAKES, MOSTLY_SOLVED_ROLES, MOSTLY_SOLVED_SUITE, SORT_LADDER_MISTAKES,
                         SORT_LADDER_SUITE, SUITES, embedded_suite,
                         parse_distribution, parse_mistakes, sample_items)
@@ -37,7 +39,8 @@ __all__ = [
     "embedded_suite", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "FAMILIES", "parse_distribution",
     "parse_mistakes", "sample_items", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "SORT_LADDER_SUITE",
     "SORT_LADDER_MISTAKES", "MOSTLY_SOLVED_SUITE",
-    "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES",
+    "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES", "MOSTLY_SOLVED_LAST_SUITE", "MOSTLY_SOLVED_LAST_MISTAKES",
+    "MOSTLY_SOLVED_LAST_ROLES",
     "reasoning_gym_suite", "knights_knaves_suite", "knights_knaves_specs", "rg_spec", "rg_score",
     "exact_score", "math_score", "math_equal", "extract_tagged",
     "write_parquet", "read_parquet", "write_taskset", "read_taskset", "items_to_rows", "rows_to_items",

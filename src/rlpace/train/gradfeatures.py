@@ -58,12 +58,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
+
+from ..types import Feedback
 
 __all__ = ["GradFeatures", "FirstToken", "GRAD_PARAMS", "select_linears", "needs_grad_features",
            "heldout_reference", "split_with_grads"]
@@ -198,63 +201,80 @@ class GradFeatures:
         a shared prompt forward and `first_token` is given: its exact per-row share is then
         added in closed form (module docstring).
         """
-        shared = []                                        # lm_head calls over shared prompt rows
+        calls, shared = self._calls, []                    # shared: lm_head calls over shared prompt rows
         if first_token is not None and self.head is not None:
-            shared = [c for c in self._calls if c[0] == self.head and c[1].shape[0] != n_rows]
-            self._calls = [c for c in self._calls if not (c[0] == self.head and c[1].shape[0] != n_rows)]
+            shared = [c for c in calls if c[0] == self.head and c[1].shape[0] != n_rows]
+            calls = [c for c in calls if not (c[0] == self.head and c[1].shape[0] != n_rows)]
         if shared_prefix:
-            self._calls = [c for c in self._calls if c[1].shape[0] == n_rows]
-        if not self._calls:
+            calls = [c for c in calls if c[1].shape[0] == n_rows]
+        self._calls = calls
+        if not calls:
             raise ValueError("GradFeatures.features: no hooked call with one row per rollout was captured; "
                              "run the forward inside `with gf.capture():`.")
-        for idx, pa, y in self._calls:
+        for idx, pa, y in calls:
             if pa.shape[0] != n_rows:
                 raise ValueError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
                                  f"rows, not one per rollout ({n_rows}); forward [prompt | completion] "
                                  f"per row (group_size=1), not the shared-prefix path.")
-        outs = [y for _, _, y in self._calls] + ([first_token.logp] if shared else [])
+        outs = [y for _, _, y in calls] + ([first_token.logp] if shared else [])
         grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
-        feats = [torch.zeros(n_rows, l.p_out.shape[0], l.p_in.shape[0], device=l.p_in.device)
-                 for l in self.layers]
-        for (idx, pa, y), b in zip(self._calls, grads):
+        # Per layer, the (P_out b_t, P_in a_t) pairs of every call as [n, t, k_o], [n, t, k_i]
+        # (the first token's closed-form share as one more position), then one batched product.
+        terms: list[list] = [[] for _ in self.layers]
+        for (idx, pa, _), b in zip(calls, grads):
             if b is None:
                 continue                                               # output unused by the loss
             pb = b.detach().to(pa.dtype) @ self.layers[idx].p_out.T    # [n, (T,) k_o]
-            if pb.dim() == 2:
-                feats[idx] += pb[:, :, None] * pa[:, None, :]
-            else:
-                feats[idx] += torch.einsum("ntk,ntl->nkl", pb, pa)     # Σ_t (P_out b_t)(P_in a_t)ᵀ
+            terms[idx].append((pb, pa) if pb.dim() == 3 else (pb[:, None], pa[:, None]))
         for idx, pa, y in shared:
-            feats[idx] += self._first_token_term(idx, pa, y, grads[-1], first_token, n_rows)
+            term = self._first_token_term(idx, pa, y, grads[-1], first_token, n_rows)
+            if term is not None:
+                terms[idx].append(term)
         self._calls = []
-        return torch.cat([f.reshape(n_rows, -1) for f in feats], dim=1).float()
+        feats = []
+        for l, ts in zip(self.layers, terms):
+            k_o, k_i = l.p_out.shape[0], l.p_in.shape[0]
+            if not ts:
+                feats.append(torch.zeros(n_rows, k_o * k_i, dtype=l.p_in.dtype, device=l.p_in.device))
+                continue
+            pb = ts[0][0] if len(ts) == 1 else torch.cat([t[0] for t in ts], dim=1)     # [n, T', k_o]
+            pa = ts[0][1] if len(ts) == 1 else torch.cat([t[1] for t in ts], dim=1)     # [n, T', k_i]
+            feats.append(torch.bmm(pb.transpose(1, 2), pa).reshape(n_rows, k_o * k_i))  # Σ_t (P_out b_t)(P_in a_t)ᵀ
+        return (feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)).float()
 
     def _first_token_term(self, idx: int, pa: torch.Tensor, y: torch.Tensor, g_logp, ft: FirstToken,
-                          n_rows: int) -> torch.Tensor:
-        """[n_rows, k_o, k_i] each rollout's share of lm_head's call over the shared prompt rows:
-        (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h (module docstring)."""
+                          n_rows: int):
+        """(P_out b_i, P_in h) as [n_rows, 1, k_o], [n_rows, 1, k_i] — each rollout's share of
+        lm_head's call over the shared prompt rows, whose outer product is
+        (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h (module docstring) — or
+        None when the loss does not read the first token. Computed per group (b prompt rows,
+        g = n_rows / b rollouts each) and broadcast, not repeated row by row."""
         rows = pa.shape[0]
         if y.dim() != 3 or n_rows % rows:
             raise ValueError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
                              f"{n_rows} rollouts' shared prompts; forward [prompt | completion] per row.")
         g, tau = n_rows // rows, float(ft.temperature)
         p_out = self.layers[idx].p_out                                          # [k_o, V]
-        logq = torch.log_softmax(y.detach()[:, -1, :].float() / tau, dim=-1)    # [b, V] as completion_logprobs
-        y0 = ft.completion_ids[:, 0].long()
-        m0 = ft.completion_mask[:, 0] != 0                                      # [N] has a first token
-        ell = logq.repeat_interleave(g, 0).gather(1, y0[:, None]).squeeze(1)    # [N] ℓ_i recomputed
-        if not torch.allclose(ell[m0], ft.logp.detach()[:, 0].float()[m0], rtol=1e-4, atol=1e-4):
+        z = y.detach()[:, -1, :].float()                                        # [b, V]
+        logq = torch.log_softmax(z / tau if tau != 1.0 else z, dim=-1)          # as completion_logprobs
+        y0 = ft.completion_ids[:, 0].reshape(rows, g).long()                    # [b, g]
+        m0 = ft.completion_mask[:, 0].reshape(rows, g) != 0                     # [b, g] has a first token
+        ell = logq.gather(1, y0)                                                # [b, g] ℓ_i recomputed
+        lp0 = ft.logp.detach()[:, 0].reshape(rows, g).float()
+        # |ℓ_i − logp_i0| ≤ 1e-4 + 1e-4·|logp_i0| on real first tokens (torch.allclose's rule,
+        # NaN fails), one reduction instead of masked copies
+        if (~((ell - lp0).abs() <= 1e-4 + 1e-4 * lp0.abs()) & m0).any():
             raise ValueError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
                              "(the model scales or soft-caps logits after the head); forward [prompt | "
                              "completion] per row (group_size=1) for exact features, or in the trainer set "
                              "grad_exact=false (approximate).")
         if g_logp is None:
-            return torch.zeros(n_rows, p_out.shape[0], pa.shape[-1], dtype=pa.dtype, device=pa.device)
-        coef = (g_logp.detach()[:, 0] * m0).to(p_out.dtype) / tau              # [N] ∂L/∂ℓ_i / τ
-        pq = (logq.exp().to(p_out.dtype) @ p_out.T).repeat_interleave(g, 0)    # [N, k_o] P_out softmax
-        pb = coef[:, None] * (p_out.T[y0] - pq)                                 # [N, k_o] P_out b_i
-        ph = pa[:, -1, :].repeat_interleave(g, 0)                              # [N, k_i] P_in h
-        return pb[:, :, None].to(pa.dtype) * ph[:, None, :]
+            return None
+        coef = (g_logp.detach()[:, 0].reshape(rows, g) * m0).to(p_out.dtype) / tau    # [b, g] ∂L/∂ℓ_i / τ
+        pq = logq.exp().to(p_out.dtype) @ p_out.T                                # [b, k_o] P_out softmax
+        pb = coef[:, :, None] * (p_out.T[y0] - pq[:, None, :])                   # [b, g, k_o] P_out b_i
+        ph = pa[:, -1:, :].expand(rows, g, pa.shape[-1])                         # [b, g, k_i] P_in h
+        return pb.to(pa.dtype).reshape(n_rows, 1, -1), ph.reshape(n_rows, 1, -1)
 
     def project(self, weight_grads: list[torch.Tensor]) -> torch.Tensor:
         """float32[dim] the feature of full weight gradients (one per hooked layer, in order):
@@ -287,23 +307,58 @@ def heldout_reference(model, gf: GradFeatures, rollout, temperature: float = 1.0
     return feats.sum(0).detach().cpu().numpy().astype("float32")
 
 
-def split_with_grads(fb, rows, grads, ref_grad):
-    """[Feedback of the groups `rows` (indices into fb) with their features `grads` [len(rows), G, d]
-    and `ref_grad`, Feedback of the other groups without] — empty parts left out. How the recipe
-    reports a round's groups once features exist: trained groups carry them, dropped ones cannot."""
-    from ..types import Feedback
+def split_with_grads(fb, rows, trained, cols):
+    """[Feedback of the groups `rows` (indices into fb) with the features of rows `cols` of
+    `trained` (`trained.grads[cols]`, `trained.ref_grad`), Feedback of fb's other groups
+    without] — empty parts left out. How the recipe reports a round's groups once features
+    exist: trained groups carry them, dropped ones cannot. `trained` is the training batch's
+    Feedback; row `cols[k]` of it is group `rows[k]` of fb (ValueError when the prompt ids or
+    the group size disagree).
 
+    fb and `trained` are validated Feedbacks, so the parts, row subsets of their read-only
+    arrays, are assembled without validating them again (re-checking the [B, G, d] features
+    cost as much as the rest of the split). Fields other than prompt_ids, rewards, advantages,
+    step, lengths, grads and ref_grad are left None.
+
+    >>> fb = Feedback([5, 6, 7], [[1, 0], [0, 0], [1, 1]])
+    >>> tr = Feedback([7, 5], [[1, 1], [1, 0]], grads=np.arange(8.0).reshape(2, 2, 2))
+    >>> parts = split_with_grads(fb, [2, 0], tr, [0, 1])
+    >>> [(p.prompt_ids.tolist(), None if p.grads is None else p.grads[:, :, 0].tolist()) for p in parts]
+    [([7, 5], [[0.0, 2.0], [4.0, 6.0]]), ([6], None)]
+    """
     rows = np.asarray(rows, dtype=np.int64)
-    rest = np.setdiff1d(np.arange(fb.batch_size), rows)
-
-    def part(idx, **kw):
-        return Feedback(fb.prompt_ids[idx], fb.rewards[idx],
-                        None if fb.advantages is None else fb.advantages[idx], fb.step,
-                        lengths=None if fb.lengths is None else fb.lengths[idx], **kw)
-
+    cols = np.asarray(cols, dtype=np.int64)
+    others = np.ones(fb.batch_size, dtype=bool)
+    others[rows] = False
+    rest = np.flatnonzero(others)                          # sorted, as np.setdiff1d (a tenth of its cost)
+    if rows.size and (trained.grads is None or rows.shape != cols.shape
+                      or not np.array_equal(fb.prompt_ids[rows], trained.prompt_ids[cols])
+                      or trained.grads.shape[1] != fb.group_size):
+        raise ValueError("split_with_grads: rows of the round's Feedback and cols of the trained batch's "
+                         "must name the same groups (same prompt ids and group size), and the trained "
+                         "batch's Feedback must carry grads.")
     out = []
     if rows.size:
-        out.append(part(rows, grads=grads, ref_grad=ref_grad))
+        out.append(_rows(fb, rows, trained.grads[cols], trained.ref_grad))
     if rest.size:
-        out.append(part(rest))
+        out.append(_rows(fb, rest))
     return out
+
+
+def _rows(fb, idx, grads=None, ref_grad=None):
+    """Feedback of fb's groups `idx` (+ grads, ref_grad), from already validated arrays: what
+    `Feedback(fb.prompt_ids[idx], fb.rewards[idx], ..., grads=grads, ref_grad=ref_grad)` builds,
+    without a second validation (`split_with_grads`)."""
+    fields = {"prompt_ids": fb.prompt_ids[idx], "rewards": fb.rewards[idx],
+              "advantages": None if fb.advantages is None else fb.advantages[idx], "step": fb.step,
+              "lengths": None if fb.lengths is None else fb.lengths[idx], "grads": grads, "ref_grad": ref_grad}
+    out = object.__new__(Feedback)
+    for name in _FEEDBACK_FIELDS:
+        v = fields.get(name)
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)                        # fresh copies from fancy indexing
+        object.__setattr__(out, name, v)
+    return out
+
+
+_FEEDBACK_FIELDS = tuple(f.name for f in dataclasses.fields(Feedback))

@@ -388,13 +388,14 @@ def train(cfg: TrainConfig) -> dict:
                     feats.append(gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact,
                                              first_token=first))                             # [n, d]
                     pre.append(logp)
-                grads_np = torch.cat(feats).cpu().numpy().reshape(taken, g, gf.dim)         # [Bt, G, d]
+                feats = feats[0] if len(feats) == 1 else torch.cat(feats)
+                grads_np = feats.cpu().numpy().reshape(taken, g, gf.dim)                   # [Bt, G, d]
                 fb_t = Feedback(fb_t.prompt_ids, fb_t.rewards, fb_t.advantages, step, lengths=fb_t.lengths,
                                 grads=grads_np, ref_grad=grad_ref)
                 for pi, fb_r in enumerate(fbs):
                     mine = [i for i, (p_, _) in enumerate(src) if p_ == pi]
-                    for part in split_with_grads(fb_r, [src[i][1] for i in mine], grads_np[mine], grad_ref):
-                        sched.observe(part)
+                    for part in split_with_grads(fb_r, [src[i][1] for i in mine], fb_t, mine):
+                        sched.observe(part)      # fb_t's validated features: not checked twice
                 fbs = []
                 if cfg.grad_reference == "previous":
                     grad_ref = grads_np.sum(axis=(0, 1))          # the next step's reference

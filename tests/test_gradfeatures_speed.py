@@ -1,0 +1,261 @@
+"""The cheaper per-step feature path (issue 11: ≤ +5 % step time) computes the same numbers:
+the batched lm_head features (first token's closed form folded into one product) against a
+loop of single-rollout backward() calls in the trainer's float32, the logits check on NaN,
+DIEM's eigendecomposition solve against np.linalg.pinv, and the round Feedback parts that
+split_with_grads assembles from validated arrays against the validating constructor."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rlpace import Feedback, Pool, Scheduler
+from rlpace.policies._diem import _rescale, constrained_weights, diem
+from rlpace.train.gradfeatures import split_with_grads
+from rlpace.types import Batch
+
+
+# ---- split_with_grads: parts from validated arrays -------------------------------------------
+def _round_and_trained():
+    rng = np.random.default_rng(0)
+    fb = Feedback([4, 9, 2, 7, 5], rng.integers(0, 2, (5, 3)).astype(float), rng.standard_normal((5, 3)), step=6,
+                  lengths=rng.integers(1, 9, (5, 3)))
+    # the trained batch: groups 3 and 0 of this round, then a group of another round (id 11)
+    grads = rng.standard_normal((3, 3, 4)).astype(np.float32)
+    trained = Feedback([7, 4, 11], rng.integers(0, 2, (3, 3)).astype(float), step=6, grads=grads,
+                       ref_grad=[0.5, -1.0, 0.0, 2.0])
+    return fb, trained
+
+
+def test_split_parts_equal_what_the_validating_constructor_builds():
+    fb, trained = _round_and_trained()
+    parts = split_with_grads(fb, [3, 0], trained, [0, 1])
+    expect = [Feedback(fb.prompt_ids[[3, 0]], fb.rewards[[3, 0]], fb.advantages[[3, 0]], 6,
+                       lengths=fb.lengths[[3, 0]], grads=trained.grads[[0, 1]], ref_grad=trained.ref_grad),
+              Feedback(fb.prompt_ids[[1, 2, 4]], fb.rewards[[1, 2, 4]], fb.advantages[[1, 2, 4]], 6,
+                       lengths=fb.lengths[[1, 2, 4]])]
+    assert len(parts) == 2
+    for got, want in zip(parts, expect):
+        assert type(got) is Feedback
+        for f in dataclasses.fields(Feedback):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            if b is None or not isinstance(b, np.ndarray):
+                assert a == b, f.name
+                continue
+            assert a.dtype == b.dtype and a.shape == b.shape and not a.flags.writeable, f.name
+            np.testing.assert_array_equal(a, b)
+    assert parts[0].prompt_ids.tolist() == [7, 4] and parts[1].prompt_ids.tolist() == [9, 2, 5]
+    np.testing.assert_array_equal(parts[0].grads[1], trained.grads[1])          # group 0 (id 4) ← row 1
+    # the Scheduler ends in the same state as with the constructor's Feedbacks
+    pool = Pool(["a", "b"] * 6)
+    s1, s2 = Scheduler(pool, "dvc", window=3), Scheduler(pool, "dvc", window=3)
+    for p, q in zip(parts, expect):
+        s1.observe(p)
+        s2.observe(q)
+    for k, v in s2.state_dict().items():
+        np.testing.assert_array_equal(s1.state_dict()[k], v)
+
+
+def test_split_edge_cases_and_mismatch_refused():
+    fb, trained = _round_and_trained()
+    (only,) = split_with_grads(fb, [], trained, [])                            # nothing trained
+    assert only.grads is None and only.prompt_ids.tolist() == fb.prompt_ids.tolist()
+    (every,) = split_with_grads(fb, [3, 0, 1, 2, 4], Feedback([7, 4, 9, 2, 5], np.zeros((5, 3)),
+                                                              grads=np.ones((5, 3, 2))), [0, 1, 2, 3, 4])
+    assert every.grads.shape == (5, 3, 2) and every.prompt_ids.tolist() == [7, 4, 9, 2, 5]
+    with pytest.raises(ValueError, match="same groups"):
+        split_with_grads(fb, [3, 0], trained, [1, 0])                           # ids 4, 7 ≠ 7, 4
+    with pytest.raises(ValueError, match="carry grads"):
+        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 3))), [0])
+    with pytest.raises(ValueError, match="group size"):
+        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 2)), grads=np.ones((1, 2, 4))), [0])
+
+
+# ---- DIEM: the eigendecomposition solve ------------------------------------------------------
+def _pinv_reference(f, i, ridge, rcond=1e-10):
+    """W = (P + λI)⁺Î rescaled to ‖WᵀF‖ = ‖1ᵀF‖, through np.linalg.pinv (the SVD path)."""
+    p = f @ f.T
+    c = float(np.sum(f.sum(axis=0) ** 2))
+    lam = ridge * np.trace(p) / len(f)
+    w = np.linalg.pinv(p + lam * np.eye(len(f)), rcond=rcond) @ i
+    return w * np.sqrt(c / (w @ p @ w))
+
+
+@pytest.mark.parametrize("n, d, zero_rows, ridge", [(16, 256, 0, 0.0), (16, 256, 5, 0.0), (40, 8, 0, 0.0),
+                                                    (16, 256, 5, 1e-3), (12, 12, 3, 1.0)])
+def test_diem_solve_equals_the_pseudo_inverse(n, d, zero_rows, ridge):
+    rng = np.random.default_rng(n * d + zero_rows)
+    f = rng.standard_normal((n, d))
+    f[:zero_rows] = 0.0                                  # groups with A = 0: exactly rank deficient
+    i = f @ rng.standard_normal(d)                       # a reference-direction importance
+    np.testing.assert_allclose(constrained_weights(f, i, ridge), _pinv_reference(f, i, ridge), rtol=1e-8,
+                               atol=1e-10)
+
+
+def test_diem_apply_reuses_one_gram_and_matches_the_two_step_rule():
+    # apply = ReLU(constrained_weights) rescaled by the same P and C, in prompt units from the
+    # float32 features summed in float64
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((6, 4, 10)).astype(np.float32)
+    pool = Pool(list(range(6)))
+    fb = Feedback(np.arange(6), rng.integers(0, 2, (6, 4)).astype(float), grads=g)
+    p = diem(importance="loo", ridge=0.01)
+    w = p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5))
+    f = g.astype(np.float64).sum(axis=1)
+    f = f / np.abs(f).max()
+    i = np.array([f[k] @ (f.sum(axis=0) - f[k]) for k in range(6)])
+    w0 = np.maximum(_pinv_reference(f, i, 0.01), 0.0)
+    w0 = _rescale(w0, f @ f.T, float(np.sum(f.sum(axis=0) ** 2)))
+    assert (w0 == 0).any() and (w0 > 0).any()             # the ReLU did clip
+    np.testing.assert_allclose(w, np.repeat(w0[:, None], 4, axis=1), rtol=1e-9)
+
+
+# ---- lm_head features over the shared prompt forward, in float32 -----------------------------
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    cfg = Qwen2Config(vocab_size=30, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).train()
+
+
+def _grouped(b=3, g=4, p=5, t=4):
+    from rlpace.train.rollout import Rollout
+    gen = torch.Generator().manual_seed(2)
+    p_ids = torch.randint(3, 30, (b, p), generator=gen).repeat_interleave(g, 0)
+    p_mask = torch.ones(b * g, p, dtype=torch.long)
+    p_mask[:g, :2] = 0                                               # group 0 left-padded
+    c_mask = torch.ones(b * g, t)
+    c_mask[1, 2:] = 0
+    c_mask[6, 0] = 0                                                 # no first token, later ones real
+    ro = Rollout(p_ids, p_mask, torch.randint(3, 30, (b * g, t), generator=gen), c_mask)
+    return ro, torch.randn(b * g, generator=gen)
+
+
+def test_float32_lm_head_features_over_the_shared_prompt_equal_single_rollout_backward():
+    # The trainer's dtype (float32), tied embeddings (the head's own projection part), three
+    # groups of four, a temperature and a clipped objective; reference: per-row forwards in
+    # float64, one backward() per rollout, projected.
+    from rlpace.train.gradfeatures import FirstToken, GradFeatures
+    from rlpace.train.losses import policy_loss
+    from rlpace.train.rollout import completion_logprobs
+    model = _model()
+    ro, adv = _grouped()
+    n, tau = len(adv), 0.8
+    gf = GradFeatures(model, "lm_head", grad_dim=64, seed=5)
+    with torch.no_grad():
+        noise = torch.randn(n, 4, generator=torch.Generator().manual_seed(1))
+        old = completion_logprobs(model, ro, tau, 1) + 0.2 * noise            # π_old ≠ π: clipping acts
+    keep = torch.ones(n)
+    with gf.capture():
+        logp = completion_logprobs(model, ro, tau, group_size=4)
+        loss = policy_loss("grpo", logp, old, adv, ro.completion_mask, keep, clip_low=0.2, clip_high=0.2).loss
+    feats = gf.features(loss, n, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, tau))
+    assert feats.dtype == torch.float32 and feats.shape == (n, gf.dim)
+
+    m64 = _model().double()
+    head = m64.get_output_embeddings()
+    p_in, p_out = gf.layers[0].p_in.double(), gf.layers[0].p_out.double()
+    exact = []
+    for i in range(n):
+        m64.zero_grad(set_to_none=True)
+        grads = []
+        h = head.register_full_backward_hook(lambda mod, gi, go: grads.append(go[0]))
+        acts = []
+        h2 = head.register_forward_hook(lambda mod, inp, out: acts.append(inp[0]))
+        onehot = torch.zeros(n, dtype=torch.float64)
+        onehot[i] = 1.0
+        lp = completion_logprobs(m64, ro, tau, 1)
+        policy_loss("grpo", lp, old.double(), adv.double(), ro.completion_mask.double(), keep.double(), onehot,
+                    clip_low=0.2, clip_high=0.2).loss.backward()
+        h.remove(), h2.remove()
+        gw = grads[0].reshape(-1, grads[0].shape[-1]).T @ acts[0].reshape(-1, acts[0].shape[-1])   # ∇W of the head
+        exact.append((p_out @ gw.detach() @ p_in.T).reshape(-1))
+    exact = torch.stack(exact)
+    assert exact[6].abs().max() > 0                    # its later tokens still count (only the first is masked)
+    # float32 against float64: entries agree to ~2e-5 of the largest (without the first-token
+    # term, shared_prefix=True, they are off by up to 80 % of it here)
+    scale = exact.abs().max().item()
+    np.testing.assert_allclose(feats.double().numpy(), exact.numpy(), rtol=1e-3, atol=5e-5 * scale)
+
+
+def test_first_token_check_refuses_nan_logprobs():
+    from rlpace.train.gradfeatures import FirstToken, GradFeatures
+    from rlpace.train.rollout import completion_logprobs
+    model = _model()
+    ro, adv = _grouped()
+    gf = GradFeatures(model, "lm_head", grad_dim=16)
+    with gf.capture():
+        logp = completion_logprobs(model, ro, 1.0, group_size=4)
+        loss = -(logp * adv[:, None]).sum()
+    bad = logp.clone()
+    bad[2, 0] = float("nan")
+    with pytest.raises(ValueError, match="not the first token's logits"):
+        gf.features(loss, len(adv), first_token=FirstToken(bad, ro.completion_ids, ro.completion_mask))
+
+
+# ---- the recipe: refill rounds split into parts with and without features --------------------
+def test_trainer_observes_every_round_with_the_trained_groups_features(tmp_path, cache, monkeypatch):
+    # DAPO dynamic sampling drops all-equal groups and refills: several rounds per step, each
+    # split into trained groups (with their rows of the training batch's features) and dropped
+    # ones (without). In observe order, the feature-carrying parts are the training batch.
+    from _tiny_train import TINY, read_log, tiny_config
+    from rlpace.train import train
+    events = []
+    real_obs, real_tw = Scheduler.observe, Scheduler.token_weights
+
+    def observe(self, fb):
+        events.append(("observe", fb))
+        return real_obs(self, fb)
+
+    def token_weights(self, fb, probs, mask):
+        events.append(("train", fb))
+        return real_tw(self, fb, probs, mask)
+
+    monkeypatch.setattr(Scheduler, "observe", observe)
+    monkeypatch.setattr(Scheduler, "token_weights", token_weights)
+    cfg = tiny_config(tmp_path / "run", cache, **{**TINY, "steps": 3, "grad_dim": 16, "eval_every": 100,
+                                                  "policy": "diem+dapo_dynamic_sampling", "objective": "dapo",
+                                                  "max_refill_rounds": 2, "grad_reference": "none"})
+    train(cfg)
+    recs = [r for r in read_log(cfg.out) if not r.get("final")]
+    assert any(r["refill_rounds"] > 0 for r in recs)
+    steps, parts = [], []
+    for kind, fb in events:
+        if kind == "observe":
+            parts.append(fb)
+        else:
+            steps.append((parts, fb))
+            parts = []
+    steps[-1] = (steps[-1][0] + parts, steps[-1][1])        # a step with nothing trained observes after
+    assert len(steps) == len(recs)
+    for (obs, trained), rec in zip(steps, recs):
+        with_g = [p for p in obs if p.grads is not None]
+        assert sum(p.batch_size for p in obs) * 4 == rec["rollouts"]            # every group once
+        np.testing.assert_array_equal(np.concatenate([p.prompt_ids for p in with_g]), trained.prompt_ids)
+        np.testing.assert_array_equal(np.concatenate([p.grads for p in with_g]), trained.grads)
+        np.testing.assert_array_equal(np.concatenate([p.rewards for p in with_g]), trained.rewards)
+
+
+def test_float32_grads_take_the_fast_check_with_the_same_answers():
+    from rlpace import Feedback
+    g = np.arange(12, dtype=np.float32).reshape(2, 2, 3) / 7
+    fb = Feedback([0, 1], [[1, 0], [0, 1]], grads=g)
+    assert fb.grads.dtype == np.float32 and np.array_equal(fb.grads, g)
+    assert not np.shares_memory(fb.grads, g) and not fb.grads.flags.writeable      # a read-only copy
+    g[0, 0, 0] = 5.0
+    assert fb.grads[0, 0, 0] == 0.0
+    for bad, match in ((np.float32(np.nan), "NaN, inf"), (np.float32(np.inf), "NaN, inf")):
+        h = g.copy()
+        h[1, 0, 2] = bad
+        with pytest.raises(ValueError, match=match):
+            Feedback([0, 1], [[1, 0], [0, 1]], grads=h)
+    with pytest.raises(ValueError, match=r"must be \[B, G, d\]"):
+        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:, :, :0])
+    with pytest.raises(ValueError, match=r"must be \[B, G, d\]"):
+        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:1])
