@@ -15,7 +15,8 @@ from ._types import TaskSet
 __all__ = ["make_taskset", "SPEC_HELP"]
 
 SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostly_solved' (the "
-             "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'sort_ladder', "
+             "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'sort_ladder' or "
+             "'mostly_solved_last' (their earlier versions), "
              "'embedded:add1,rev3,...', "
              "'grid:<family>' (every size of an embedded family, one distribution each: the parameter grid of "
              "criticality_grid), 'grid:rg:NAME:FIELD=v1,v2,...[;key=value]' (a reasoning-gym dataset, one "
