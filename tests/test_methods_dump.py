@@ -182,3 +182,12 @@ def test_pool_base_tilts_the_pool_shares():
     np.testing.assert_allclose(np.exp(z / 0.1) / np.exp(z / 0.1).sum(), [0.5, 0.5], atol=1e-12)
     with pytest.raises(ValueError, match="base"):
         dump_ucb(base="prompts")
+
+
+def test_pool_arm_share_is_computed_once_and_read_only():
+    pool = Pool([0, 1, 1, 1, 2, 2])
+    share = pool.arm_share("domain")
+    np.testing.assert_array_equal(share, [1 / 6, 3 / 6, 2 / 6])
+    assert pool.arm_share("domain") is share and not share.flags.writeable
+    with pytest.raises(ValueError, match="arms"):
+        pool.arm_share("prompt")

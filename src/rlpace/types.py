@@ -308,6 +308,16 @@ class Pool:
         """float64[K] fraction of the pool in each domain."""
         return np.bincount(self.domains, minlength=self.n_domains) / len(self)
 
+    def arm_share(self, arms: str) -> np.ndarray:
+        """float64[K] read-only fraction of the pool's prompts in each arm ("domain" or
+        "cluster"), computed once (a mixture reads it at every proposal)."""
+        key = ("arm_share", arms)
+        if key not in self._cache:
+            share = np.bincount(self.arm_codes(arms), minlength=self.n_arms(arms)) / len(self)
+            share.setflags(write=False)
+            self._cache[key] = share
+        return self._cache[key]
+
     def fingerprint_parts(self) -> dict[str, str]:
         """{part: short hash} for each part of what identifies the pool: `size`, `domains`
         (labels and codes), `clusters` (labels and codes), `ranks`, `difficulty`, `ids`, and

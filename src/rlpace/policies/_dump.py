@@ -110,9 +110,8 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         total = max(1, int(n.sum()))
         score = mu + c * np.sqrt(2.0 * np.log(total + 1) / (n + 1))
         if base == "pool":        # tilt the pool's shares: p ∝ s·exp(score/T); an empty arm gets 0
-            share = np.bincount(pool.arm_codes(arms), minlength=score.shape[0]) / len(pool)
             with np.errstate(divide="ignore"):
-                score = score + temperature * np.log(share)
+                score = score + temperature * np.log(pool.arm_share(arms))
         p = softmax(shifted(score), temperature)
         k = p.shape[0]
         return (1.0 - k * floor) * p + floor
