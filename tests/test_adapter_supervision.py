@@ -697,12 +697,10 @@ V1_SCRIPT = textwrap.dedent('''
     from omegaconf import OmegaConf
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
 
-    import rlpace.adapters.verl as rv
     from rlpace import Pool, Scheduler
     from rlpace.adapters import _verl_v1
     from tokenizers import decoders
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     from verl07._verl_data import make_tokenizer
     tok = make_tokenizer()
     tok.backend_tokenizer.decoder = decoders.ByteLevel()
@@ -711,13 +709,8 @@ V1_SCRIPT = textwrap.dedent('''
     LABELS = {"100": "1", "101": "x", "102": "3", "103": "x"}
     pool = Pool(["math"] * 4, ids=[100, 101, 102, 103], labeled=[True, False, True, False])
     sched = Scheduler(pool, "ttrl")
-    observed = []
-    observe = sched.observe
-    sched.observe = lambda fb: observed.append(fb) or observe(fb)
-    rv._SHARED["train"] = rv.VerlFeedback(sched, reward_key="acc")
-
-    worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)   # verl's write path, no server
-    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
+    from _isolated import recording_tq_worker
+    observed, worker = recording_tq_worker(sched)                     # verl's write path, no server
 
     def write_group(uid, index, step):
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "running", "global_steps": step})

@@ -21,6 +21,7 @@ Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); mar
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import numpy as np
@@ -36,6 +37,7 @@ from _isolated import run_result_script  # noqa: E402 - after the importorskips
 
 SCRIPT = textwrap.dedent('''
     import asyncio, json, sys
+    sys.path.insert(0, sys.argv[2])
     import numpy as np, ray
     mode = sys.argv[1]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -43,13 +45,11 @@ SCRIPT = textwrap.dedent('''
     from omegaconf import OmegaConf
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
 
-    import rlpace.adapters.verl as rv
     from rlpace import Pool, Scheduler, compose
     from rlpace.adapters import _verl_v1
     from rlpace.policies import make_policy
     from rlpace.policies._base import ADMISSION, Admission, DataPolicy, EmptyState
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
     def keep_fn(b):
         keep = np.ones(b.rewards.shape, bool)
@@ -61,13 +61,8 @@ SCRIPT = textwrap.dedent('''
     sched = Scheduler(pool, compose(make_policy("uniform"), DataPolicy(
         ADMISSION, lambda p: EmptyState(), lambda s, p, b: s, lambda s, p, b: Admission(keep_fn(b), 0),
         name="test_admission")))
-    observed = []
-    observe = sched.observe
-    sched.observe = lambda fb: observed.append(fb) or observe(fb)
-    rv._SHARED["train"] = rv.VerlFeedback(sched, reward_key="acc")
-
-    worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)   # verl's write path, no server
-    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
+    from _isolated import recording_tq_worker
+    observed, worker = recording_tq_worker(sched)                     # verl's write path, no server
     written = {}
 
     def write_group(uid, index, rewards, step):
@@ -115,7 +110,8 @@ SCRIPT = textwrap.dedent('''
 def run_buffer(tmp_path, mode):
     script = tmp_path / "tq_run.py"
     script.write_text(SCRIPT)
-    return run_result_script(script, [mode], tmp_path, 240, "TransferQueue/Ray")
+    return run_result_script(script, [mode, os.path.dirname(os.path.abspath(__file__))], tmp_path, 240,
+                             "TransferQueue/Ray")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

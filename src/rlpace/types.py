@@ -21,7 +21,7 @@ import functools
 import hashlib
 import json
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields as dataclass_fields
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -305,8 +305,8 @@ class Pool:
         return self._cache["domain_cluster_counts"]
 
     def domain_share(self) -> np.ndarray:
-        """float64[K] fraction of the pool in each domain."""
-        return np.bincount(self.domains, minlength=self.n_domains) / len(self)
+        """float64[K] fraction of the pool in each domain (a writable copy of `arm_share`)."""
+        return self.arm_share("domain").copy()
 
     def arm_share(self, arms: str) -> np.ndarray:
         """float64[K] read-only fraction of the pool's prompts in each arm ("domain" or
@@ -623,25 +623,22 @@ def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
     """float32[B, G, d] per-rollout gradient features (a copy), or a ValueError naming
     Feedback.grads."""
     raw = _numeric("grads", values)
-    if isinstance(raw, np.ndarray) and raw.dtype == np.float32:
-        # the trainers' case: a finite float32 is within float32's range, so one isfinite pass
-        # on a float32 copy checks everything the float64 path below checks, at a third the cost
-        arr = np.array(raw, dtype=np.float32)
-        if arr.ndim == 3 and arr.shape[:2] == shape and arr.shape[2] > 0 and np.isfinite(arr).all():
-            return arr
-    arr = np.array(raw, dtype=np.float64)
+    # float32 input (the trainers') is checked as float32: no float64 copy of [B, G, d]
+    arr = np.array(raw, dtype=np.float32 if raw.dtype == np.float32 else np.float64)
     if shape[0] == 0 and arr.size == 0:
         return np.zeros((0, shape[1], arr.shape[-1] if arr.ndim == 3 else 0), np.float32)
     if arr.ndim != 3 or arr.shape[:2] != shape or arr.shape[2] == 0:
         raise ValueError(f"Feedback.grads has shape {arr.shape} but must be [B, G, d] = [{shape[0]}, "
                          f"{shape[1]}, d ≥ 1] (rewards has {shape}): one d-dim gradient feature per "
                          f"rollout (rlpace.train.gradfeatures computes them).")
-    # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused.
-    if not (np.isfinite(arr).all() and (np.abs(arr) <= np.finfo(np.float32).max).all()):
-        bad = np.argwhere(~(np.abs(arr) <= np.finfo(np.float32).max))[0].tolist()
+    # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused
+    # (NaN and ±inf fail the comparison too).
+    in_range = np.abs(arr) <= np.finfo(np.float32).max
+    if not in_range.all():
+        bad = np.argwhere(~in_range)[0].tolist()
         raise ValueError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
                          f"check the loss for overflow or drop those rollouts.")
-    return arr.astype(np.float32)
+    return arr.astype(np.float32, copy=False)                 # arr is already a fresh copy
 
 
 def _feedback_ref_grad(values: Any, grads: np.ndarray | None) -> np.ndarray:
@@ -780,6 +777,23 @@ class Feedback:
         object.__setattr__(self, "token_entropy", ent)
         object.__setattr__(self, "self_certainty", sc)
         object.__setattr__(self, "mean_logprob", mlp)
+
+    @classmethod
+    def _from_validated(cls, **fields) -> "Feedback":
+        """A Feedback assembled from arrays that already passed this class's validation (row
+        subsets of validated Feedbacks: `rlpace.train.gradfeatures.split_with_grads`), stored
+        read-only, without checking them again; fields not given are None. TypeError for a
+        name that is not a field."""
+        unknown = set(fields) - {f.name for f in dataclass_fields(cls)}
+        if unknown:
+            raise TypeError(f"Feedback has no fields {sorted(unknown)}.")
+        out = object.__new__(cls)
+        for f in dataclass_fields(cls):
+            v = fields.get(f.name)
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
+            object.__setattr__(out, f.name, v)
+        return out
 
     @property
     def batch_size(self) -> int:

@@ -58,7 +58,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from typing import NamedTuple
 
@@ -349,16 +348,7 @@ def _rows(fb, idx, grads=None, ref_grad=None):
     """Feedback of fb's groups `idx` (+ grads, ref_grad), from already validated arrays: what
     `Feedback(fb.prompt_ids[idx], fb.rewards[idx], ..., grads=grads, ref_grad=ref_grad)` builds,
     without a second validation (`split_with_grads`)."""
-    fields = {"prompt_ids": fb.prompt_ids[idx], "rewards": fb.rewards[idx],
-              "advantages": None if fb.advantages is None else fb.advantages[idx], "step": fb.step,
-              "lengths": None if fb.lengths is None else fb.lengths[idx], "grads": grads, "ref_grad": ref_grad}
-    out = object.__new__(Feedback)
-    for name in _FEEDBACK_FIELDS:
-        v = fields.get(name)
-        if isinstance(v, np.ndarray):
-            v.setflags(write=False)                        # fresh copies from fancy indexing
-        object.__setattr__(out, name, v)
-    return out
-
-
-_FEEDBACK_FIELDS = tuple(f.name for f in dataclasses.fields(Feedback))
+    return Feedback._from_validated(
+        prompt_ids=fb.prompt_ids[idx], rewards=fb.rewards[idx], step=fb.step,
+        advantages=None if fb.advantages is None else fb.advantages[idx],
+        lengths=None if fb.lengths is None else fb.lengths[idx], grads=grads, ref_grad=ref_grad)
