@@ -6,20 +6,38 @@ Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each)
     plain     policy=uniform                      no features (the shared-prompt forward)
     features  policy=uniform grad_features=on     exact features computed, weights 1 (lm_head:
                                                   the shared-prompt forward + the first token's
-                                                  share in closed form; last_block/all: per row)
+                                                  share from its repeated logits; last_block/all:
+                                                  per row)
     diem      policy=diem                         features → DIEM weights → weighted backward
     diem_shared  ... grad_exact=false               the shared-prompt forward, approximate features
     dvc       policy=dvc                          features → observe → EXP3.S mixture
     diem_ref  policy=diem grad_reference=heldout  + a held-out reference gradient every k steps
 
-They run in alternating rounds (plain, features, diem, dvc, diem_ref, plain, ...) so slow
-drifts of a shared machine hit every configuration alike. Reported per configuration: the
-median step time, the median time of the loss/backward part (`train_seconds`), the median
-CPU time of a step (`time.thread_time` of the training thread: what the step computed, less
-the time a busy machine made it wait for a core), each relative to `plain`, and the paired
-per-round CPU overhead (each round against that round's `plain`; median and range). The
-first `--skip` steps of every run are left out (warm-up). On a shared machine a few % of
-noise remains between runs: repeat, and read the per-round range.
+Paired by step (the default). The configurations run in lockstep — one thread each, taking
+turns step by step (plain's step k, features' step k, ..., then plain's step k + 1), the
+order rotated by one every round — so drifts of a shared machine hit them alike. A
+training run's step time depends on what was generated, and a reweighted policy soon
+generates other lengths than plain GRPO's: over 20 steps that difference (±6 % between runs)
+is larger than the overhead measured. So every run trains at
+a learning rate of 1e-12 (`lr` must be > 0; a float32 weight of magnitude ≥ 1e-4 does not
+move at that rate): the policy stays the base, and since prompts and samples derive from
+(seed, step), every configuration whose mixture is uniform (all but dvc) draws the same
+prompts and generates the same rollouts as plain at every step — checked, and printed as
+"same batches". All the step computes is still done (features, weights, the weighted
+backward, the optimizer step). Reported per configuration: the median over steps of the
+paired difference of CPU time (`time.thread_time` of the training thread: what the step
+computed, less the time a busy machine made it wait for a core) to plain's same step of the
+same round, in ms and relative to plain's median step, with a 95 % bootstrap interval over
+rounds (each round's median difference; rounds resampled); the mean difference (which, unlike
+the median, counts work done every k steps, such as `diem_ref`'s held-out reference); and the
+median step time. dvc draws its own prompts (its mixture is not uniform): its difference
+is against other batches of the same policy, so it carries the length noise again.
+
+`--moving` times real training instead (lr as configured), one run after the other in
+alternating rounds (plain, features, diem, ..., plain, ...): the median step time, the
+median loss/backward time (`train_seconds`) and the median CPU time, each relative to
+`plain`, and each round's median CPU time against that round's plain (median and range).
+The first `--skip` steps of every run are left out (warm-up).
 
 `--synthetic H,L,V,P,T` instead times one loss forward + backward of a random Qwen2 (hidden
 H, L layers, vocabulary V, P prompt and T completion tokens, B·G rows) without the trainer:
@@ -28,7 +46,8 @@ both modes (plus `shared_exact_lm_head`: exact lm_head features over the shared-
 — how the overhead scales beyond the tiny model.
 
 Usage:
-    python benchmarks/gradients.py                         # B = 16, G = 8, lm_head, d = 256
+    python benchmarks/gradients.py                         # B = 16, G = 8, lm_head, d = 256, paired
+    python benchmarks/gradients.py --moving --rounds 8     # step times of real training runs
     python benchmarks/gradients.py --steps 10 --rounds 2 --grad-params last_block
     python benchmarks/gradients.py --synthetic 256,4,4096,32,64 --batch-prompts 8
     python benchmarks/gradients.py --learning --seeds 3 --steps 60   # final accuracy vs uniform
@@ -99,9 +118,10 @@ def learning(base, names, seeds: int, steps: int, seed0: int = 0) -> dict:
     return {"steps": steps, "seeds": list(range(seed0, seed0 + seeds)), "rows": rows}
 
 
-def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[float], list[float]]:
+def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[float], list[float], list]:
     """Wall seconds, train_seconds and CPU seconds of this thread (`time.thread_time`) of each
-    step after the first `skip`. CPU time is read at every step record the trainer logs: the
+    step after the first `skip`, and each step's batch (its prompt ids and generated token
+    count: what pairs two runs' steps). CPU time is read at every step record the trainer logs: the
     difference of two consecutive reads is everything step k did. With one torch thread it
     equals the wall time on an idle machine, and on a shared one it leaves out the time spent
     waiting for a core."""
@@ -127,7 +147,129 @@ def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if not r.get("final")][skip:]
     cpu = [b - a for a, b in zip(stamps, stamps[1:])][max(skip, 1) - 1:]     # steps max(skip, 1)..
-    return [r["seconds"] for r in recs], [r["train_seconds"] for r in recs], cpu
+    return ([r["seconds"] for r in recs], [r["train_seconds"] for r in recs], cpu,
+            [(tuple(r["prompt_ids"]), r["tokens"]) for r in recs])
+
+
+def lockstep(base, names: list[str], steps: int, skip: int) -> dict:
+    """One training run per configuration, in threads that take turns step by step (plain's
+    step k, then features' step k, ... then plain's step k + 1): steps of the same index run
+    within a few tens of ms of each other, so drifts of a shared machine (another process
+    waking up, the clock) hit them alike; `paired_steps` rotates the order between rounds, so
+    what a step inherits from the one before it (caches) is shared out too. Only the thread whose turn it is computes (the
+    others wait on a condition; torch runs one thread). Returns, per configuration, each
+    step's CPU time of its thread (`time.thread_time`) and batch (prompt ids, tokens), the
+    first `skip` steps left out."""
+    import threading
+    import time
+
+    from rlpace.train import train
+    from rlpace.train.recipes import grpo
+
+    turn = {"i": 0, "active": list(range(len(names)))}
+    cond = threading.Condition()
+    stamps = {n: [] for n in names}
+    local = threading.local()
+
+    class Lockstep(grpo.StepLogger):
+        def __call__(self, rec):
+            out = super().__call__(rec)
+            if rec.get("final"):
+                return out
+            i = local.index
+            stamps[names[i]].append(time.thread_time())
+            with cond:
+                last = len(stamps[names[i]]) == steps + skip
+                order = turn["active"]
+                nxt = order[(order.index(i) + 1) % len(order)]
+                if last:
+                    order.remove(i)
+                turn["i"] = nxt if order else -1
+                cond.notify_all()
+                if not last:
+                    cond.wait_for(lambda: turn["i"] == i)
+            return out
+
+    outs = {n: Path(tempfile.mkdtemp(prefix=f"rlpace-grad-{n}-")) for n in names}
+    errors = []
+
+    def run(i, n):
+        local.index = i
+        try:
+            with cond:                  # step 0 starts in turn too
+                cond.wait_for(lambda: turn["i"] == i)
+            train(dataclasses.replace(base, out=str(outs[n]), steps=steps + skip, **CONFIGS[n]))
+        except BaseException as e:      # noqa: BLE001 — reported after the join
+            errors.append((n, e))
+            with cond:
+                if i in turn["active"]:
+                    turn["active"].remove(i)
+                turn["i"] = turn["active"][0] if turn["active"] else -1
+                cond.notify_all()
+
+    real = grpo.StepLogger
+    grpo.StepLogger = Lockstep
+    try:
+        threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(names)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        grpo.StepLogger = real
+    if errors:
+        raise RuntimeError(f"{errors[0][0]}: {errors[0][1]!r}")
+    result = {}
+    for n in names:
+        recs = [json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        recs = [r for r in recs if not r.get("final")]
+        st = stamps[n]
+        # step k's CPU time: from the stamp of step k − 1 (when its turn began is after that
+        # stamp, and waiting costs no CPU) to the stamp of step k
+        cpu = [b - a for a, b in zip(st, st[1:])][skip - 1 if skip else 0:]
+        batches = [(tuple(r["prompt_ids"]), r["tokens"]) for r in recs][max(skip, 1):]
+        result[n] = (cpu, batches, [r["seconds"] for r in recs][max(skip, 1):])
+    return result
+
+
+def paired_steps(base, names: list[str], rounds: int, steps: int, skip: int, seed: int = 0) -> dict:
+    """Per-step paired CPU-time differences to plain at a frozen policy, configurations in
+    lockstep (module docstring)."""
+    import numpy as np
+
+    base = dataclasses.replace(base, lr=1e-12)
+    ref = "plain"
+    runs = {n: [] for n in names}                     # per round: (cpu, batches, wall)
+    for k in range(rounds):                           # the turn order rotates by one each round
+        order = names[k % len(names):] + names[:k % len(names)]
+        for n, r in lockstep(base, order, steps, skip).items():
+            runs[n].append(r)
+    plain_cpu = float(np.median([c for r in runs[ref] for c in r[0]]))
+    rng = np.random.default_rng(seed)
+    print(f"paired by step at a frozen policy (lr = 1e-12), configurations in lockstep; {rounds} rounds × "
+          f"{steps} steps; plain step {1e3 * plain_cpu:.2f} ms CPU (median)")
+    print(f"{'config':<12} {'Δ ms/step':>10} {'vs plain':>9} {'95 % CI (rounds)':>20} {'mean Δ':>8} {'step ms':>8} "
+          f"{'same batches':>13}")
+    result = {"plain_cpu_s": plain_cpu, "rows": {}}
+    for n in names:
+        diffs, round_meds, same = [], [], True
+        for mine, theirs in zip(runs[n], runs[ref]):
+            d = np.array(mine[0]) - np.array(theirs[0])
+            diffs += d.tolist()
+            round_meds.append(float(np.median(d)))
+            same &= mine[1] == theirs[1]
+        med = float(np.median(diffs))
+        boot = [np.median(rng.choice(round_meds, len(round_meds))) for _ in range(2000)]
+        lo, hi = np.percentile(boot, [2.5, 97.5]) if len(round_meds) > 1 else (float("nan"),) * 2
+        step = float(np.median([c for r in runs[n] for c in r[0]]))
+        mean = float(np.mean(diffs))           # counts what runs every k steps (a held-out reference)
+        result["rows"][n] = {"median_diff_s": med, "overhead": med / plain_cpu, "ci": [lo / plain_cpu, hi / plain_cpu],
+                             "mean_overhead": mean / plain_cpu, "round_diffs_s": round_meds, "median_cpu_s": step,
+                             "same_batches": bool(same)}
+        print(f"{n:<12} {1e3 * med:+10.2f} {100 * med / plain_cpu:+8.1f}% "
+              f"{f'[{100 * lo / plain_cpu:+.1f}%, {100 * hi / plain_cpu:+.1f}%]':>20} {100 * mean / plain_cpu:+7.1f}% "
+              f"{1e3 * step:8.2f} {'yes' if same else 'no':>13}")
+    return result
 
 
 def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dict:
@@ -160,10 +302,10 @@ def synthetic(spec: str, b: int, g: int, grad_dim: int, repeats: int = 3) -> dic
         model.zero_grad(set_to_none=True)
         ctx = gf.capture() if gf is not None else _null()
         with ctx:
-            lp = completion_logprobs(model, ro, 1.0, group)
+            lp, z0 = completion_logprobs(model, ro, 1.0, group, first_logits=True)
             loss = policy_loss("grpo", lp, lp.detach(), adv, ro.completion_mask, keep).loss
         if gf is not None and exact_head:
-            gf.features(loss, n, first_token=FirstToken(lp, ro.completion_ids, ro.completion_mask))
+            gf.features(loss, n, first_token=FirstToken(z0))
         elif gf is not None:
             gf.features(loss, n, shared_prefix=group > 1)
         loss.backward()
@@ -213,6 +355,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--synthetic", default="", help="H,L,V,P,T: time a random Qwen2's loss step instead")
     ap.add_argument("--repeats", type=int, default=3, help="--synthetic: timed repeats per row (median)")
     ap.add_argument("--learning", action="store_true", help="final accuracy vs uniform instead of step time")
+    ap.add_argument("--moving", action="store_true",
+                    help="time real training runs (the policy moves) instead of paired steps at a frozen policy")
     ap.add_argument("--seeds", type=int, default=3, help="--learning: seeds (paired)")
     ap.add_argument("--seed0", type=int, default=0, help="--learning: first seed")
     args = ap.parse_args(argv)
@@ -239,13 +383,20 @@ def main(argv=None) -> dict:
                        checkpoint_every=0, progress=False, threads=1, grad_params=args.grad_params,
                        grad_dim=args.grad_dim)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    if not args.moving:
+        names = ["plain"] + [n for n in names if n != "plain"]
+        result = paired_steps(base, names, args.rounds, args.steps, args.skip)
+        result["config"] = {k: v for k, v in vars(args).items() if k != "out"}
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
     step_s = {n: [] for n in names}
     train_s = {n: [] for n in names}
     cpu_s = {n: [] for n in names}
     round_s = {n: [] for n in names}                 # each round's median step CPU time
     for _ in range(args.rounds):
         for n in names:
-            s, t, c = run_once(base, n, args.steps, args.skip)
+            s, t, c, _ = run_once(base, n, args.steps, args.skip)
             step_s[n] += s
             train_s[n] += t
             cpu_s[n] += c

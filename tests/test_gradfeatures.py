@@ -162,14 +162,15 @@ def test_lm_head_features_over_the_shared_prompt_forward_are_exact(temperature):
     keep = torch.ones(n, dtype=torch.float64)
 
     def loss_of(weight, group):
-        logp = completion_logprobs(model, ro, temperature, group_size=group)
-        return logp, policy_loss("grpo", logp, old, adv, ro.completion_mask.double(), keep, weight,
-                                 clip_low=0.2, clip_high=0.2).loss
+        logp, z0 = completion_logprobs(model, ro, temperature, group_size=group, first_logits=True)
+        return z0, policy_loss("grpo", logp, old, adv, ro.completion_mask.double(), keep, weight,
+                               clip_low=0.2, clip_high=0.2).loss
 
     with gf.capture():
-        logp, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
+        z0, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
     assert sum(pa.shape[0] == 2 for _, pa, _ in gf._calls) == 1        # the prompt ran once per group
-    feats = gf.features(loss, n, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, temperature))
+    assert z0.shape == (n, 1, 40)
+    feats = gf.features(loss, n, first_token=FirstToken(z0))
     exact = []
     for i in range(n):
         model.zero_grad(set_to_none=True)
@@ -183,7 +184,7 @@ def test_lm_head_features_over_the_shared_prompt_forward_are_exact(temperature):
     # without the first token's share (the approximate shared_prefix mode) rows with a first
     # token differ: the term is not negligible
     with gf.capture():
-        logp, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
+        _, loss = loss_of(torch.ones(n, dtype=torch.float64), 3)
     approx = gf.features(loss, n, shared_prefix=True)
     assert not np.allclose(approx.numpy(), exact.numpy(), rtol=1e-2, atol=1e-4)
 
@@ -193,19 +194,24 @@ def test_first_token_term_refuses_what_it_cannot_make_exact():
     model = _model(tied=False)
     ro, adv = _grouped()
     gf = GradFeatures(model, "lm_head", grad_dim=16)
+    # a model that soft-caps its logits after the head (as Gemma 2 does): the first token's
+    # logits are not the head's output, so b_i would be the capped logits' gradient — refused
+    cap = model.register_forward_hook(lambda mod, inp, out: out.__setitem__("logits", 5 * torch.tanh(out.logits / 5)))
     with gf.capture():
-        logp = completion_logprobs(model, ro, 1.0, group_size=3)
+        logp, z0 = completion_logprobs(model, ro, 1.0, group_size=3, first_logits=True)
         loss = -(logp * adv[:, None]).sum()
-    # logits that are not log softmax(z/τ) of the head output (here: a wrong τ) are refused
+    cap.remove()
     with pytest.raises(ValueError, match="not the first token's logits"):
-        gf.features(loss, 6, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, 0.5))
-    # inner layers over the shared prompt forward have no closed form: still refused
+        gf.features(loss, 6, first_token=FirstToken(z0))
+    # the per-row path has no shared prompt forward: no first-token logits to return
+    assert completion_logprobs(model, ro, 1.0, group_size=1, first_logits=True)[1] is None
+    # inner layers over the shared prompt forward have no such term: still refused
     gf = GradFeatures(model, "last_block", grad_dim=16)
     with gf.capture():
-        logp = completion_logprobs(model, ro, 1.0, group_size=3)
+        logp, z0 = completion_logprobs(model, ro, 1.0, group_size=3, first_logits=True)
         loss = -(logp * adv[:, None]).sum()
     with pytest.raises(ValueError, match="one per rollout"):
-        gf.features(loss, 6, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask))
+        gf.features(loss, 6, first_token=FirstToken(z0))
 
 
 # ---- the channel: Feedback.grads / ref_grad --------------------------------------------------
@@ -283,7 +289,15 @@ def test_trainer_diem_weights_come_from_the_features_and_reach_the_loss(tmp_path
         losses.append(None if weight is None else weight.detach().clone())
         return real_loss(objective, logp, old, adv, mask, keep, weight, **kw)
 
+    scaled = []                                 # the weights that scale the backward at the log-probs
+    real_scale = grpo.logp_grad_scale
+
+    def logp_grad_scale(objective, weight, mask):
+        scaled.append(weight.detach().clone())
+        return real_scale(objective, weight, mask)
+
     monkeypatch.setattr(grpo, "policy_loss", policy_loss)
+    monkeypatch.setattr(grpo, "logp_grad_scale", logp_grad_scale)
     train(_cfg(tmp_path, cache, policy="diem", policy_kwargs='{"importance": "loo"}', grad_reference="none"))
     assert len(weighted) == 3
     for fb, w, mask in weighted:
@@ -296,11 +310,13 @@ def test_trainer_diem_weights_come_from_the_features_and_reach_the_loss(tmp_path
         np.testing.assert_allclose(w[:, :, 0][mask[:, :, 0]].reshape(-1),
                                    np.repeat(expect, fb.rewards.shape[1])[mask[:, :, 0].reshape(-1)],
                                    rtol=1e-5)
-    # the loss of each step gets those weights on real tokens (the features pass passes none)
-    with_w = [x for x in losses if x is not None]
-    assert len(with_w) == 3 and all(x is None for x in losses[::2])
-    for (fb, w, mask), lw in zip(weighted, with_w):
-        np.testing.assert_allclose(lw.numpy(), w.reshape(lw.shape), rtol=1e-6)
+    # the loss is evaluated once per step, at unit weights (the features pass); the weights
+    # reach the gradient: epoch 0's backward starts at the log-probs scaled by them (that
+    # c ⊙ ∂L₁/∂logp is the weighted loss's gradient: test_gradfeatures_speed.py)
+    assert len(losses) == 3 and all(x is not None and bool((x == 1).all()) for x in losses)
+    assert len(scaled) == 3
+    for (fb, w, mask), sw in zip(weighted, scaled):
+        np.testing.assert_allclose(sw.numpy(), w.reshape(sw.shape), rtol=1e-6)
     # every generated group observed once; the trained ones with their features
     assert sum(fb.batch_size for fb in observed) == sum(fb.batch_size for fb, _, _ in weighted) + \
         sum(fb.batch_size for fb in observed if fb.grads is None)
@@ -359,13 +375,13 @@ def test_trainer_exact_lm_head_features_use_the_shared_prompt_forward(tmp_path, 
     groups, firsts = [], []
     real_lp, real_feats = grpo.completion_logprobs, GradFeatures.features
 
-    def completion_logprobs(model, r, temperature=1.0, group_size=1):
+    def completion_logprobs(model, r, temperature=1.0, group_size=1, first_logits=False):
         groups.append(group_size)
-        return real_lp(model, r, temperature, group_size)
+        return real_lp(model, r, temperature, group_size, first_logits)
 
-    def features(self, loss, n_rows, shared_prefix=False, first_token=None):
+    def features(self, loss, n_rows, shared_prefix=False, first_token=None, wrt=()):
         firsts.append(first_token is not None)
-        return real_feats(self, loss, n_rows, shared_prefix, first_token)
+        return real_feats(self, loss, n_rows, shared_prefix, first_token, wrt)
 
     monkeypatch.setattr(grpo, "completion_logprobs", completion_logprobs)
     monkeypatch.setattr(GradFeatures, "features", features)

@@ -153,9 +153,9 @@ def test_float32_lm_head_features_over_the_shared_prompt_equal_single_rollout_ba
         old = completion_logprobs(model, ro, tau, 1) + 0.2 * noise            # π_old ≠ π: clipping acts
     keep = torch.ones(n)
     with gf.capture():
-        logp = completion_logprobs(model, ro, tau, group_size=4)
+        logp, z0 = completion_logprobs(model, ro, tau, group_size=4, first_logits=True)
         loss = policy_loss("grpo", logp, old, adv, ro.completion_mask, keep, clip_low=0.2, clip_high=0.2).loss
-    feats = gf.features(loss, n, first_token=FirstToken(logp, ro.completion_ids, ro.completion_mask, tau))
+    feats = gf.features(loss, n, first_token=FirstToken(z0))
     assert feats.dtype == torch.float32 and feats.shape == (n, gf.dim)
 
     m64 = _model().double()
@@ -184,19 +184,21 @@ def test_float32_lm_head_features_over_the_shared_prompt_equal_single_rollout_ba
     np.testing.assert_allclose(feats.double().numpy(), exact.numpy(), rtol=1e-3, atol=5e-5 * scale)
 
 
-def test_first_token_check_refuses_nan_logprobs():
+def test_first_token_check_refuses_nan_logits():
     from rlpace.train.gradfeatures import FirstToken, GradFeatures
     from rlpace.train.rollout import completion_logprobs
     model = _model()
     ro, adv = _grouped()
     gf = GradFeatures(model, "lm_head", grad_dim=16)
     with gf.capture():
-        logp = completion_logprobs(model, ro, 1.0, group_size=4)
+        logp, z0 = completion_logprobs(model, ro, 1.0, group_size=4, first_logits=True)
         loss = -(logp * adv[:, None]).sum()
-    bad = logp.clone()
-    bad[2, 0] = float("nan")
+    bad = z0.detach().clone()
+    bad[4, 0, 3] = float("nan")                   # group 1's first row
     with pytest.raises(ValueError, match="not the first token's logits"):
-        gf.features(loss, len(adv), first_token=FirstToken(bad, ro.completion_ids, ro.completion_mask))
+        gf.features(loss, len(adv), first_token=FirstToken(bad))
+    with pytest.raises(ValueError, match="not whole groups"):
+        gf.features(loss, len(adv), first_token=FirstToken(z0[:, :, :2].reshape(len(adv), 2, 1)))
 
 
 # ---- the recipe: refill rounds split into parts with and without features --------------------
@@ -259,3 +261,133 @@ def test_float32_grads_take_the_fast_check_with_the_same_answers():
         Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:, :, :0])
     with pytest.raises(ValueError, match=r"must be \[B, G, d\]"):
         Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:1])
+
+
+# ---- one backward: the weighted loss's gradient starts at the log-probs ----------------------
+@pytest.mark.parametrize("objective", ["grpo", "dr_grpo", "dapo", "gspo"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_weighted_gradient_at_the_logprobs_is_the_unit_one_scaled(objective, per_token):
+    # Reference: autograd of the weighted loss itself. π_old ≠ π so clipping acts; a dropped
+    # rollout (keep 0), a short one, a zero weight.
+    from rlpace.train.losses import logp_grad_scale, policy_loss
+    gen = torch.Generator().manual_seed(3)
+    n, t = 6, 5
+    mask = torch.ones(n, t, dtype=torch.float64)
+    mask[1, 3:] = 0
+    keep = torch.tensor([1., 1., 0., 1., 1., 1.], dtype=torch.float64)
+    adv = torch.randn(n, generator=gen, dtype=torch.float64)
+    base = torch.randn(n, t, generator=gen, dtype=torch.float64) - 1.0
+    old = base + (0.3 if objective != "gspo" else 3e-3) * torch.randn(n, t, generator=gen, dtype=torch.float64)
+    w = torch.rand((n, t) if per_token else (n,), generator=gen, dtype=torch.float64) * 2
+    w[3] = 0.0
+
+    def grad_of(weight):
+        lp = base.clone().requires_grad_(True)
+        policy_loss(objective, lp * mask, old, adv, mask, keep, weight).loss.backward()
+        return lp.grad
+
+    weighted, unit = grad_of(w), grad_of(None)
+    assert unit.abs().max() > 0 and (weighted - unit).abs().max() > 1e-3     # the weights matter here
+    c = logp_grad_scale(objective, w, mask)
+    assert c.shape == (n, t)
+    torch.testing.assert_close(c * unit, weighted, rtol=1e-12, atol=1e-15)
+    if objective == "gspo" and per_token:                 # hand-computed: w̄_1 over its 3 real tokens
+        assert c[1, 0].item() == pytest.approx(w[1, :3].mean().item())
+    with pytest.raises(ValueError, match="unknown objective"):
+        logp_grad_scale("ppo", w, mask)
+
+
+def test_features_return_the_logprob_gradient_and_one_backward_equals_the_weighted_loss():
+    # The recipe's epoch 0 with features: the features' autograd call also gives ∂L₁/∂logp;
+    # backward from the log-probs with c ⊙ ∂L₁/∂logp (+ a KL root) must give the parameter
+    # gradient of the weighted loss + KL computed the plain way, in a model of its own.
+    from rlpace.train.gradfeatures import FirstToken, GradFeatures
+    from rlpace.train.losses import kl_k3, logp_grad_scale, policy_loss
+    from rlpace.train.rollout import completion_logprobs
+    ro, adv = _grouped()
+    n, tau = len(adv), 0.8
+    keep = torch.ones(n)
+    keep[5] = 0
+    w = torch.rand(n, generator=torch.Generator().manual_seed(4)) * 2                    # DIEM-like, per rollout
+    w_tok = w[:, None].expand(n, 4)
+    ref_lp = completion_logprobs(_model(), ro, tau, 1).detach() - 0.1
+
+    def loss_of(model, logp, weight):
+        return (policy_loss("dapo", logp, logp.detach(), adv, ro.completion_mask, keep, weight).loss * 0.5
+                + 0.05 * kl_k3(logp, ref_lp, ro.completion_mask, keep))
+
+    model = _model()
+    gf = GradFeatures(model, "lm_head", grad_dim=64, seed=5)
+    ones = torch.ones(n, 4, requires_grad=True)
+    with gf.capture():
+        logp, z0 = completion_logprobs(model, ro, tau, group_size=4, first_logits=True)
+        unit = policy_loss("dapo", logp, logp.detach(), adv, ro.completion_mask, keep, ones).loss * 0.5
+    feats, (g, g_w) = gf.features(unit, n, first_token=FirstToken(z0), wrt=(logp, ones))
+    assert feats.shape == (n, gf.dim) and feats.abs().max() > 0
+    assert g.shape == (n, 4) and not g.requires_grad
+    torch.testing.assert_close(g, torch.autograd.grad(unit, logp, retain_graph=True)[0])
+    # the loss is linear in its weights: the weighted loss is Σ w ⊙ ∂L₁/∂w (what the recipe logs)
+    with torch.no_grad():
+        weighted = policy_loss("dapo", logp, logp.detach(), adv, ro.completion_mask, keep, w_tok).loss * 0.5
+    assert (w_tok * g_w).sum().item() == pytest.approx(weighted.item(), rel=1e-5)
+    assert (g_w.sum() - unit).abs().item() < 1e-6 and abs(weighted.item() - unit.item()) > 1e-4
+    kl = 0.05 * kl_k3(logp, ref_lp, ro.completion_mask, keep)
+    torch.autograd.backward([logp, kl], [logp_grad_scale("dapo", w_tok, ro.completion_mask) * g, None])
+    one_pass = [p.grad.clone() for p in model.parameters()]
+
+    plain = _model()
+    loss_of(plain, completion_logprobs(plain, ro, tau, group_size=4), w_tok).backward()
+    for a, b in zip(one_pass, [p.grad for p in plain.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    assert max(p.grad.abs().max().item() for p in plain.parameters()) > 1e-4
+
+
+def test_trainer_features_with_unit_weights_train_exactly_as_without(tmp_path, cache):
+    # Features on, uniform weights: epoch 0's backward starts at the log-probs (c = 1); the
+    # plain recipe is the reference — same logged losses and the same final weights, with a
+    # KL term, two micro-batches and a second epoch (the plain path again).
+    import torch as _t
+    from _tiny_train import TINY, read_log, tiny_config
+    from rlpace.train import train
+    runs = {}
+    for mode in ("off", "on"):
+        cfg = tiny_config(tmp_path / mode, cache, **{**TINY, "steps": 2, "eval_every": 100},
+                          policy="uniform", grad_features=mode, grad_reference="none", grad_dim=32,
+                          kl_coef=0.1, micro_batch=8, epochs=2)
+        train(cfg)
+        runs[mode] = ([r for r in read_log(cfg.out) if not r.get("final")],
+                      _t.load(tmp_path / mode / "checkpoint" / "model.pt"))
+    (a, wa), (b, wb) = runs["off"], runs["on"]
+    assert [r["prompt_ids"] for r in a] == [r["prompt_ids"] for r in b]
+    for key in ("loss", "pg_loss", "kl", "clip_fraction"):
+        assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=1e-5, abs=1e-7), key
+    assert a[0]["kl"] > 0 or a[1]["kl"] > 0
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-7)
+
+
+def test_with_grads_equals_the_constructor_and_refuses_bad_features():
+    rng = np.random.default_rng(5)
+    fb = Feedback([4, 9], rng.integers(0, 2, (2, 3)).astype(float), rng.standard_normal((2, 3)), step=7,
+                  lengths=rng.integers(1, 9, (2, 3)), answers=[["a", None, "b"], ["c", "c", None]],
+                  token_entropy=rng.random((2, 3)))
+    grads = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    ref = [0.5, -1.0, 0.0, 2.0]
+    got = fb.with_grads(grads, ref)
+    want = Feedback(fb.prompt_ids, fb.rewards, fb.advantages, 7, lengths=fb.lengths, grads=grads, ref_grad=ref,
+                    answers=fb.answers, token_entropy=fb.token_entropy)
+    for f in dataclasses.fields(Feedback):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b) and not a.flags.writeable, f.name
+        else:
+            assert a == b, f.name
+    grads[0, 0, 0] = 99.0                                    # a copy: the caller's array cannot reach it
+    assert got.grads[0, 0, 0] != 99.0 and fb.grads is None
+    with pytest.raises(ValueError, match=r"Feedback.grads has shape \(2, 2, 4\)"):
+        fb.with_grads(np.zeros((2, 2, 4)))
+    with pytest.raises(ValueError, match="Feedback.grads has NaN"):
+        fb.with_grads(np.full((2, 3, 4), np.nan))
+    with pytest.raises(ValueError, match="Feedback.ref_grad has d = 3"):
+        fb.with_grads(np.zeros((2, 3, 4)), [1.0, 2.0, 3.0])
+    assert fb.grads is None and fb.ref_grad is None

@@ -304,6 +304,15 @@ def test_shared_prompt_logprobs_and_gradients_match_the_reference():
     g_fast = torch.autograd.grad(fast.sum(), list(model.parameters()))
     g_ref = torch.autograd.grad(ref.sum(), list(model.parameters()))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_fast, g_ref))
+    # first_logits: the first completion token's logits, per row, before the temperature —
+    # a per-row forward's logits at the last prompt position; the same log-probs
+    lp, z0 = completion_logprobs(model, ro, 0.7, group_size=4, first_logits=True)
+    assert torch.equal(lp, fast) and z0.shape == (12, 1, 12) and z0.requires_grad
+    p = ro.prompt_ids.shape[1]
+    per_row = model(input_ids=ro.prompt_ids, attention_mask=ro.prompt_mask,
+                    position_ids=(ro.prompt_mask.cumsum(1) - 1).clamp(min=0)).logits[:, p - 1:p]
+    assert torch.allclose(z0, per_row, atol=1e-5)
+    assert completion_logprobs(model, ro, 0.7, group_size=1, first_logits=True)[1] is None
     # greedy generation: the shared prefill gives the same tokens as repeating the prompts
     a = generate(model, prompts, repeats=3, max_new_tokens=5, eos_id=2, pad_id=0, greedy=True)
     b = generate(model, [p for p in prompts for _ in range(3)], max_new_tokens=5, eos_id=2, pad_id=0, greedy=True)

@@ -778,6 +778,22 @@ class Feedback:
         object.__setattr__(self, "self_certainty", sc)
         object.__setattr__(self, "mean_logprob", mlp)
 
+    def with_grads(self, grads, ref_grad=None) -> "Feedback":
+        """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
+        validated as the constructor validates them (ValueError naming the field; this record
+        is unchanged) and every other field shared — its arrays are validated and read-only
+        already. What a trainer calls once the step's gradient features exist: rebuilding the
+        whole record would check the ids, rewards, advantages and lengths a second time.
+
+        >>> fb = Feedback([3], [[1.0, 0.0]], step=5).with_grads(np.ones((1, 2, 4)))
+        >>> fb.grads.shape, fb.grads.dtype, fb.step, fb.ref_grad
+        ((1, 2, 4), dtype('float32'), 5, None)
+        """
+        grd = _feedback_grads(grads, self.rewards.shape)
+        ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        return Feedback._from_validated(**{**fields, "grads": grd, "ref_grad": ref})
+
     @classmethod
     def _from_validated(cls, **fields) -> "Feedback":
         """A Feedback assembled from arrays that already passed this class's validation (row

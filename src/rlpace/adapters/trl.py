@@ -327,8 +327,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             # features of the loss as admitted (a dropped rollout's are 0); observed after them,
             # so admission read the state before this batch, as in the built-in trainer
             grads = self._rlpace_grad_features(output).cpu().numpy().reshape(*rewards.shape, -1)  # [B, G, d]
-            fb = Feedback(fb.prompt_ids, fb.rewards, fb.advantages, fb.step, grads=grads, **self._rlpace_sup,
-                          ref_grad=self.rlpace_ref_grad)
+            fb = fb.with_grads(grads, self.rlpace_ref_grad)
             self.scheduler.observe(fb)
             self.rlpace_sampler.scored(pos[:, 0])
             if self.rlpace_grad_reference == "previous":

@@ -60,7 +60,7 @@ class TrainConfig:
                                      "layers; projected per layer by a seeded Kronecker sketch, arXiv 2405.13954)")
     grad_dim: int = _f(256, "upper bound on the feature dimension d (Σ per layer k_out·k_in)")
     grad_exact: bool = _f(True, "exact features: lm_head over the shared-prompt forward, the first completion "
-                                "token's share added in closed form (about the plain step's cost); last_block / "
+                                "token's share from its repeated logits (about the plain step's cost); last_block / "
                                 "all: one forward of [prompt | completion] per rollout; false = the shared-prompt "
                                 "forward, features from completion positions only (approximate: prompt positions "
                                 "and lm_head's first completion token left out)")

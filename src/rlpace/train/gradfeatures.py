@@ -31,21 +31,19 @@ positions' share is left out. Cheaper (no extra prompt forwards), not exact.
 
 lm_head over the shared prompt forward, exactly (`first_token`, the trainer's default for
 `grad_params="lm_head"`): the prompt forward's head call sees one row per group, and only its
-last position feeds the loss — as the logits z of every rollout's first completion token,
-z repeated G times. Rollout i's part of that call's gradient is b_i ⊗ h, with h the prompt's
-last hidden state (shared) and b_i = ∂L/∂z_i, which follows from the per-row gradient of the
-first token's log-probability ℓ_i = log softmax(z/τ)[y_i0]:
-
-    b_i = (∂L/∂ℓ_i) · (e_{y_i0} − softmax(z/τ)) / τ,
-    P_out b_i ⊗ P_in h = (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h
-
-∂L/∂ℓ_i comes from the same `torch.autograd.grad` call (ℓ is column 0 of the log-probs the
-loss was built from), so every objective (clipping, token weights, KL on ℓ) is covered; the
-rest of row i's feature comes from the completion forward's head call as usual. Exact (the
-test compares it with single-rollout `backward()` calls); costs a softmax over one row per
-group. Needs the head's output to be the logits (checked: log softmax(z/τ)[y_i0] must equal
-ℓ_i, which fails for models that scale or soft-cap logits after the head — ValueError).
-Inner layers have no such closed form (their prompt positions reach every completion token
+last position feeds the loss — as the logits z of every rollout's first completion token, z
+repeated G times (`completion_logprobs(..., first_logits=True)` returns that repeated
+tensor, [N, 1, V]). Rollout i's part of that call's gradient is b_i ⊗ h, with h the prompt's
+last hidden state (shared, captured by the hook) and b_i = ∂L/∂z_i — the gradient at row i
+of the repeated tensor, which the same `torch.autograd.grad` call returns. So every
+objective (clipping, token weights, a temperature) is covered, and the rest of row i's
+feature comes from the completion forward's head call as usual. Exact (the tests compare it
+with single-rollout `backward()` calls). Needs those logits to be the head's output: checked
+(`torch.equal` of each group's first row with the call's last position), which fails for
+models that scale or soft-cap logits after the head — ValueError. (Earlier versions built
+b_i in closed form, (∂L/∂ℓ_i)·(e_{y_i0} − softmax(z/τ))/τ from the first log-prob's
+gradient and a log-softmax check: the same numbers, with some 25 more torch calls.)
+Inner layers have no such term (their prompt positions reach every completion token
 through the repeated KV cache), so "last_block" and "all" keep the per-row forward.
 
 Example:
@@ -77,16 +75,11 @@ class FirstToken(NamedTuple):
     """What `GradFeatures.features` needs for lm_head's exact first-token term over a shared
     prompt forward (module docstring).
 
-    logp: float[N, T] the log-probs the loss was built from (`completion_logprobs`, masked),
-        still in the graph; column 0 is ℓ_i.
-    completion_ids: int[N, T] (column 0: y_i0).
-    completion_mask: [N, T] (column 0: whether rollout i has a first token).
-    temperature: τ, as passed to `completion_logprobs`.
+    logits: float[N, 1, V] the first completion token's logits as the loss read them, still
+        in the graph: `completion_logprobs(..., first_logits=True)[1]` (rows in groups of
+        G = N / prompts, each group's rows the prompt forward's last position).
     """
-    logp: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    temperature: float = 1.0
+    logits: torch.Tensor
 
 
 class _Layer(NamedTuple):
@@ -190,15 +183,21 @@ class GradFeatures:
                 h.remove()
 
     def features(self, loss: torch.Tensor, n_rows: int, shared_prefix: bool = False,
-                 first_token: FirstToken | None = None) -> torch.Tensor:
+                 first_token: FirstToken | None = None, wrt: tuple = ()):
         """float32[n_rows, dim] projected gradient of each row's part of `loss` (captured).
 
         Runs `torch.autograd.grad(loss, outputs, retain_graph=True)`: the graph stays for the
         caller's (weighted) backward. ValueError when nothing was captured or a hooked call
         did not see one row per rollout — unless `shared_prefix`, which skips such calls
         (completion positions only; see the module docstring), or the call is lm_head's over
-        a shared prompt forward and `first_token` is given: its exact per-row share is then
-        added in closed form (module docstring).
+        a shared prompt forward and `first_token` is given: its exact per-row share then
+        comes from the gradient at the repeated first-token logits (module docstring).
+
+        With `wrt` (tensors `loss` was built from: the log-probs, a ones tensor of loss
+        weights) the same autograd call also returns their gradients, and the result is
+        (features, (∂loss/∂t for t in wrt)) — zeros where `loss` does not read t. What lets
+        the recipe start its weighted backward at the log-probs (`losses.logp_grad_scale`)
+        and read the weighted loss's value off ∂loss/∂weight (the loss is linear in it).
         """
         calls, shared = self._calls, []                    # shared: lm_head calls over shared prompt rows
         if first_token is not None and self.head is not None:
@@ -206,7 +205,6 @@ class GradFeatures:
             calls = [c for c in calls if not (c[0] == self.head and c[1].shape[0] != n_rows)]
         if shared_prefix:
             calls = [c for c in calls if c[1].shape[0] == n_rows]
-        self._calls = calls
         if not calls:
             raise ValueError("GradFeatures.features: no hooked call with one row per rollout was captured; "
                              "run the forward inside `with gf.capture():`.")
@@ -215,20 +213,29 @@ class GradFeatures:
                 raise ValueError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
                                  f"rows, not one per rollout ({n_rows}); forward [prompt | completion] "
                                  f"per row (group_size=1), not the shared-prefix path.")
-        outs = [y for _, _, y in calls] + ([first_token.logp] if shared else [])
+        if len(shared) > 1:
+            raise ValueError(f"GradFeatures: lm_head was called {len(shared)} times on the shared prompt rows; "
+                             f"features cover one forward (capture each forward separately).")
+        for _, pa, y in shared:                      # before any work: the logits must be this call's
+            _check_first_token(pa, y, first_token.logits, n_rows)
+        extra = [first_token.logits] if shared else []
+        outs = [y for _, _, y in calls] + extra + list(wrt)
         grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
         # Per layer, the (P_out b_t, P_in a_t) pairs of every call as [n, t, k_o], [n, t, k_i]
-        # (the first token's closed-form share as one more position), then one batched product.
+        # (the first token's share of the prompt call as one more position), then one batched product.
         terms: list[list] = [[] for _ in self.layers]
         for (idx, pa, _), b in zip(calls, grads):
             if b is None:
                 continue                                               # output unused by the loss
             pb = b.detach().to(pa.dtype) @ self.layers[idx].p_out.T    # [n, (T,) k_o]
             terms[idx].append((pb, pa) if pb.dim() == 3 else (pb[:, None], pa[:, None]))
-        for idx, pa, y in shared:
-            term = self._first_token_term(idx, pa, y, grads[-1], first_token, n_rows)
-            if term is not None:
-                terms[idx].append(term)
+        for idx, pa, _ in shared:
+            g_first = grads[len(calls)]                 # [n, 1, V] b_i = ∂L/∂z_i, or None: z unread
+            if g_first is not None:
+                # each rollout's share of the prompt call: (P_out b_i) ⊗ (P_in h), h its group's
+                p_out = self.layers[idx].p_out
+                terms[idx].append(((g_first.to(p_out.dtype) @ p_out.T).to(pa.dtype),       # [n, 1, k_o]
+                                   pa[:, -1:].repeat_interleave(n_rows // pa.shape[0], dim=0)))  # [n, 1, k_i]
         self._calls = []
         feats = []
         for l, ts in zip(self.layers, terms):
@@ -239,47 +246,33 @@ class GradFeatures:
             pb = ts[0][0] if len(ts) == 1 else torch.cat([t[0] for t in ts], dim=1)     # [n, T', k_o]
             pa = ts[0][1] if len(ts) == 1 else torch.cat([t[1] for t in ts], dim=1)     # [n, T', k_i]
             feats.append(torch.bmm(pb.transpose(1, 2), pa).reshape(n_rows, k_o * k_i))  # Σ_t (P_out b_t)(P_in a_t)ᵀ
-        return (feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)).float()
-
-    def _first_token_term(self, idx: int, pa: torch.Tensor, y: torch.Tensor, g_logp, ft: FirstToken,
-                          n_rows: int):
-        """(P_out b_i, P_in h) as [n_rows, 1, k_o], [n_rows, 1, k_i] — each rollout's share of
-        lm_head's call over the shared prompt rows, whose outer product is
-        (∂L/∂ℓ_i)/τ · (P_out[:, y_i0] − P_out softmax(z/τ)) ⊗ P_in h (module docstring) — or
-        None when the loss does not read the first token. Computed per group (b prompt rows,
-        g = n_rows / b rollouts each) and broadcast, not repeated row by row."""
-        rows = pa.shape[0]
-        if y.dim() != 3 or n_rows % rows:
-            raise ValueError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
-                             f"{n_rows} rollouts' shared prompts; forward [prompt | completion] per row.")
-        g, tau = n_rows // rows, float(ft.temperature)
-        p_out = self.layers[idx].p_out                                          # [k_o, V]
-        z = y.detach()[:, -1, :].float()                                        # [b, V]
-        logq = torch.log_softmax(z / tau if tau != 1.0 else z, dim=-1)          # as completion_logprobs
-        y0 = ft.completion_ids[:, 0].reshape(rows, g).long()                    # [b, g]
-        m0 = ft.completion_mask[:, 0].reshape(rows, g) != 0                     # [b, g] has a first token
-        ell = logq.gather(1, y0)                                                # [b, g] ℓ_i recomputed
-        lp0 = ft.logp.detach()[:, 0].reshape(rows, g).float()
-        # |ℓ_i − logp_i0| ≤ 1e-4 + 1e-4·|logp_i0| on real first tokens (torch.allclose's rule,
-        # NaN fails), one reduction instead of masked copies
-        if (~((ell - lp0).abs() <= 1e-4 + 1e-4 * lp0.abs()) & m0).any():
-            raise ValueError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
-                             "(the model scales or soft-caps logits after the head); forward [prompt | "
-                             "completion] per row (group_size=1) for exact features, or in the trainer set "
-                             "grad_exact=false (approximate).")
-        if g_logp is None:
-            return None
-        coef = (g_logp.detach()[:, 0].reshape(rows, g) * m0).to(p_out.dtype) / tau    # [b, g] ∂L/∂ℓ_i / τ
-        pq = logq.exp().to(p_out.dtype) @ p_out.T                                # [b, k_o] P_out softmax
-        pb = coef[:, :, None] * (p_out.T[y0] - pq[:, None, :])                   # [b, g, k_o] P_out b_i
-        ph = pa[:, -1:, :].expand(rows, g, pa.shape[-1])                         # [b, g, k_i] P_in h
-        return pb.to(pa.dtype).reshape(n_rows, 1, -1), ph.reshape(n_rows, 1, -1)
+        out = (feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)).float()
+        if not wrt:
+            return out
+        rest = grads[len(outs) - len(wrt):]
+        return out, tuple(torch.zeros_like(t) if gt is None else gt.detach() for t, gt in zip(wrt, rest))
 
     def project(self, weight_grads: list[torch.Tensor]) -> torch.Tensor:
         """float32[dim] the feature of full weight gradients (one per hooked layer, in order):
         concat of P_out·∇W·P_inᵀ. What `features` equals row by row (used by the tests)."""
         return torch.cat([(l.p_out @ g.to(l.p_in.dtype) @ l.p_in.T).reshape(-1)
                           for l, g in zip(self.layers, weight_grads)]).float()
+
+
+def _check_first_token(pa: torch.Tensor, y: torch.Tensor, z: torch.Tensor, n_rows: int) -> None:
+    """ValueError unless z ([n_rows, 1, V], `FirstToken.logits`) is lm_head's call `y` over
+    the shared prompt rows (pa.shape[0] of them), last position, repeated per group: only
+    then is ∂L/∂z_i rollout i's share of that call's output gradient (module docstring)."""
+    rows = pa.shape[0]
+    if y.dim() != 3 or n_rows % rows or tuple(z.shape[:2]) != (n_rows, 1):
+        raise ValueError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
+                         f"{n_rows} rollouts' shared prompts (first-token logits {tuple(z.shape)}); forward "
+                         f"[prompt | completion] per row.")
+    if not torch.equal(z[::n_rows // rows, 0].detach(), y[:, -1].detach().to(z.dtype)):
+        raise ValueError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
+                         "(the model scales or soft-caps logits after the head, or they hold NaN); forward "
+                         "[prompt | completion] per row (group_size=1) for exact features, or in the "
+                         "trainer set grad_exact=false (approximate).")
 
 
 # ---- what the built-in recipe calls ----------------------------------------------------------

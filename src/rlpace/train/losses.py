@@ -51,7 +51,7 @@ import torch
 from ..types import kept_group_advantages
 
 __all__ = ["OBJECTIVES", "LossOut", "advantages", "aggregation_units", "clipped_surrogate", "grpo_loss", "dr_grpo_loss",
-           "dapo_loss", "gspo_loss", "kl_k3", "policy_loss", "default_clip"]
+           "dapo_loss", "gspo_loss", "kl_k3", "policy_loss", "default_clip", "logp_grad_scale"]
 
 OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo")
 
@@ -217,6 +217,32 @@ def policy_loss(objective: str, logp, old_logp, adv, mask, keep, weight=None, *,
     return _LOSSES[objective](logp, old_logp, adv, mask, keep, weight,
                               clip_low=lo if clip_low is None else clip_low,
                               clip_high=hi if clip_high is None else clip_high, max_tokens=max_tokens)
+
+
+def logp_grad_scale(objective: str, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """float[N, T] c with ∇_logp L(weight) = c ⊙ ∇_logp L(1) — every objective is linear in
+    its loss weights, so the gradient of a weighted loss at the log-probs is the unit-weight
+    one scaled token by token (same logp, old_logp, adv, mask, keep):
+
+    * grpo, dr_grpo, dapo: token t of rollout i enters only through u_it·s_it with u_it =
+      keep_i·w_it, and s_it depends on logp_it alone, so c_it = w_it (a per-rollout weight
+      broadcast over the tokens);
+    * gspo: rollout i enters through keep_i·w̄_i·min(s_i A_i, clip(s_i) A_i), s_i a function
+      of all its tokens, so c_it = w̄_i = Σ_t w_it·mask_it / |o_i| (w_i when per rollout).
+
+    What lets the built-in trainer start the weighted backward at the log-probs when the
+    unit-weight loss's gradient there is already known (gradient features, issue 11).
+
+    >>> w = torch.tensor([[1., 3.], [2., 2.]]); m = torch.tensor([[1., 1.], [1., 0.]])
+    >>> logp_grad_scale("dapo", w, m).tolist(), logp_grad_scale("gspo", w, m).tolist()
+    ([[1.0, 3.0], [2.0, 2.0]], [[2.0, 2.0], [2.0, 2.0]])
+    """
+    if objective not in _LOSSES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}.")
+    w = weight.to(mask.dtype)
+    if objective == "gspo" and w.dim() == 2:
+        w = (w * mask).sum(1) / mask.sum(1).clamp(min=1)                        # [N] w̄_i
+    return (w[:, None] if w.dim() == 1 else w).expand_as(mask)                  # [N, T]
 
 
 def aggregation_units(objective: str, mask: torch.Tensor, keep: torch.Tensor) -> float:

@@ -185,7 +185,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
                    torch.stack(certs, dim=1) * cmask, torch.stack(lps, dim=1) * cmask)
 
 
-def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group_size: int = 1) -> torch.Tensor:
+def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group_size: int = 1,
+                        first_logits: bool = False):
     """float32[N, T] log π(o_t | q, o_<t) of each completion token (0 where masked).
 
     Logits are divided by the sampling temperature so the ratio compares the
@@ -196,10 +197,17 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group
     gradients, its KV cache repeated G times, and the completions forwarded on top —
     the same numbers as one forward over [prompt | completion] per row
     (`completion_logprobs_reference`, tested to 1e-5), with G× fewer prompt tokens.
+
+    `first_logits=True` returns (log-probs, z) with z [N, 1, V] the first completion token's
+    logits as the log-probs read them — the prompt forward's last position, repeated per
+    group, before the temperature; in the graph — or None on the per-row path (no shared
+    prompt forward). What exact lm_head gradient features differentiate to
+    (`rlpace.train.gradfeatures.FirstToken`).
     """
     n = rollout.prompt_ids.shape[0]
     if group_size <= 1 or not _shares_cache(model):
-        return completion_logprobs_reference(model, rollout, temperature)
+        logp = completion_logprobs_reference(model, rollout, temperature)
+        return (logp, None) if first_logits else logp
     if n % group_size:
         raise ValueError(f"completion_logprobs: {n} rows are not whole groups of {group_size}.")
     ids, mask = rollout.prompt_ids[::group_size], rollout.prompt_mask[::group_size]
@@ -214,7 +222,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group
                 past_key_values=cache, use_cache=True)
     logits = torch.cat([last, out.logits[:, :-1, :]], dim=1).float() / temperature  # [N, T, V]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
-    return logp * rollout.completion_mask
+    return (logp * rollout.completion_mask, last) if first_logits else logp * rollout.completion_mask
 
 
 def completion_logprobs_reference(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:

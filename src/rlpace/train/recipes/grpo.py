@@ -49,7 +49,7 @@ from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
 from ..gradfeatures import FirstToken, GradFeatures, heldout_reference, needs_grad_features, split_with_grads
 from ..logging import StepLogger
-from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, policy_loss
+from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, logp_grad_scale, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
 from ..report import rollouts_before
 from ..rollout import Rollout, completion_logprobs, encode_prompts, left_pad, right_pad
@@ -372,26 +372,26 @@ def train(cfg: TrainConfig) -> dict:
                 # the shared prompt forward), the unit-weight loss's per-rollout gradient features,
                 # then weights; the graph is kept and reused by the first epoch's weighted backward
                 # (rlpace.train.gradfeatures). Exact lm_head features need no per-row forward: the
-                # first token's share of the shared prompt call is added in closed form (FirstToken).
+                # first token's share of the shared prompt call comes from its repeated logits (FirstToken).
                 head_exact = cfg.grad_exact and cfg.grad_params == "lm_head"
-                pre, feats = [], []
+                pre, feats = [], []            # pre: per chunk (logp, ∂L₁/∂logp, ∂L₁/∂w, clip fraction)
                 for k, (r, c) in enumerate(zip(batches, chunks)):
+                    unit = torch.ones_like(r.completion_mask).requires_grad_(True)          # [n, T] weights 1
                     with gf.capture():       # grad_exact, not lm_head: one row per rollout in every call
-                        logp = completion_logprobs(model, r, cfg.temperature,
-                                                   g if head_exact or not cfg.grad_exact else 1)
+                        logp, z0 = completion_logprobs(model, r, cfg.temperature,
+                                                       g if head_exact or not cfg.grad_exact else 1, first_logits=True)
                         lo = policy_loss(cfg.objective, logp, old[k] if old else logp.detach(), adv_t[c],
-                                         r.completion_mask, keep_t[c], clip_low=clip_low, clip_high=clip_high,
+                                         r.completion_mask, keep_t[c], unit, clip_low=clip_low, clip_high=clip_high,
                                          max_tokens=cfg.max_new_tokens)
                     share = aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) / total_units
-                    first = (FirstToken(logp, r.completion_ids, r.completion_mask, cfg.temperature)
-                             if head_exact else None)
-                    feats.append(gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact,
-                                             first_token=first))                             # [n, d]
-                    pre.append(logp)
+                    first = FirstToken(z0) if head_exact and z0 is not None else None
+                    f_k, (g_logp, g_unit) = gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact,
+                                                        first_token=first, wrt=(logp, unit))          # [n, d]
+                    feats.append(f_k)
+                    pre.append((logp, g_logp, g_unit, lo.clip_fraction))
                 feats = feats[0] if len(feats) == 1 else torch.cat(feats)
                 grads_np = feats.cpu().numpy().reshape(taken, g, gf.dim)                   # [Bt, G, d]
-                fb_t = Feedback(fb_t.prompt_ids, fb_t.rewards, fb_t.advantages, step, lengths=fb_t.lengths,
-                                grads=grads_np, ref_grad=grad_ref)
+                fb_t = fb_t.with_grads(grads_np, grad_ref)
                 for pi, fb_r in enumerate(fbs):
                     mine = [i for i, (p_, _) in enumerate(src) if p_ == pi]
                     for part in split_with_grads(fb_r, [src[i][1] for i in mine], fb_t, mine):
@@ -405,23 +405,37 @@ def train(cfg: TrainConfig) -> dict:
             for epoch in range(cfg.epochs):
                 opt.zero_grad(set_to_none=True)
                 for k, (r, c) in enumerate(zip(batches, chunks)):
-                    logp = pre[k] if pre and epoch == 0 else completion_logprobs(model, r, cfg.temperature, g)
+                    # With features, epoch 0 has the unit-weight loss L₁ and its gradients at the
+                    # log-probs and at the weights (the features' autograd call returned them). Every
+                    # objective is linear in its loss weights w: the weighted loss is Σ w ⊙ ∂L₁/∂w and
+                    # its gradient at the log-probs c ⊙ ∂L₁/∂logp (losses.logp_grad_scale), so the
+                    # backward starts at the log-probs and the loss is not evaluated a second time.
+                    at_logp = bool(pre) and epoch == 0
+                    logp = pre[k][0] if at_logp else completion_logprobs(model, r, cfg.temperature, g)
                     old_k = old[k] if old else logp.detach()
                     if w_tok is None:
                         w_tok = _token_weights(sched, fb_t, [old_k], c_mask, g)
-                    lo = policy_loss(cfg.objective, logp, old_k, adv_t[c], r.completion_mask, keep_t[c],
-                                     w_tok[c].to(dev), clip_low=clip_low, clip_high=clip_high,
-                                     max_tokens=cfg.max_new_tokens)
+                    w_k = w_tok[c].to(dev)                                                   # [n, T]
                     share = aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) / total_units
-                    loss = lo.loss * share
-                    stats["pg_loss"] += lo.loss.item() * share / cfg.epochs
-                    stats["clip_fraction"] += lo.clip_fraction * share / cfg.epochs
+                    if at_logp:            # roots of the backward and their incoming gradients
+                        _, g_logp, g_unit, clipped = pre[k]
+                        loss = (w_k * g_unit).sum()                                 # = weighted loss · share
+                        roots, seeds = [logp], [logp_grad_scale(cfg.objective, w_k, r.completion_mask) * g_logp]
+                    else:
+                        lo = policy_loss(cfg.objective, logp, old_k, adv_t[c], r.completion_mask, keep_t[c],
+                                         w_k, clip_low=clip_low, clip_high=clip_high, max_tokens=cfg.max_new_tokens)
+                        loss, clipped = lo.loss * share, lo.clip_fraction
+                        roots, seeds = [loss], [None]
+                    stats["pg_loss"] += loss.item() / cfg.epochs
+                    stats["clip_fraction"] += clipped * share / cfg.epochs
                     if ref is not None:
                         tok_share = float((r.completion_mask * keep_t[c][:, None]).sum()) / total_tokens
                         kl = kl_k3(logp, ref_lp[k], r.completion_mask, keep_t[c])
-                        loss = loss + cfg.kl_coef * kl * tok_share
+                        kl_loss = cfg.kl_coef * kl * tok_share
+                        roots, seeds = ([logp, kl_loss], seeds + [None]) if at_logp else ([loss + kl_loss], [None])
+                        loss = loss + kl_loss
                         stats["kl"] += kl.item() * tok_share / cfg.epochs
-                    loss.backward()
+                    torch.autograd.backward(roots, seeds)
                     stats["loss"] += loss.item() / cfg.epochs
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
