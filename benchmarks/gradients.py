@@ -11,7 +11,8 @@ Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each)
     diem      policy=diem                         features → DIEM weights → weighted backward
     diem_shared  ... grad_exact=false               the shared-prompt forward, approximate features
     dvc       policy=dvc                          features → observe → EXP3.S mixture
-    diem_ref  policy=diem grad_reference=heldout  + a held-out reference gradient every k steps
+    diem_ref  policy=diem importance=reference    + a held-out reference gradient every k steps
+              grad_reference=heldout                (computed only for a policy that reads it)
 
 Paired by step (the default). The configurations run in lockstep — one thread each, taking
 turns step by step (plain's step k, features' step k, ..., then plain's step k + 1), the
@@ -74,7 +75,7 @@ CONFIGS = {
     "diem": dict(policy="diem", grad_reference="none"),
     "diem_shared": dict(policy="diem", grad_reference="none", grad_exact=False),
     "dvc": dict(policy="dvc", grad_reference="none"),
-    "diem_ref": dict(policy="diem", grad_reference="heldout"),
+    "diem_ref": dict(policy="diem", policy_kwargs='{"importance": "reference"}', grad_reference="heldout"),
 }
 
 

@@ -408,3 +408,36 @@ def test_trainers_read_the_signals_a_policy_declares_not_its_name():
         s = Scheduler(pool, method)
         assert needs_grad_features(s, "auto") is grads and uses_oracle(s) is oracle, method
     assert needs_grad_features(Scheduler(pool, "dump"), "on") is True
+
+
+def test_the_heldout_reference_is_computed_only_for_a_policy_that_reads_it(tmp_path, cache, monkeypatch):
+    # diem's published rule and leave-one-out ignore Feedback.ref_grad, dvc's reward fallback
+    # needs no features at all: the recipe computes neither for them (the held-out reference
+    # costs a per-row forward and backward of the held-out answers every grad_ref_every steps)
+    from rlpace.policies import make_policy
+    from rlpace.train import train
+    from rlpace.train.gradfeatures import needs_ref_grad
+    from rlpace.train.recipes import grpo
+    pool = Pool(["a"] * 4)
+    assert make_policy("diem").reads == frozenset({"grads"})
+    assert make_policy("diem", importance="reference").reads == frozenset({"grads", "ref_grad"})
+    assert make_policy("dvc").reads == frozenset({"grads", "ref_grad"})
+    assert make_policy("dvc", signal="reward").reads == frozenset()
+    assert not needs_ref_grad(Scheduler(pool, "diem")) and needs_ref_grad(Scheduler(pool, "dvc"))
+    refs, real = [], grpo.heldout_reference
+
+    def heldout_reference(*a, **k):
+        refs.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(grpo, "heldout_reference", heldout_reference)
+    observed, _ = _spy(monkeypatch)
+    kw = dict(steps=2, grad_ref_every=1, grad_reference="heldout")
+    train(_cfg(tmp_path / "batch", cache, policy="diem", **kw))
+    assert refs == [] and all(fb.ref_grad is None for fb in observed)
+    assert any(fb.grads is not None for fb in observed)
+    train(_cfg(tmp_path / "ref", cache, policy="diem", policy_kwargs='{"importance": "reference"}', **kw))
+    assert refs == [1, 1] and any(fb.ref_grad is not None for fb in observed)
+    observed.clear()
+    train(_cfg(tmp_path / "reward", cache, policy="dvc", policy_kwargs='{"signal": "reward"}', **kw))
+    assert refs == [1, 1] and observed and all(fb.grads is None for fb in observed)

@@ -107,7 +107,9 @@ class DataPolicy(NamedTuple):
             `probs`: `compose` refuses to pair it with a mixture, which would otherwise
             do nothing at all.
         reads: the signals beyond rollout feedback this policy needs a trainer to produce:
-            "grads" (per-rollout gradient features `Feedback.grads` / `ref_grad`: diem, dvc),
+            "grads" (per-rollout gradient features `Feedback.grads`: diem, dvc's influence
+            value), "ref_grad" (a held-out reference direction `Feedback.ref_grad`: diem with
+            importance="reference", dvc's influence value — trainers compute it only then),
             "measurement" (every training prompt's current pass rate, fed as one Feedback
             over the whole pool: the oracle_* measurement tools), "answers"
             (`Feedback.answers`: the target places), "token_entropy", "self_certainty",

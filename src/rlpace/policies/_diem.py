@@ -222,4 +222,5 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
         w = np.where(np.isfinite(w), w, 1.0)
         return np.repeat(w[:, None], shape[1], axis=1) if unit == "prompt" else w.reshape(shape)
 
-    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="diem", reads=frozenset({"grads"}))
+    reads = frozenset({"grads", "ref_grad"}) if importance == "reference" else frozenset({"grads"})
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="diem", reads=reads)

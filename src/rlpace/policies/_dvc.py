@@ -203,5 +203,7 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         names = pool.domain_names if arms == "domain" else pool.cluster_names
         return {f"dvc/value/{a}": float(v) for a, v, c in zip(names, mean, n) if c > 0}
 
-    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dvc", metrics=metrics,
-                      reads=frozenset({"grads"}))
+    # the reward fallback needs no features; the influence value reads the held-out direction
+    # when a trainer provides it (else the leave-one-out batch gradient)
+    reads = frozenset() if signal == "reward" else frozenset({"grads", "ref_grad"})
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dvc", metrics=metrics, reads=reads)

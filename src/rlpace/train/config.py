@@ -65,7 +65,8 @@ class TrainConfig:
                                 "forward, features from completion positions only (approximate: prompt positions "
                                 "and lm_head's first completion token left out)")
     grad_reference: str = _f("heldout", "Feedback.ref_grad: heldout (gradient of the NLL of held-out reference "
-                                        "answers, every grad_ref_every steps) | previous (the previous step's batch "
+                                        "answers, every grad_ref_every steps, when a policy reads it: diem importance=reference, "
+                                        "dvc's influence value) | previous (the previous step's batch "
                                         "gradient) | none")
     grad_ref_every: int = _f(10, "steps between held-out reference gradients (grad_reference=heldout)")
     # ---- tasks

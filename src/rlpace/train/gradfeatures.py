@@ -66,7 +66,7 @@ from torch import nn
 from ..types import Feedback
 
 __all__ = ["GradFeatures", "FirstToken", "GRAD_PARAMS", "select_linears", "needs_grad_features",
-           "heldout_reference", "split_with_grads"]
+           "needs_ref_grad", "heldout_reference", "split_with_grads"]
 
 GRAD_PARAMS = ("lm_head", "last_block", "all")
 
@@ -283,6 +283,14 @@ def needs_grad_features(sched, mode: str) -> bool:
     if mode in ("on", "off"):
         return mode == "on"
     return any("grads" in p.reads for p in sched.method.policies().values())
+
+
+def needs_ref_grad(sched) -> bool:
+    """Whether a policy of the Scheduler's method reads `Feedback.ref_grad` (`DataPolicy.reads`
+    holds "ref_grad": diem with importance="reference", dvc's influence value): the built-in
+    recipe computes the held-out reference gradient only then (it costs a per-row forward and
+    backward of the held-out answers every `grad_ref_every` steps)."""
+    return any("ref_grad" in p.reads for p in sched.method.policies().values())
 
 
 def heldout_reference(model, gf: GradFeatures, rollout, temperature: float = 1.0):

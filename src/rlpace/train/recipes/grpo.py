@@ -47,7 +47,8 @@ from ..checkpoint import (check_resumable, load_checkpoint, restore_domain_token
                           save_checkpoint)
 from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
-from ..gradfeatures import FirstToken, GradFeatures, heldout_reference, needs_grad_features, split_with_grads
+from ..gradfeatures import (FirstToken, GradFeatures, heldout_reference, needs_grad_features, needs_ref_grad,
+                           split_with_grads)
 from ..logging import StepLogger
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, logp_grad_scale, policy_loss
 from ..model import build_base_policy, check_model_dir, load_policy
@@ -208,7 +209,7 @@ def train(cfg: TrainConfig) -> dict:
                          f"advantage place cannot run with gradient features (grad_features=off, or drop "
                          f"diem / dvc): the built-in trainer does not carry answers through them yet.")
     ref_probe = (probe or build_loss_probe(tasks, pool, tok, cfg)) \
-        if gf is not None and cfg.grad_reference == "heldout" else None
+        if gf is not None and cfg.grad_reference == "heldout" and needs_ref_grad(sched) else None
     grad_ref = None                              # float32[d] Feedback.ref_grad (checkpointed)
     gen = generator_init(pool.n_domains, cfg.gen_buffer) if generated else None   # checkpointed
     fresh = fresh_source(tasks, pool, cfg.seed) if generated or grid else None    # what fresh items need
