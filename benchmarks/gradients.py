@@ -65,6 +65,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -105,6 +106,7 @@ def learning(base, names, seeds: int, steps: int, seed0: int = 0) -> dict:
             out = Path(tempfile.mkdtemp(prefix=f"rlpace-learn-{n}-{seed}-"))
             summary = train(dataclasses.replace(base, out=str(out), steps=steps, seed=seed, eval_every=10,
                                                 **LEARNING[n]))
+            shutil.rmtree(out, ignore_errors=True)
             accs = [c["mean"] for c in summary["curve"]]
             final[n].append(float(np.mean(accs[-3:])))
     print(f"final held-out accuracy after {steps} steps, seeds {seed0}..{seed0 + seeds - 1} (paired by seed)")
@@ -146,6 +148,7 @@ def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[
     finally:
         grpo.StepLogger = logger
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    shutil.rmtree(out, ignore_errors=True)                  # the run's checkpoint: not needed here
     recs = [r for r in recs if not r.get("final")][skip:]
     cpu = [b - a for a, b in zip(stamps, stamps[1:])][max(skip, 1) - 1:]     # steps max(skip, 1)..
     return ([r["seconds"] for r in recs], [r["train_seconds"] for r in recs], cpu,
@@ -223,6 +226,7 @@ def lockstep(base, names: list[str], steps: int, skip: int) -> dict:
     result = {}
     for n in names:
         recs = [json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        shutil.rmtree(outs[n], ignore_errors=True)
         recs = [r for r in recs if not r.get("final")]
         st = stamps[n]
         # step k's CPU time: from the stamp of step k − 1 (when its turn began is after that

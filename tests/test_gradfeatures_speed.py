@@ -391,3 +391,23 @@ def test_with_grads_equals_the_constructor_and_refuses_bad_features():
     with pytest.raises(ValueError, match="Feedback.ref_grad has d = 3"):
         fb.with_grads(np.zeros((2, 3, 4)), [1.0, 2.0, 3.0])
     assert fb.grads is None and fb.ref_grad is None
+
+
+def test_the_timing_benchmark_pairs_steps_in_lockstep(tmp_path, cache, monkeypatch):
+    # benchmarks/gradients.py's paired mode: configurations in lockstep threads at a frozen
+    # policy see the same batches as plain at every step (what makes the per-step difference
+    # a measure of the overhead). Structure only — no time is asserted.
+    import sys
+    from pathlib import Path
+
+    from _tiny_train import TINY, tiny_config
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gradients
+    monkeypatch.setattr(gradients.tempfile, "tempdir", str(tmp_path))
+    base = tiny_config(tmp_path / "unused", cache, **{**TINY, "eval_every": 10**9, "grad_dim": 32})
+    result = gradients.paired_steps(base, ["plain", "diem", "dvc"], rounds=2, steps=3, skip=1)
+    rows = result["rows"]
+    assert rows["plain"]["median_diff_s"] == 0.0 and rows["plain"]["same_batches"]
+    assert rows["diem"]["same_batches"] and len(rows["diem"]["round_diffs_s"]) == 2
+    assert all(np.isfinite(rows[n]["overhead"]) for n in rows)
+    assert list(tmp_path.glob("rlpace-grad-*")) == []                 # each run's directory removed
