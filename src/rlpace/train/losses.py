@@ -231,7 +231,7 @@ def logp_grad_scale(objective: str, weight: torch.Tensor, mask: torch.Tensor) ->
       of all its tokens, so c_it = w̄_i = Σ_t w_it·mask_it / |o_i| (w_i when per rollout).
 
     What lets the built-in trainer start the weighted backward at the log-probs when the
-    unit-weight loss's gradient there is already known (gradient features, issue 11).
+    unit-weight loss's gradient there is already known (gradient features: docs/methods/diem.md).
 
     >>> w = torch.tensor([[1., 3.], [2., 2.]]); m = torch.tensor([[1., 1.], [1., 0.]])
     >>> logp_grad_scale("dapo", w, m).tolist(), logp_grad_scale("gspo", w, m).tolist()
