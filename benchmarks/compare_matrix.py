@@ -76,7 +76,8 @@ def bench_sim(out: Path, workers: int, seeds: int) -> dict:
 
 def _split_run(work: Path) -> dict:
     """Seconds of one trainer run by phase, from its metrics.jsonl."""
-    rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from rlpace.train.report import load_run
+    rows = load_run(work)
     steps = [r for r in rows if not r.get("final")]
     sec = np.array([r["seconds"] for r in steps])
     train = np.array([r["train_seconds"] for r in steps])

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -54,7 +53,8 @@ def _args(base, **kw):
 
 
 def _load(cfg) -> list:
-    return [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from rlpace.train.report import load_run
+    return load_run(cfg.out)
 
 
 def _run_all(cfgs, jobs: int) -> None:

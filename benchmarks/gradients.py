@@ -132,6 +132,7 @@ def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[
 
     from rlpace.train import train
     from rlpace.train.recipes import grpo
+    from rlpace.train.report import load_run
     out = Path(tempfile.mkdtemp(prefix=f"rlpace-grad-{name}-"))
     cfg = dataclasses.replace(base, out=str(out), steps=steps + skip, **CONFIGS[name])
     stamps, logger = [], grpo.StepLogger
@@ -147,7 +148,7 @@ def run_once(base, name: str, steps: int, skip: int) -> tuple[list[float], list[
         train(cfg)
     finally:
         grpo.StepLogger = logger
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs = load_run(out)
     shutil.rmtree(out, ignore_errors=True)                  # the run's checkpoint: not needed here
     recs = [r for r in recs if not r.get("final")][skip:]
     cpu = [b - a for a, b in zip(stamps, stamps[1:])][max(skip, 1) - 1:]     # steps max(skip, 1)..
@@ -169,6 +170,7 @@ def lockstep(base, names: list[str], steps: int, skip: int) -> dict:
 
     from rlpace.train import train
     from rlpace.train.recipes import grpo
+    from rlpace.train.report import load_run
 
     turn = {"i": 0, "active": list(range(len(names)))}
     cond = threading.Condition()
@@ -225,7 +227,7 @@ def lockstep(base, names: list[str], steps: int, skip: int) -> dict:
         raise RuntimeError(f"{errors[0][0]}: {errors[0][1]!r}")
     result = {}
     for n in names:
-        recs = [json.loads(x) for x in (outs[n] / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        recs = load_run(outs[n])
         shutil.rmtree(outs[n], ignore_errors=True)
         recs = [r for r in recs if not r.get("final")]
         st = stamps[n]

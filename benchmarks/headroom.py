@@ -103,6 +103,7 @@ def trainer_available(name: str) -> str:
 def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import learning_efficiency as le
+    from rlpace.train.report import load_run
     ns = argparse.Namespace(out=str(Path(args.out) / suite.replace(":", "_")), steps=args.trainer_steps,
                             batch_prompts=args.batch_prompts, group_size=args.group_size,
                             eval_every=args.eval_every, heldout=args.heldout, tasks=suite,
@@ -138,7 +139,7 @@ def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
     inform: dict = {p: [] for p in policies}
     ess: dict = {p: [] for p in policies}
     for (p, s), c in cfgs.items():
-        recs = [json.loads(x) for x in (Path(c.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        recs = load_run(c.out)
         curves[p][s] = le.curve(recs)
         inform[p].append(float(np.mean([r["informative_groups"] for r in recs if "informative_groups" in r])))
         ess[p].append(ess_fraction(recs))

@@ -59,6 +59,7 @@ def overhead(args):
     import torch
 
     from rlpace.optim import build_optimizer
+    from rlpace.train.report import load_run
     torch.set_num_threads(1)
     opts = args.optimizers.split(",")
     per = {o: {"train": [], "step": []} for o in opts}
@@ -67,7 +68,7 @@ def overhead(args):
             cfg = _cfg(Path(args.out) / f"overhead_{o}_{rep}", optimizer=o, steps=args.steps, seed=args.seed,
                        eval_every=10_000, tasks=args.tasks)
             _run(cfg, cache=False)
-            recs = [json.loads(x) for x in Path(cfg.out, "metrics.jsonl").read_text().splitlines() if x.strip()]
+            recs = load_run(cfg.out)
             recs = [r for r in recs if not r.get("final")][1:]          # the first step holds the eval
             per[o]["train"] += [r["train_seconds"] for r in recs]
             per[o]["step"] += [r["seconds"] for r in recs]

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import sys
@@ -97,7 +96,8 @@ def available(arm: str) -> str:
 def read_run(out: str) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import learning_efficiency as le
-    recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from rlpace.train.report import load_run
+    recs = load_run(out)
     steps = [r for r in recs if not r.get("final")]
 
     def mean_of(key):

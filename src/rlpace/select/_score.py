@@ -21,7 +21,6 @@ UNCERTAINTY = ("answer_entropy", "disagreement", "token_entropy", "self_certaint
 VERIFIERS = ("auto", "exact", "math")
 
 
-
 def extract_answer(completion: str) -> str:
     """The answer a completion gives, for consistency and majority votes.
 

@@ -216,26 +216,25 @@ class GradFeatures:
         if len(shared) > 1:
             raise ValueError(f"GradFeatures: lm_head was called {len(shared)} times on the shared prompt rows; "
                              f"features cover one forward (capture each forward separately).")
-        for _, pa, y in shared:                      # before any work: the logits must be this call's
-            _check_first_token(pa, y, first_token.logits, n_rows)
-        extra = [first_token.logits] if shared else []
-        outs = [y for _, _, y in calls] + extra + list(wrt)
+        head = shared[0] if shared else None             # lm_head's call over the shared prompt rows
+        if head is not None:                             # before any work: the logits must be this call's
+            _check_first_token(head[1], head[2], first_token.logits, n_rows)
+        outs = [y for _, _, y in calls] + ([first_token.logits] if head else []) + list(wrt)
         grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
-        # Per layer, the (P_out b_t, P_in a_t) pairs of every call as [n, t, k_o], [n, t, k_i]
-        # (the first token's share of the prompt call as one more position), then one batched product.
+        # (layer, P_in a_t, b_t = ∂L/∂y_t) of every call; the prompt call's share per rollout is
+        # one more position: b_i = ∂L/∂z_i at the repeated first-token logits, a = its group's
+        # last prompt position h (module docstring)
+        parts = [(idx, pa, b) for (idx, pa, _), b in zip(calls, grads)]
+        if head is not None:
+            idx, pa, _ = head
+            parts.append((idx, pa[:, -1:].repeat_interleave(n_rows // pa.shape[0], dim=0), grads[len(calls)]))
+        # Per layer, the (P_out b_t, P_in a_t) pairs as [n, t, k_o], [n, t, k_i], then one batched product.
         terms: list[list] = [[] for _ in self.layers]
-        for (idx, pa, _), b in zip(calls, grads):
+        for idx, pa, b in parts:
             if b is None:
                 continue                                               # output unused by the loss
             pb = b.detach().to(pa.dtype) @ self.layers[idx].p_out.T    # [n, (T,) k_o]
             terms[idx].append((pb, pa) if pb.dim() == 3 else (pb[:, None], pa[:, None]))
-        for idx, pa, _ in shared:
-            g_first = grads[len(calls)]                 # [n, 1, V] b_i = ∂L/∂z_i, or None: z unread
-            if g_first is not None:
-                # each rollout's share of the prompt call: (P_out b_i) ⊗ (P_in h), h its group's
-                p_out = self.layers[idx].p_out
-                terms[idx].append(((g_first.to(p_out.dtype) @ p_out.T).to(pa.dtype),       # [n, 1, k_o]
-                                   pa[:, -1:].repeat_interleave(n_rows // pa.shape[0], dim=0)))  # [n, 1, k_i]
         self._calls = []
         feats = []
         for l, ts in zip(self.layers, terms):

@@ -222,7 +222,8 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group
                 past_key_values=cache, use_cache=True)
     logits = torch.cat([last, out.logits[:, :-1, :]], dim=1).float() / temperature  # [N, T, V]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
-    return (logp * rollout.completion_mask, last) if first_logits else logp * rollout.completion_mask
+    logp = logp * rollout.completion_mask
+    return (logp, last) if first_logits else logp
 
 
 def completion_logprobs_reference(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:

@@ -34,6 +34,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from ..policies._base import supervising_places
 from ..tasks._verify import extract_tagged, last_boxed
 from ..types import Feedback, group_advantages
 
@@ -41,7 +42,6 @@ __all__ = ["Labels", "make_labels", "check_fractions", "extract_answer", "relabe
            "reads_token_stats", "Supervision"]
 
 _STREAM = 0x514          # random streams of the label draws: [seed, _STREAM, 0|1, domain]
-PLACES = ("target", "reward", "advantage")
 _STAT_READS = frozenset({"token_stats", "token_entropy", "self_certainty", "mean_logprob"})
 _STATS = ("token_entropy", "self_certainty", "mean_logprob")
 
@@ -114,8 +114,6 @@ def make_labels(items: Sequence, labeled_fraction: float = 1.0, label_noise: flo
 
 
 # ---- answers --------------------------------------------------------------------------------
-
-
 def extract_answer(completion: str, ability: str = "exact") -> str | None:
     """The final answer of a completion as the task's verifier reads it (`rlpace.tasks._verify`),
     stripped; None when there is none. The text in the last `<answer>...</answer>` pair when
@@ -153,13 +151,6 @@ def relabel(item, answer: str):
 
 
 # ---- what the method reads --------------------------------------------------------------------
-def supervising_places(method) -> frozenset:
-    """The places among target / reward / advantage where `method` has a policy other than
-    the neutral one `compose` fills in (`rlpace.policies.supervising_places`)."""
-    from ..policies._base import supervising_places as places
-    return places(method)
-
-
 def reads_token_stats(method) -> bool:
     """Whether the trainer computes per-rollout token entropy, self-certainty and mean
     log-probability: when a policy declares it reads one of them (`DataPolicy.reads`:
