@@ -6,11 +6,12 @@ the project's headroom benchmark supports (docs/methods/recommended.md).
 """
 
 from . import policies
+from .errors import InputError
 from .policies import compose, policy_factory, recommended
 from .scheduler import Scheduler
 from .types import Batch, Feedback, LossFeedback, Pool, group_advantages, kept_group_advantages
 
 __version__ = "0.1.0"
 
-__all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "Scheduler", "policies", "compose",
+__all__ = ["InputError", "Pool", "Feedback", "LossFeedback", "Batch", "Scheduler", "policies", "compose",
            "policy_factory", "recommended", "group_advantages", "kept_group_advantages", "__version__"]

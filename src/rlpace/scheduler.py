@@ -44,6 +44,7 @@ Defined behaviour for awkward input (documented, not errors):
 
 from __future__ import annotations
 
+from .errors import InputError
 import collections
 import json
 from typing import Any, NamedTuple
@@ -127,13 +128,13 @@ class Scheduler:
         try:
             success_threshold = float(success_threshold)
         except (TypeError, ValueError):
-            raise ValueError(f"success_threshold must be a number; got {success_threshold!r}.") from None
+            raise InputError(f"success_threshold must be a number; got {success_threshold!r}.") from None
         if not np.isfinite(success_threshold):
-            raise ValueError(f"success_threshold must be finite; got {success_threshold}.")
+            raise InputError(f"success_threshold must be finite; got {success_threshold}.")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
             # numpy's PCG64 rejects negatives only at the first propose(), with a message that
             # does not name the argument; ≥ 2**63 would not round-trip through an npz.
-            raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}.")
+            raise InputError(f"seed must be an int in [0, 2**63); got {seed!r}.")
         self.pool = pool
         self.method: Method = make_method(policy, **policy_kwargs)
         # Recorded in state_dict and compared on load (None for a prebuilt policy object).
@@ -166,7 +167,7 @@ class Scheduler:
     def propose(self, n: int) -> np.ndarray:
         """int64[n] pool positions of the next n prompts to roll out."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"propose(n) needs a non-negative int; got {n!r}.")
+            raise InputError(f"propose(n) needs a non-negative int; got {n!r}.")
         n = int(n)
         probs, arms = None, None
         if self.method.mixture is not None:
@@ -193,7 +194,7 @@ class Scheduler:
                             f"with Feedback(prompt_ids, rewards, advantages=None, step=...).")
         ids = feedback.prompt_ids
         if ids.size and ids.max() >= len(self.pool):
-            raise ValueError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
+            raise InputError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
                              f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
         return _batch_and_counts(feedback, self.pool, self.success_threshold)
 
@@ -267,7 +268,7 @@ class Scheduler:
         if not isinstance(losses, LossFeedback):
             losses = LossFeedback.from_mapping(self.pool, losses, step)   # validates; nothing changed
         elif losses.domains.size and losses.domains.max() >= self.pool.n_domains:
-            raise ValueError(f"LossFeedback.domains has codes ≥ {self.pool.n_domains} (the pool's "
+            raise InputError(f"LossFeedback.domains has codes ≥ {self.pool.n_domains} (the pool's "
                              f"domain count); codes are positions in Pool.domain_names.")
         for kind, policy in self.method.policies().items():
             if policy.update_losses is not None:
@@ -345,7 +346,7 @@ class Scheduler:
         items = list(self._supervision_log)
         if last is not None:
             if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 0:
-                raise ValueError(f"supervision_log(last) needs a non-negative int; got {last!r}.")
+                raise InputError(f"supervision_log(last) needs a non-negative int; got {last!r}.")
             items = items[-int(last):] if last else []
         return [dict(d, evidence=dict(d["evidence"])) for d in items]
 
@@ -418,16 +419,16 @@ class Scheduler:
         shape = batch.rewards.shape
         probs = np.asarray(token_probs, dtype=np.float64)
         if probs.ndim != 3 or probs.shape[:2] != shape:
-            raise ValueError(f"token_probs must be float[B, G, T] with [B, G] = {shape} (the rewards' "
+            raise InputError(f"token_probs must be float[B, G, T] with [B, G] = {shape} (the rewards' "
                              f"shape); got shape {probs.shape}.")
         if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
-            raise ValueError("token_probs must be probabilities in [0, 1] (exp of the old log-probs), "
+            raise InputError("token_probs must be probabilities in [0, 1] (exp of the old log-probs), "
                              "with no NaN; pass exp(old_logp), not the log-probs.")
         mask_in = np.asarray(token_mask)
         if mask_in.shape != probs.shape:
-            raise ValueError(f"token_mask must have token_probs' shape {probs.shape}; got {mask_in.shape}.")
+            raise InputError(f"token_mask must have token_probs' shape {probs.shape}; got {mask_in.shape}.")
         if mask_in.dtype != bool and not np.isin(mask_in, (0, 1)).all():
-            raise ValueError("token_mask must be boolean (or 0/1): True on real completion tokens.")
+            raise InputError("token_mask must be boolean (or 0/1): True on real completion tokens.")
         mask = mask_in.astype(bool)
         tb = batch._replace(token_probs=probs, token_mask=mask)
         policy = self.method.reweighting
@@ -523,14 +524,14 @@ class Scheduler:
         state = dict(state)
         for key in ("meta/version", "meta/pool", "meta/method"):
             if key not in state:
-                raise ValueError(f"not a Scheduler state: key {key!r} is missing.")
+                raise InputError(f"not a Scheduler state: key {key!r} is missing.")
         version = _meta_int(state, "meta/version")
         if version != STATE_VERSION:
-            raise ValueError(f"state version {version} is not {STATE_VERSION}; it was written by "
+            raise InputError(f"state version {version} is not {STATE_VERSION}; it was written by "
                              f"another rlpace release.")
         for key in ("meta/pool_parts", "meta/success_threshold", "meta/hyperparameters", "meta/seed"):
             if key not in state:
-                raise ValueError(f"not a Scheduler state of version {STATE_VERSION}: key {key!r} is missing.")
+                raise InputError(f"not a Scheduler state of version {STATE_VERSION}: key {key!r} is missing.")
         fp = str(np.asarray(state["meta/pool"]))
         if fp != self.pool.fingerprint():
             try:
@@ -539,24 +540,24 @@ class Scheduler:
                 saved = {}
             now = self.pool.fingerprint_parts()
             differ = [k for k in now if saved.get(k) != now[k]] or ["fingerprint"]
-            raise ValueError(f"the state belongs to a different pool (its {', '.join(differ)} differ; "
+            raise InputError(f"the state belongs to a different pool (its {', '.join(differ)} differ; "
                              f"fingerprint {fp}, this pool {self.pool.fingerprint()}); restore it with "
                              f"the pool it was saved with.")
         method = str(np.asarray(state["meta/method"]))
         if method != self.method.name:
-            raise ValueError(f"the state belongs to method {method!r}, this Scheduler runs "
+            raise InputError(f"the state belongs to method {method!r}, this Scheduler runs "
                              f"{self.method.name!r}; build the Scheduler with the same policy.")
         threshold = np.asarray(state["meta/success_threshold"])
         if threshold.shape != () or threshold.dtype.kind != "f":
-            raise ValueError(f"state['meta/success_threshold'] is {threshold!r}; it must be one float. The "
+            raise InputError(f"state['meta/success_threshold'] is {threshold!r}; it must be one float. The "
                              f"state is corrupt or was edited: restore one written by Scheduler.state_dict().")
         if float(threshold) != self.success_threshold:
-            raise ValueError(f"the state was saved with success_threshold={float(threshold)}, this "
+            raise InputError(f"the state was saved with success_threshold={float(threshold)}, this "
                              f"Scheduler has {self.success_threshold}; build it with the saved threshold.")
         self._check_hyperparameters(state["meta/hyperparameters"])
         seed = _meta_int(state, "meta/seed")
         if not 0 <= seed < 2**63:
-            raise ValueError(f"state['meta/seed'] is {seed}; a seed is an int in [0, 2**63). The state "
+            raise InputError(f"state['meta/seed'] is {seed}; a seed is an int in [0, 2**63). The state "
                              f"is corrupt or was edited: restore one written by Scheduler.state_dict().")
         template = self._tree()
         expected: dict[str, np.ndarray] = {}
@@ -564,12 +565,12 @@ class Scheduler:
         missing = sorted(set(expected) - set(state))
         extra = sorted(k for k in set(state) - set(expected) if not k.startswith("meta/"))
         if missing or extra:
-            raise ValueError(f"state keys do not match this Scheduler (missing {missing[:5]}, "
+            raise InputError(f"state keys do not match this Scheduler (missing {missing[:5]}, "
                              f"unexpected {extra[:5]}); was it saved with other hyperparameters?")
         for key, ref in expected.items():
             got = np.asarray(state[key])
             if got.shape != ref.shape or got.dtype.kind != ref.dtype.kind:
-                raise ValueError(f"state[{key!r}] has shape {got.shape} dtype {got.dtype}, expected "
+                raise InputError(f"state[{key!r}] has shape {got.shape} dtype {got.dtype}, expected "
                                  f"{ref.shape} {ref.dtype}; was it saved with other hyperparameters?")
         tree = _unflatten(template, "", state)
         # NaN is a policy's own "unknown" marker where its fresh state holds NaN; elsewhere corrupt.
@@ -590,7 +591,7 @@ class Scheduler:
         try:
             saved = json.loads(str(np.asarray(recorded)))
         except ValueError:
-            raise ValueError("state['meta/hyperparameters'] is not the JSON a Scheduler writes; the "
+            raise InputError("state['meta/hyperparameters'] is not the JSON a Scheduler writes; the "
                              "state is corrupt or was edited.") from None
         now = json.loads(json.dumps(self.hyperparameters, sort_keys=True))
         if saved is None or now is None or saved == now:
@@ -615,7 +616,7 @@ class Scheduler:
         else:
             if not diff:
                 return  # equal once the parameters added since the save take their old value
-        raise ValueError(f"the state was saved with other hyperparameters ({'; '.join(diff)}); build "
+        raise InputError(f"the state was saved with other hyperparameters ({'; '.join(diff)}); build "
                          f"the Scheduler with the saved values.")
 
 
@@ -633,7 +634,7 @@ def _meta_int(state: dict, key: str) -> int:
     """state[key] as an int: a 0-d integer array (a float such as 1.9 is refused, not cut)."""
     val = np.asarray(state[key])
     if val.shape != () or val.dtype.kind not in "iu":
-        raise ValueError(f"state[{key!r}] is {val!r}; it must be one integer. The state is corrupt or "
+        raise InputError(f"state[{key!r}] is {val!r}; it must be one integer. The state is corrupt or "
                          f"was edited: restore one written by Scheduler.state_dict().")
     return int(val)
 

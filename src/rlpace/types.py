@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from .errors import InputError
 import functools
 import hashlib
 import json
@@ -32,10 +33,10 @@ __all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "group_advantages", "kep
 def _as_1d(name: str, values: Any, n: int | None, dtype=None) -> np.ndarray:
     arr = np.asarray(values) if dtype is None else np.asarray(values, dtype=dtype)
     if arr.ndim != 1:
-        raise ValueError(f"Pool.{name} must be 1-D (one entry per prompt); got shape {arr.shape}. "
+        raise InputError(f"Pool.{name} must be 1-D (one entry per prompt); got shape {arr.shape}. "
                          f"Pass a flat list or array.")
     if n is not None and arr.shape[0] != n:
-        raise ValueError(f"Pool.{name} has {arr.shape[0]} entries but the pool has {n} prompts; "
+        raise InputError(f"Pool.{name} has {arr.shape[0]} entries but the pool has {n} prompts; "
                          f"give exactly one {name} value per prompt.")
     return arr
 
@@ -49,7 +50,7 @@ def _factorize(name: str, labels: np.ndarray) -> tuple[np.ndarray, tuple]:
         as_str = labels.astype(str)
         uniq, codes = np.unique(as_str, return_inverse=True)
         return codes.astype(np.int64), tuple(str(u) for u in uniq)
-    raise ValueError(f"Pool.{name} must hold ints or strings; got dtype {labels.dtype}. "
+    raise InputError(f"Pool.{name} must hold ints or strings; got dtype {labels.dtype}. "
                      f"Convert labels to int or str.")
 
 
@@ -76,36 +77,36 @@ def _pool_features(features: Any, n: int) -> np.ndarray:
     if isinstance(features, (str, os.PathLike)):
         path = os.fspath(features)
         if not path.endswith(".npy") or not os.path.isfile(path):
-            raise ValueError(f"Pool.features path {path!r} is not a .npy file; pass the "
+            raise InputError(f"Pool.features path {path!r} is not a .npy file; pass the "
                              f"<stem>.embeddings.npy that `rlpace prepare` wrote, or an array.")
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
-            raise ValueError(f"Pool.features file {path!r} could not be read as a numeric .npy ({e}).") from None
+            raise InputError(f"Pool.features file {path!r} could not be read as a numeric .npy ({e}).") from None
     else:
         arr = features if isinstance(features, np.ndarray) else np.asarray(features)
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
-        raise ValueError(f"Pool.features must hold real numbers; got dtype {arr.dtype}. Pass float32[N, f].")
+        raise InputError(f"Pool.features must hold real numbers; got dtype {arr.dtype}. Pass float32[N, f].")
     if arr.ndim != 2:
-        raise ValueError(f"Pool.features must be 2-D [N, f] (one row per prompt); got shape {arr.shape}.")
+        raise InputError(f"Pool.features must be 2-D [N, f] (one row per prompt); got shape {arr.shape}.")
     if arr.shape[0] != n:
-        raise ValueError(f"Pool.features has {arr.shape[0]} rows but the pool has {n} prompts; give "
+        raise InputError(f"Pool.features has {arr.shape[0]} rows but the pool has {n} prompts; give "
                          f"one feature row per prompt, in pool order.")
     if arr.shape[1] == 0:
-        raise ValueError("Pool.features has 0 columns; pass at least one feature per prompt or None.")
+        raise InputError("Pool.features has 0 columns; pass at least one feature per prompt or None.")
     if arr.dtype != np.float32:
         with np.errstate(over="ignore"):      # too large for float32 → inf, reported just below
             arr = np.array(arr, dtype=np.float32)
         if not np.isfinite(arr).all():    # values beyond float32's range became inf
             bad = np.argwhere(~np.isfinite(arr))[0].tolist()
-            raise ValueError(f"Pool.features has NaN or inf values (or values beyond float32; first "
+            raise InputError(f"Pool.features has NaN or inf values (or values beyond float32; first "
                              f"at [{bad[0]}, {bad[1]}]); fix or drop those prompts.")
     else:
         for start in range(0, n, _FEATURE_CHUNK):
             chunk = np.asarray(arr[start:start + _FEATURE_CHUNK])
             if not np.isfinite(chunk).all():
                 bad = np.argwhere(~np.isfinite(chunk))[0].tolist()
-                raise ValueError(f"Pool.features has NaN or inf values (first at [{bad[0] + start}, "
+                raise InputError(f"Pool.features has NaN or inf values (first at [{bad[0] + start}, "
                                  f"{bad[1]}]); fix or drop those prompts.")
         if not isinstance(arr, np.memmap):
             arr = np.array(arr, copy=True)          # never share memory with the caller
@@ -121,17 +122,17 @@ def _pool_labeled(labeled: Any, n: int) -> np.ndarray:
     arr = np.asarray(labeled)
     if arr.dtype == object:
         if not all(isinstance(v, (bool, np.bool_)) for v in arr.ravel()):
-            raise ValueError("Pool.labeled must hold booleans (True = the dataset label may be used in "
+            raise InputError("Pool.labeled must hold booleans (True = the dataset label may be used in "
                              "training); got non-boolean entries such as None or strings.")
         arr = arr.astype(bool)
     if arr.ndim != 1 or arr.shape[0] != n:
-        raise ValueError(f"Pool.labeled must be bool[N] with N = {n} (one flag per prompt); got shape "
+        raise InputError(f"Pool.labeled must be bool[N] with N = {n} (one flag per prompt); got shape "
                          f"{arr.shape}.")
     if arr.dtype.kind == "b":
         return np.array(arr, dtype=bool)
     if arr.dtype.kind in "iu" and np.isin(arr, (0, 1)).all():
         return arr.astype(bool)
-    raise ValueError(f"Pool.labeled must hold booleans (or 0/1); got dtype {arr.dtype}.")
+    raise InputError(f"Pool.labeled must hold booleans (or 0/1); got dtype {arr.dtype}.")
 
 
 def _features_digest(features: np.ndarray) -> str:
@@ -187,7 +188,7 @@ class Pool:
         dom = _as_1d("domains", domains, None)
         n = dom.shape[0]
         if n == 0:
-            raise ValueError("Pool.domains is empty: a pool needs at least one prompt. "
+            raise InputError("Pool.domains is empty: a pool needs at least one prompt. "
                              "Pass one domain label per prompt.")
         codes, names = _factorize("domains", dom)
         if clusters is None:
@@ -199,7 +200,7 @@ class Pool:
         else:
             diff = _as_1d("difficulty", difficulty, n, dtype=np.float64)
             if np.isinf(diff).any():
-                raise ValueError("Pool.difficulty has inf values; replace them by a finite "
+                raise InputError("Pool.difficulty has inf values; replace them by a finite "
                                  "score (ADS uses max_finite + 1) or NaN for unknown.")
         if ranks is None:
             # Rank inside each cluster: by difficulty (NaN last) then position.
@@ -213,10 +214,10 @@ class Pool:
         else:
             rk = _as_1d("ranks", ranks, n)
             if rk.dtype.kind not in "iu":
-                raise ValueError(f"Pool.ranks must be integers (0 = easiest); got dtype {rk.dtype}.")
+                raise InputError(f"Pool.ranks must be integers (0 = easiest); got dtype {rk.dtype}.")
             rk = rk.astype(np.int64)
             if (rk < 0).any():
-                raise ValueError("Pool.ranks has negative values; ranks count from 0 (easiest).")
+                raise InputError("Pool.ranks has negative values; ranks count from 0 (easiest).")
         if ids is None:
             id_arr = np.arange(n, dtype=np.int64)
         else:
@@ -226,7 +227,7 @@ class Pool:
             else:
                 id_arr = id_arr.astype(object)
             if len(np.unique(id_arr.astype(str) if id_arr.dtype == object else id_arr)) != n:
-                raise ValueError("Pool.ids has duplicates; each prompt needs a unique stable id "
+                raise InputError("Pool.ids has duplicates; each prompt needs a unique stable id "
                                  "(verl: extra_info.index). Deduplicate or re-index the data.")
         lab = _pool_labeled(labeled, n)
         for name, val in (("domains", codes), ("clusters", c_codes), ("ranks", rk),
@@ -261,7 +262,7 @@ class Pool:
             return self.domains
         if arms == "cluster":
             return self.clusters
-        raise ValueError(f"arms must be 'domain' or 'cluster'; got {arms!r}.")
+        raise InputError(f"arms must be 'domain' or 'cluster'; got {arms!r}.")
 
     def n_arms(self, arms: str) -> int:
         return self.n_domains if arms == "domain" else self.n_clusters
@@ -381,7 +382,7 @@ class Pool:
                 pos = -1
             out[j] = pos
         if missing:
-            raise ValueError(f"{len(missing)} prompt ids are not in the pool (first: {missing[:5]}); "
+            raise InputError(f"{len(missing)} prompt ids are not in the pool (first: {missing[:5]}); "
                              f"feedback must use the pool's stable ids (extra_info.index).")
         return out
 
@@ -409,7 +410,7 @@ class Pool:
         [0]
         """
         if len(records) == 0:
-            raise ValueError("the dataset has no rows: a pool needs at least one prompt.")
+            raise InputError("the dataset has no rows: a pool needs at least one prompt.")
 
         def get(row, key):
             cur = row
@@ -427,7 +428,7 @@ class Pool:
                     return alt
                 if required:
                     missing = [i for i, v in enumerate(vals) if v is _MISSING]
-                    raise ValueError(f"column {key!r} is missing in {len(missing)} rows (first rows: "
+                    raise InputError(f"column {key!r} is missing in {len(missing)} rows (first rows: "
                                      f"{missing[:5]}); add it, or pass {key.split('.')[0]}_key=... "
                                      f"naming the column that holds it.")
                 return None
@@ -439,7 +440,7 @@ class Pool:
             ids = [get(r, id_key) for r in records]
             missing = [i for i, v in enumerate(ids) if v is _MISSING or v is None]
             if missing:
-                raise ValueError(
+                raise InputError(
                     f"{id_key} is missing in {len(missing)} of {len(records)} rows (first rows: {missing[:5]}); "
                     f"rlpace names prompts by a stable id (verl would default a missing index to 0). Write a "
                     f"unique {id_key} per row (`rlpace prepare` adds one), pass id_key=... naming the column "
@@ -451,7 +452,7 @@ class Pool:
                 labeled = [True if v is _MISSING or v is None else v for v in flags]
                 bad = [i for i, v in enumerate(labeled) if not isinstance(v, (bool, np.bool_))]
                 if bad:
-                    raise ValueError(f"{labeled_key} must be true/false; row {bad[0]} has "
+                    raise InputError(f"{labeled_key} must be true/false; row {bad[0]} has "
                                      f"{labeled[bad[0]]!r}.")
         return cls(domains, clusters=column(cluster_key, False), ranks=column(rank_key, False),
                    difficulty=column(difficulty_key, False), ids=ids, features=features,
@@ -496,7 +497,7 @@ def _numeric(name: str, values: Any) -> np.ndarray:
     try:
         raw = np.asarray(values)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"Feedback.{name} could not be read as an array ({e}); rows of different "
+        raise InputError(f"Feedback.{name} could not be read as an array ({e}); rows of different "
                          f"lengths are not allowed: give every prompt the same number G of rollouts "
                          f"(one Feedback per G), as a numpy array or a list of equal-length lists.") from None
     kind = raw.dtype.kind
@@ -509,31 +510,31 @@ def _numeric(name: str, values: Any) -> np.ndarray:
     else:
         why = (f"values of dtype {raw.dtype} (ragged rows, None, or non-numbers); give every prompt "
                f"the same number G of rollouts, as real numbers")
-    raise ValueError(f"Feedback.{name} holds {why}.")
+    raise InputError(f"Feedback.{name} holds {why}.")
 
 
 def _feedback_ids(prompt_ids: Any) -> np.ndarray:
     """int64[B] pool positions, or a ValueError naming Feedback.prompt_ids and the fix."""
     ids = _numeric("prompt_ids", prompt_ids)
     if ids.ndim != 1:
-        raise ValueError(f"Feedback.prompt_ids must be 1-D [B]; got shape {ids.shape}.")
+        raise InputError(f"Feedback.prompt_ids must be 1-D [B]; got shape {ids.shape}.")
     if ids.size == 0:
         return np.zeros(0, np.int64)
     if ids.dtype.kind == "f":
         if not (np.all(np.isfinite(ids)) and np.all(ids == np.round(ids))):
-            raise ValueError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
+            raise InputError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
                              f"{ids.dtype} with non-integer values. Map stable ids with Pool.index_of(...).")
     elif ids.dtype.kind not in "iu":
-        raise ValueError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
+        raise InputError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
                          f"{ids.dtype}. Map stable ids with Pool.index_of(...).")
     # Range before the cast: 1e20 or uint64 2**63 would wrap to negative int64 values.
     too_big = ids >= 2.0**63 if ids.dtype.kind == "f" else ids > _INT64_MAX
     if too_big.any():
-        raise ValueError(f"Feedback.prompt_ids has values beyond the int64 range (first: "
+        raise InputError(f"Feedback.prompt_ids has values beyond the int64 range (first: "
                          f"{ids[too_big][0]!r}); ids are pool positions 0..N-1 (map stable ids with "
                          f"Pool.index_of(...)).")
     if (ids < 0).any():
-        raise ValueError(f"Feedback.prompt_ids has negative values (first: {ids[ids < 0][0]!r}); "
+        raise InputError(f"Feedback.prompt_ids has negative values (first: {ids[ids < 0][0]!r}); "
                          f"ids are pool positions 0..N-1.")
     return ids.astype(np.int64)         # astype copies, also when ids already is int64
 
@@ -541,15 +542,15 @@ def _feedback_ids(prompt_ids: Any) -> np.ndarray:
 def _feedback_step(step: Any) -> int:
     """`step` as a Python int in [0, STEP_MAX), or a ValueError naming Feedback.step."""
     if isinstance(step, (bool, np.bool_)) or isinstance(step, (float, np.floating, str, bytes)):
-        raise ValueError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
+        raise InputError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
                          f"({type(step).__name__}). Pass the trainer's integer step.")
     try:
         step_i = operator.index(step)   # int, numpy integers, 0-d integer arrays and tensors
     except TypeError:
-        raise ValueError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
+        raise InputError(f"Feedback.step must be an int in [0, 2**62); got {step!r} "
                          f"({type(step).__name__}). Pass the trainer's integer step.") from None
     if not 0 <= step_i < STEP_MAX:
-        raise ValueError(f"Feedback.step must be in [0, 2**62); got {step_i}. Pass the trainer's "
+        raise InputError(f"Feedback.step must be in [0, 2**62); got {step_i}. Pass the trainer's "
                          f"step count (0 for the first step).")
     return int(step_i)
 
@@ -558,15 +559,15 @@ def _feedback_lengths(values: Any, shape: tuple) -> np.ndarray:
     """int64[B, G] response lengths (a copy), or a ValueError naming Feedback.lengths."""
     arr = np.array(_numeric("lengths", values))
     if arr.shape != shape and not (arr.size == 0 and shape[0] == 0):
-        raise ValueError(f"Feedback.lengths has shape {arr.shape} but rewards has {shape}; give one "
+        raise InputError(f"Feedback.lengths has shape {arr.shape} but rewards has {shape}; give one "
                          f"response length (in tokens) per rollout.")
     if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
-        raise ValueError("Feedback.lengths must be whole numbers of tokens; got non-integer values.")
+        raise InputError("Feedback.lengths must be whole numbers of tokens; got non-integer values.")
     if arr.dtype.kind == "b":
-        raise ValueError("Feedback.lengths must be integers (tokens per response); got booleans.")
+        raise InputError("Feedback.lengths must be integers (tokens per response); got booleans.")
     bad = (arr < 0) | (arr >= 2.0**62)
     if bad.any():
-        raise ValueError(f"Feedback.lengths must be non-negative integers (tokens per response) below "
+        raise InputError(f"Feedback.lengths must be non-negative integers (tokens per response) below "
                          f"2**62; got {arr[bad][0]!r}.")
     return arr.astype(np.int64).reshape(shape)
 
@@ -581,16 +582,16 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
         except TypeError:
             rows = None
     if rows is None or any(r is None for r in rows):
-        raise ValueError(f"Feedback.answers must be [B, G] = {list(shape)} extracted answers (a list of "
+        raise InputError(f"Feedback.answers must be [B, G] = {list(shape)} extracted answers (a list of "
                          f"rows of str, or None where none was extracted); got {type(values).__name__}.")
     if len(rows) != shape[0] or any(len(r) != shape[1] for r in rows):
-        raise ValueError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
+        raise InputError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
                          f"rollout); got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}.")
     arr = np.empty(shape, dtype=object)
     for i, r in enumerate(rows):
         for j, a in enumerate(r):
             if a is not None and not isinstance(a, str):
-                raise ValueError(f"Feedback.answers[{i}][{j}] is {type(a).__name__} {a!r}; answers are "
+                raise InputError(f"Feedback.answers[{i}][{j}] is {type(a).__name__} {a!r}; answers are "
                                  f"str (the extracted final answer) or None (no answer extracted).")
             arr[i, j] = None if a is None else str(a)    # np.str_ → str
     return arr
@@ -601,12 +602,12 @@ def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = Non
     """float64[B, G] per-rollout token statistic (a copy), or a ValueError naming Feedback.<name>."""
     arr = np.array(_numeric(name, values), dtype=np.float64)
     if arr.shape != shape and not (arr.size == 0 and shape[0] == 0):
-        raise ValueError(f"Feedback.{name} has shape {arr.shape} but rewards has {shape}; give one "
+        raise InputError(f"Feedback.{name} has shape {arr.shape} but rewards has {shape}; give one "
                          f"value per rollout (the mean over its valid response tokens).")
     arr = arr.reshape(shape)
     if not np.isfinite(arr).all():
         bad = np.argwhere(~np.isfinite(arr))[0].tolist()
-        raise ValueError(f"Feedback.{name} has NaN or inf values (first at {bad}); a rollout with no "
+        raise InputError(f"Feedback.{name} has NaN or inf values (first at {bad}); a rollout with no "
                          f"valid token has no {name}: drop it or pass 0.")
     wrong = np.zeros(shape, bool)
     if low is not None:
@@ -615,7 +616,7 @@ def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = Non
         wrong |= arr > high
     if wrong.any():
         bound = f"≥ {low:g}" if low is not None else f"≤ {high:g}"
-        raise ValueError(f"Feedback.{name} must be {bound}; got {arr[wrong][0]!r}.")
+        raise InputError(f"Feedback.{name} must be {bound}; got {arr[wrong][0]!r}.")
     return arr
 
 
@@ -628,7 +629,7 @@ def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
     if shape[0] == 0 and arr.size == 0:
         return np.zeros((0, shape[1], arr.shape[-1] if arr.ndim == 3 else 0), np.float32)
     if arr.ndim != 3 or arr.shape[:2] != shape or arr.shape[2] == 0:
-        raise ValueError(f"Feedback.grads has shape {arr.shape} but must be [B, G, d] = [{shape[0]}, "
+        raise InputError(f"Feedback.grads has shape {arr.shape} but must be [B, G, d] = [{shape[0]}, "
                          f"{shape[1]}, d ≥ 1] (rewards has {shape}): one d-dim gradient feature per "
                          f"rollout (rlpace.train.gradfeatures computes them).")
     # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused
@@ -636,7 +637,7 @@ def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
     in_range = np.abs(arr) <= np.finfo(np.float32).max
     if not in_range.all():
         bad = np.argwhere(~in_range)[0].tolist()
-        raise ValueError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
+        raise InputError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
                          f"check the loss for overflow or drop those rollouts.")
     return arr.astype(np.float32, copy=False)                 # arr is already a fresh copy
 
@@ -645,13 +646,13 @@ def _feedback_ref_grad(values: Any, grads: np.ndarray | None) -> np.ndarray:
     """float32[d] reference direction (a copy), or a ValueError naming Feedback.ref_grad."""
     arr = np.array(_numeric("ref_grad", values), dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"Feedback.ref_grad must be 1-D [d] with d ≥ 1 (a gradient feature of a "
+        raise InputError(f"Feedback.ref_grad must be 1-D [d] with d ≥ 1 (a gradient feature of a "
                          f"held-out loss, projected like Feedback.grads); got shape {arr.shape}.")
     if grads is not None and grads.shape[2] not in (0, arr.shape[0]):
-        raise ValueError(f"Feedback.ref_grad has d = {arr.shape[0]} but Feedback.grads has d = "
+        raise InputError(f"Feedback.ref_grad has d = {arr.shape[0]} but Feedback.grads has d = "
                          f"{grads.shape[2]}; project both with the same sketch (same grad_dim and seed).")
     if not (np.abs(arr) <= np.finfo(np.float32).max).all():
-        raise ValueError("Feedback.ref_grad has NaN, inf or values beyond float32 range; recompute the "
+        raise InputError("Feedback.ref_grad has NaN, inf or values beyond float32 range; recompute the "
                          "reference gradient.")
     return arr.astype(np.float32)
 
@@ -663,17 +664,17 @@ def _finite_2d(name: str, values: Any, b: int) -> np.ndarray:
     if b == 0 and arr.size == 0:
         return arr.reshape(0, arr.shape[-1] if arr.ndim == 2 else 0)
     if arr.ndim != 2:
-        raise ValueError(f"Feedback.{name} must be 2-D [B, G] (one row per prompt, one column per "
+        raise InputError(f"Feedback.{name} must be 2-D [B, G] (one row per prompt, one column per "
                          f"rollout); got shape {arr.shape}. Reshape to (len(prompt_ids), G).")
     if arr.shape[0] != b:
-        raise ValueError(f"Feedback.{name} has {arr.shape[0]} rows but prompt_ids has {b} entries; "
+        raise InputError(f"Feedback.{name} has {arr.shape[0]} rows but prompt_ids has {b} entries; "
                          f"give one row of rollouts per prompt id.")
     if arr.shape[1] == 0:
-        raise ValueError(f"Feedback.{name} has G = 0 rollouts per prompt; each prompt needs at "
+        raise InputError(f"Feedback.{name} has G = 0 rollouts per prompt; each prompt needs at "
                          f"least one rollout (drop prompts that got none).")
     if not np.isfinite(arr).all():
         bad = np.argwhere(~np.isfinite(arr))[0].tolist()
-        raise ValueError(f"Feedback.{name} has NaN or inf values (first at [{bad[0]}, {bad[1]}]); "
+        raise InputError(f"Feedback.{name} has NaN or inf values (first at [{bad[0]}, {bad[1]}]); "
                          f"fix the reward function or drop those rollouts.")
     return arr
 
@@ -752,7 +753,7 @@ class Feedback:
         if advantages is not None:
             adv = _finite_2d("advantages", advantages, b)
             if adv.shape != rew.shape:
-                raise ValueError(f"Feedback.advantages has shape {adv.shape} but rewards has "
+                raise InputError(f"Feedback.advantages has shape {adv.shape} but rewards has "
                                  f"{rew.shape}; give one advantage per rollout.")
         lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
         grd = None if grads is None else _feedback_grads(grads, rew.shape)
@@ -1000,7 +1001,7 @@ def kept_group_advantages(rewards: np.ndarray, keep: np.ndarray, eps: float = 1e
     r = np.asarray(rewards, dtype=np.float64)
     k = np.asarray(keep, dtype=bool)
     if k.shape != r.shape:
-        raise ValueError(f"kept_group_advantages: keep has shape {k.shape} but rewards has {r.shape}; "
+        raise InputError(f"kept_group_advantages: keep has shape {k.shape} but rewards has {r.shape}; "
                          f"give one flag per rollout.")
     if r.size == 0:
         return np.zeros_like(r)
@@ -1026,7 +1027,7 @@ def _loss_number(domain, what: str, value: Any, high: float, high_open: bool) ->
     ok = ok and np.isfinite(x) and x >= 0 and (x < high if high_open else x <= high)
     if not ok:
         bound = f"[0, {high:g}{')' if high_open else ']'}"
-        raise ValueError(f"observe_losses: {what} of domain {domain!r} must be a finite number in "
+        raise InputError(f"observe_losses: {what} of domain {domain!r} must be a finite number in "
                          f"{bound}; got {value!r}. Pass {{domain: (tokens_seen, loss)}} with the "
                          f"tokens of that domain trained on so far and its mean held-out NLL per token.")
     return x
@@ -1067,14 +1068,14 @@ class LossFeedback:
         t = np.array(tokens, dtype=np.float64).reshape(-1)
         loss = np.array(losses, dtype=np.float64).reshape(-1)
         if not d.shape == t.shape == loss.shape:
-            raise ValueError(f"LossFeedback: domains, tokens and losses must have one entry per point; "
+            raise InputError(f"LossFeedback: domains, tokens and losses must have one entry per point; "
                              f"got shapes {d.shape}, {t.shape}, {loss.shape}.")
         if not (np.isfinite(t).all() and (t >= 0).all() and (t < float(STEP_MAX)).all()):
-            raise ValueError("LossFeedback.tokens must be finite numbers in [0, 2**62).")
+            raise InputError("LossFeedback.tokens must be finite numbers in [0, 2**62).")
         if not (np.isfinite(loss).all() and (loss >= 0).all() and (loss <= LOSS_MAX).all()):
-            raise ValueError(f"LossFeedback.losses must be finite numbers in [0, {LOSS_MAX:g}] (nats per token).")
+            raise InputError(f"LossFeedback.losses must be finite numbers in [0, {LOSS_MAX:g}] (nats per token).")
         if (d < 0).any():
-            raise ValueError("LossFeedback.domains must be domain codes ≥ 0.")
+            raise InputError("LossFeedback.domains must be domain codes ≥ 0.")
         step_i = _feedback_step(step)
         for arr in (d, t, loss):
             arr.setflags(write=False)
@@ -1087,7 +1088,7 @@ class LossFeedback:
     def from_mapping(cls, pool: "Pool", losses: Any, step: int = 0) -> "LossFeedback":
         """From `{domain label: (tokens_seen, loss)}`, validated against `pool` (see class doc)."""
         if not isinstance(losses, dict):
-            raise ValueError(f"observe_losses takes a dict {{domain: (tokens_seen, loss)}}; got "
+            raise InputError(f"observe_losses takes a dict {{domain: (tokens_seen, loss)}}; got "
                              f"{type(losses).__name__}.")
         step_i = _feedback_step(step)
         by_label = {str(name): i for i, name in enumerate(pool.domain_names)}
@@ -1095,10 +1096,10 @@ class LossFeedback:
         for key, pair in losses.items():
             code = by_label.get(str(key))
             if code is None:
-                raise ValueError(f"observe_losses: unknown domain {key!r}; the pool's domains are "
+                raise InputError(f"observe_losses: unknown domain {key!r}; the pool's domains are "
                                  f"{[str(x) for x in pool.domain_names]}.")
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-                raise ValueError(f"observe_losses: the value for domain {key!r} must be a pair "
+                raise InputError(f"observe_losses: the value for domain {key!r} must be a pair "
                                  f"(tokens_seen, loss); got {pair!r}.")
             tokens.append(_loss_number(key, "tokens_seen", pair[0], float(STEP_MAX), True))
             values.append(_loss_number(key, "loss", pair[1], LOSS_MAX, False))

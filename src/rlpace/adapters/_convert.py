@@ -14,6 +14,7 @@ only, so this module is tested without verl.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -51,7 +52,7 @@ def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
     keys = np.asarray(group_keys, dtype=object).astype(str)
     ids = np.asarray(prompt_ids, dtype=object)
     if keys.shape != ids.shape or keys.ndim != 1:
-        raise ValueError(f"group keys {keys.shape} and prompt ids {ids.shape} must be 1-D and equal "
+        raise InputError(f"group keys {keys.shape} and prompt ids {ids.shape} must be 1-D and equal "
                          f"in length: one of each per rollout row.")
     if keys.size == 0:
         return []
@@ -65,7 +66,7 @@ def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
     str_ids = ids.astype(str)
     for g in groups:
         if (str_ids[g] != str_ids[g[0]]).any():
-            raise ValueError(f"rows of group {keys[g[0]]!r} carry different prompt ids "
+            raise InputError(f"rows of group {keys[g[0]]!r} carry different prompt ids "
                              f"{sorted(set(str_ids[g]))[:4]}; every rollout of one prompt must have "
                              f"the same extra_info.index.")
     return groups
@@ -145,13 +146,13 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
     nt, td = batch.non_tensor_batch, batch.batch
     for key in ("uid", "extra_info"):
         if key not in nt:
-            raise ValueError(f"the verl batch has no non_tensor_batch[{key!r}]; rlpace reads uid and "
+            raise InputError(f"the verl batch has no non_tensor_batch[{key!r}]; rlpace reads uid and "
                              f"extra_info.index from it (keep them on the batch).")
     extra = nt["extra_info"]
     try:
         ids = np.array([e["index"] for e in extra], dtype=object)
     except (KeyError, TypeError):
-        raise ValueError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt "
+        raise InputError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt "
                          "id) into the parquet.") from None
     if "rlpace_reward" in nt:               # the reward place's output (supervision transforms)
         rewards = np.asarray(nt["rlpace_reward"], dtype=np.float64)
@@ -160,7 +161,7 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
     elif "token_level_scores" in td.keys():
         rewards = td["token_level_scores"].sum(-1).double().cpu().numpy()
     else:
-        raise ValueError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
+        raise InputError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
                          f"batch['token_level_scores']; feed it after the reward is computed.")
     signals = {k: nt[key] for k, key in (("answers", "rlpace_answer"), ("token_entropy", "rlpace_token_entropy"),
                                         ("mean_logprob", "rlpace_mean_logprob"), ("order", "rlpace_order"))

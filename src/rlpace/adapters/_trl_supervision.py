@@ -28,6 +28,7 @@ The Feedback that reaches `Scheduler.observe` carries the answers and token stat
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 import torch
 from accelerate.utils import gather_object
@@ -50,11 +51,11 @@ class TrlSupervision:
         self.rlpace_target_column = target_column
         self.rlpace_answer_extractor = answer_extractor or extract_answer
         if target_column is not None and target_column not in self.train_dataset.column_names:
-            raise ValueError(f"train_dataset has no {target_column!r} column; target_column names the column "
+            raise InputError(f"train_dataset has no {target_column!r} column; target_column names the column "
                              f"your reward functions read the label from (e.g. 'solution').")
         target = getattr(sched.method, "target", None)
         if target_column is None and target is not None and not _is_default(target):
-            raise ValueError(f"method {sched.name!r} sets targets (target place {target.name!r}) that TRL's reward "
+            raise InputError(f"method {sched.name!r} sets targets (target place {target.name!r}) that TRL's reward "
                              f"functions must verify against: pass target_column='solution', the dataset column "
                              f"your reward functions read the label from.")
         reward = getattr(sched.method, "reward", None)
@@ -62,7 +63,7 @@ class TrlSupervision:
                 and getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize"):
             # the reward place returns one reward per rollout, r' = place(Σ_k w_k r_k): it has no
             # per-function parts for normalize_then_sum to normalise separately
-            raise ValueError(f"method {sched.name!r} has a reward place ({reward.name!r}), which replaces the "
+            raise InputError(f"method {sched.name!r} has a reward place ({reward.name!r}), which replaces the "
                              f"weighted sum of your {len(self.reward_funcs)} reward functions by one reward; "
                              f"multi_objective_aggregation='{self.multi_objective_aggregation}' would normalise "
                              f"each function on its own. Set GRPOConfig(multi_objective_aggregation="
@@ -132,7 +133,7 @@ class TrlSupervision:
         if any(t is not None for t in targets):
             col = self.rlpace_target_column
             if col is None:
-                raise ValueError("the Scheduler's target place gave prompts a target, but RlpaceGRPOTrainer does not "
+                raise InputError("the Scheduler's target place gave prompts a target, but RlpaceGRPOTrainer does not "
                                  "know which column your reward functions read the label from: pass "
                                  "target_column='solution' (the dataset column with the label).")
             n_local = len(inputs)

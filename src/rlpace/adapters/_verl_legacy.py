@@ -10,6 +10,7 @@ imports it only when asked for `RlpaceSampler`.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 
 from .verl import check_verl_version, pool_from_dataframe, feedback_from_config
@@ -36,13 +37,13 @@ class RlpaceSampler(AbstractCurriculumSampler):
     def __init__(self, data_source, data_config):
         check_verl_version("sampler")
         if data_config.get("dataloader_num_workers", 8) != 0:
-            raise ValueError("data.dataloader_num_workers must be 0 with RlpaceSampler (workers "
+            raise InputError("data.dataloader_num_workers must be 0 with RlpaceSampler (workers "
                              "would prefetch ahead of the feedback). Set data.dataloader_num_workers=0.")
         self.batch_size = int(data_config.get("gen_batch_size", None) or data_config.train_batch_size)
         self.rlpace = feedback_from_config(pool_from_dataframe(data_source.dataframe), data_config)
         n = len(self.rlpace.scheduler.pool)
         if n < self.batch_size:
-            raise ValueError(f"the dataset has {n} prompts, fewer than one batch ({self.batch_size}); "
+            raise InputError(f"the dataset has {n} prompts, fewer than one batch ({self.batch_size}); "
                              f"lower data.train_batch_size or add prompts.")
         self._len = n // self.batch_size * self.batch_size
         self._pos, self._batch = 0, None

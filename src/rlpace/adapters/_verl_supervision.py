@@ -35,6 +35,7 @@ shows them.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import asyncio
 
 import numpy as np
@@ -59,12 +60,12 @@ def _ids(batch) -> np.ndarray:
     nt = batch.non_tensor_batch
     for key in ("uid", "extra_info", "reward_model"):
         if key not in nt:
-            raise ValueError(f"the verl batch has no non_tensor_batch[{key!r}]; rlpace's supervision transforms "
+            raise InputError(f"the verl batch has no non_tensor_batch[{key!r}]; rlpace's supervision transforms "
                              f"read uid, extra_info.index and reward_model from it (keep them on the batch).")
     try:
         return np.array([e["index"] for e in nt["extra_info"]], dtype=object)
     except (KeyError, TypeError):
-        raise ValueError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt id) "
+        raise InputError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt id) "
                          "into the parquet.") from None
 
 
@@ -90,7 +91,7 @@ def _write(batch, i: int, score: float, extra: dict, valid: np.ndarray, keys: li
     nt = batch.non_tensor_batch
     for k in keys:
         if k not in extra:
-            raise ValueError(f"the reward function returned keys {sorted(extra)} when re-verifying against a "
+            raise InputError(f"the reward function returned keys {sorted(extra)} when re-verifying against a "
                              f"target, but {k!r} during rollout; verl needs the same keys for every sample.")
         if nt[k].dtype.kind in "US":          # np.array of strings is fixed-width: a longer value would be cut
             nt[k] = nt[k].astype(object)
@@ -190,7 +191,7 @@ def _apply_rewards(bridge, batch, step: int, valid: np.ndarray, **signals) -> No
 def check_token_signals(sched) -> None:
     """ValueError before training when the method reads a token statistic verl cannot give."""
     if "self_certainty" in needs(sched):
-        raise ValueError("the method's reward place reads self-certainty, which needs the full logits; verl's "
+        raise InputError("the method's reward place reads self-certainty, which needs the full logits; verl's "
                          "actor returns only per-token log-probs and entropies. Use RlpaceGRPOTrainer (TRL) or "
                          "the built-in trainer for self_certainty, or a reward that reads token_entropy / "
                          "mean_logprob (entropy_min) here.")

@@ -35,6 +35,7 @@ rewards and advantage places are refused when the dataset is built (`verl._refus
 
 from __future__ import annotations
 
+from ..errors import InputError
 from collections import Counter
 
 import numpy as np
@@ -73,11 +74,11 @@ class _RlpaceAdmission:
         kw = dict(sampler_kwargs or {})
         missing = [k for k in ("train_batch_size", "gen_batch_size") if k not in kw]
         if missing:
-            raise ValueError(f"trainer.v1.sampler.sampler_kwargs needs {missing} (verl passes them only to "
+            raise InputError(f"trainer.v1.sampler.sampler_kwargs needs {missing} (verl passes them only to "
                              f"its own buffer): add '+trainer.v1.sampler.sampler_kwargs.train_batch_size="
                              f"${{data.train_batch_size}}' and '...gen_batch_size=1'.")
         if int(kw["gen_batch_size"]) != 1:
-            raise ValueError("sampler_kwargs.gen_batch_size must be 1 (and data.gen_batch_size=1): refills "
+            raise InputError("sampler_kwargs.gen_batch_size must be 1 (and data.gen_batch_size=1): refills "
                              "are whole dataloader fetches, and evictions come one group at a time.")
         # verl passes the trainer's bound `_add_prompts_to_generate`: its config and tokenizer
         # are what the supervision transforms need (verl gives the buffer neither)
@@ -91,7 +92,7 @@ class _RlpaceAdmission:
     @property
     def rlpace(self) -> VerlFeedback:
         if "train" not in _SHARED:
-            raise ValueError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
+            raise InputError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
                              "data.custom_cls.path=pkg://rlpace.adapters.verl data.custom_cls.name=RlpaceDataset.")
         return _SHARED["train"]
 
@@ -154,7 +155,7 @@ class _RlpaceAdmission:
         sched = self.rlpace.scheduler
         sessions = {k.rsplit("_", 1)[0] for k in keys}
         if any(k.rsplit("_", 1)[0] in sessions and k.rsplit("_", 1)[1] != "0" for k in self.partitions[partition_id]):
-            raise ValueError("rlpace's supervision transforms on verl's V1 trainer support agent loops with one "
+            raise InputError("rlpace's supervision transforms on verl's V1 trainer support agent loops with one "
                              "output per session (each rollout is one trajectory); this one writes several.")
         trainer = self._rlpace_trainer
         data = _rb.tq.kv_batch_get(keys=keys, partition_id=partition_id,
@@ -226,7 +227,7 @@ class _RlpaceAdmission:
             from verl.trainer.ppo.reward import load_reward_manager
             t = self._rlpace_trainer
             if t is None or not hasattr(t, "config") or not hasattr(t, "tokenizer"):
-                raise ValueError("rlpace's supervision transforms on verl's V1 trainer reach the trainer's config and "
+                raise InputError("rlpace's supervision transforms on verl's V1 trainer reach the trainer's config and "
                                  "tokenizer through the buffer's refill_fn (verl passes the trainer's bound "
                                  "_add_prompts_to_generate); this buffer was built without it.")
             self._rlpace_reward_manager = load_reward_manager(t.config, t.tokenizer)
@@ -244,7 +245,7 @@ class _RlpaceAdmission:
             except (KeyError, TypeError):
                 scores = None
             if scores is None or len(scores) != len(keys):
-                raise ValueError(
+                raise InputError(
                     f"finished rollouts reached the replay buffer without rewards (no 'rm_scores' and no "
                     f"reward_extra_info[{key!r}] in TransferQueue): rlpace admission reads rewards when it "
                     f"samples, and a colocated reward model (reward.reward_model.enable=True without "

@@ -69,6 +69,7 @@ pass calls `_compute_loss` with `_get_per_token_logps_and_entropies` shadowed on
 
 from __future__ import annotations
 
+from ..errors import InputError
 import inspect
 import os
 from collections import deque
@@ -104,7 +105,7 @@ def pool_from_dataset(dataset, *, domain_column: str = "data_source", id_column:
     prompt's label be used in training; ttrl, trapo, the weak-supervision rewards), else all True."""
     for col in (domain_column, id_column):
         if col not in dataset.column_names:
-            raise ValueError(f"the train dataset has no {col!r} column; add it (a domain label and a "
+            raise InputError(f"the train dataset has no {col!r} column; add it (a domain label and a "
                              f"unique stable id per prompt), or name the column that holds it.")
     labeled = dataset[labeled_column] if labeled_column and labeled_column in dataset.column_names else None
     return Pool(dataset[domain_column], ids=dataset[id_column], labeled=labeled)
@@ -122,7 +123,7 @@ def lookahead_chunks(gradient_accumulation_steps: int, batches_per_chunk: int) -
     """
     a, r = int(gradient_accumulation_steps), int(batches_per_chunk)
     if a < 1 or r < 1:
-        raise ValueError(f"gradient_accumulation_steps ({a}) and steps_per_generation × num_iterations ({r}) "
+        raise InputError(f"gradient_accumulation_steps ({a}) and steps_per_generation × num_iterations ({r}) "
                          f"must be ≥ 1.")
     return a // r
 
@@ -197,7 +198,7 @@ class SchedulerRepeatSampler(Sampler[int]):
         queue, primed = np.asarray(state["sampler/queue"], dtype=np.int64), bool(state["sampler/primed"])
         if primed and not self.placeholder and len(queue) != self.lag + 1:
             # the queue always holds lag + 1 chunks once primed (one proposed per feedback)
-            raise ValueError(f"the checkpoint's sampler looks {len(queue) - 1} chunk(s) ahead, this run {self.lag} "
+            raise InputError(f"the checkpoint's sampler looks {len(queue) - 1} chunk(s) ahead, this run {self.lag} "
                              f"(gradient_accumulation_steps // (steps_per_generation × num_iterations)): resume "
                              f"with the gradient_accumulation_steps, steps_per_generation and num_iterations "
                              f"the checkpoint was trained with.")
@@ -238,31 +239,31 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                  answer_extractor=None, **kwargs):
         from packaging.version import Version
         if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED_TRL[1]):
-            raise ValueError(f"RlpaceGRPOTrainer supports trl >={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}; "
+            raise InputError(f"RlpaceGRPOTrainer supports trl >={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}; "
                              f"trl {trl.__version__} is installed. Install a trl in that range.")
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
         cfg, ds = bound.get("args"), bound.get("train_dataset")
         if ds is None or not hasattr(ds, "column_names") or not hasattr(ds, "select"):
-            raise ValueError("train_dataset must be a map-style datasets.Dataset: the Scheduler picks rows "
+            raise InputError("train_dataset must be a map-style datasets.Dataset: the Scheduler picks rows "
                              "by index (an IterableDataset cannot be indexed).")
         if cfg is not None and cfg.dataloader_num_workers != 0:
-            raise ValueError("dataloader_num_workers must be 0 with RlpaceGRPOTrainer (workers prefetch "
+            raise InputError("dataloader_num_workers must be 0 with RlpaceGRPOTrainer (workers prefetch "
                              "ahead of the feedback). Set GRPOConfig(dataloader_num_workers=0).")
         if id_column not in ds.column_names:
-            raise ValueError(f"train_dataset has no {id_column!r} column; pass id_column=... naming the "
+            raise InputError(f"train_dataset has no {id_column!r} column; pass id_column=... naming the "
                              f"column with each prompt's stable id.")
         if grad_features not in ("auto", "on", "off"):
-            raise ValueError(f"grad_features must be 'auto', 'on' or 'off'; got {grad_features!r}.")
+            raise InputError(f"grad_features must be 'auto', 'on' or 'off'; got {grad_features!r}.")
         if grad_reference not in ("previous", "none"):
-            raise ValueError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
+            raise InputError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
         mismatch = (f"the Scheduler's pool ({len(scheduler.pool)} prompts) is not the train dataset "
                     f"({len(ds)} rows, column {id_column!r}); build it with pool_from_dataset(ds)")
         try:
             pos = scheduler.pool.index_of(ds[id_column])
         except ValueError as e:
-            raise ValueError(f"{mismatch}: {e}") from None
+            raise InputError(f"{mismatch}: {e}") from None
         if len(pos) != len(scheduler.pool) or len(np.unique(pos)) != len(pos):
-            raise ValueError(mismatch + ".")
+            raise InputError(mismatch + ".")
         super().__init__(*args, **kwargs)
         self.scheduler, self.rlpace_id_column = scheduler, id_column
         self.rlpace_zero_lag, self.rlpace_loss_weights = zero_lag, loss_weights
@@ -387,7 +388,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         """`_get_per_token_logps_and_entropies` with the LM head called as a module (hooks see it):
         log-softmax(logits / temperature) at the completion tokens, and their entropies."""
         if any(v is not None for v in multimodal.values()):
-            raise ValueError("gradient features in RlpaceGRPOTrainer support text-only models; pass "
+            raise InputError("gradient features in RlpaceGRPOTrainer support text-only models; pass "
                              "grad_features='off' (or use a policy that does not read 'grads').")
         kw = {"output_router_logits": True} if compute_aux_loss else {}
         out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1, **kw)
@@ -430,14 +431,14 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             return
         path = os.path.join(checkpoint, STATE_FILE)
         if not os.path.exists(path):
-            raise ValueError(f"{path} is missing: this checkpoint was not written by RlpaceGRPOTrainer, so "
+            raise InputError(f"{path} is missing: this checkpoint was not written by RlpaceGRPOTrainer, so "
                              f"the schedule cannot resume. Resume from an rlpace checkpoint or start fresh.")
         with np.load(path, allow_pickle=False) as z:
             state = {k: z[k] for k in z.files}
         self.rlpace_sampler.load_state_dict(state)
         ref = state.get("grads/ref_grad")
         if ref is not None and (self.rlpace_gf is None or ref.shape != (self.rlpace_gf.dim,)):
-            raise ValueError(f"the checkpoint holds a reference gradient of shape {ref.shape}, this run's features "
+            raise InputError(f"the checkpoint holds a reference gradient of shape {ref.shape}, this run's features "
                              f"have d = {None if self.rlpace_gf is None else self.rlpace_gf.dim}: resume with the "
                              f"grad_features, grad_params and grad_dim the checkpoint was trained with.")
         self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith(("sampler/", "grads/"))})

@@ -18,6 +18,7 @@ feedback *before* the checkpoint is written (exact resume), loss weights, and
 
 from __future__ import annotations
 
+from ..errors import InputError
 import os
 import sys
 from typing import Any
@@ -52,7 +53,7 @@ def check_verl_version(feature: str) -> None:
     if not Version(lo) <= v < Version(hi):
         alt = {"sampler": "RlpaceDataset (data.custom_cls) on verl ≥ 0.8",
                "dataset": "RlpaceSampler (data.sampler.class_path) on verl 0.5–0.7"}.get(feature, "")
-        raise ValueError(f"rlpace's verl {feature} supports verl >={lo},<{hi}; verl {v} is installed. "
+        raise InputError(f"rlpace's verl {feature} supports verl >={lo},<{hi}; verl {v} is installed. "
                          f"Install a verl in that range" + (f", or use {alt}." if alt else "."))
 
 
@@ -63,12 +64,12 @@ def pool_from_dataframe(df, *, domain_key: str = "data_source") -> Pool:
     names = set(df.column_names)
     for col in (domain_key, "extra_info"):
         if col not in names:
-            raise ValueError(f"the training data has no {col!r} column; rlpace needs {domain_key} and "
+            raise InputError(f"the training data has no {col!r} column; rlpace needs {domain_key} and "
                              f"extra_info.index (verl's schema). Add it to the parquet.")
     extra = df["extra_info"]
     missing = [i for i, e in enumerate(extra) if not isinstance(e, dict) or e.get("index") is None]
     if missing:
-        raise ValueError(f"extra_info.index is missing in {len(missing)} rows (first rows: {missing[:5]}); "
+        raise InputError(f"extra_info.index is missing in {len(missing)} rows (first rows: {missing[:5]}); "
                          f"verl would default it to 0. Write a unique extra_info.index per prompt.")
     optional = [c for c in ("cluster_id", "rank_in_cluster", "difficulty") if c in names]
     records = [{domain_key: d, "extra_info": e} for d, e in zip(df[domain_key], extra)]
@@ -92,7 +93,7 @@ def feedback_from_config(pool: Pool, data_config) -> "VerlFeedback":
     cfg = _plain(data_config.get("rlpace", None)) or {}
     unknown = sorted(set(cfg) - {"policy", "kwargs", "seed", "success_threshold", "reward_key"})
     if unknown:
-        raise ValueError(f"unknown data.rlpace keys {unknown}; valid: policy, kwargs, seed, "
+        raise InputError(f"unknown data.rlpace keys {unknown}; valid: policy, kwargs, seed, "
                          f"success_threshold, reward_key.")
     seed = cfg.get("seed", data_config.get("seed", None))
     sched = Scheduler(pool, cfg.get("policy", "uniform"), seed=0 if seed is None else int(seed),
@@ -104,15 +105,15 @@ def feedback_from_config(pool: Pool, data_config) -> "VerlFeedback":
 def _check_loader_config(data_config) -> None:
     """The dataloader settings index indirection needs, checked before any data is read."""
     if data_config.get("shuffle", True):
-        raise ValueError("data.shuffle must be False with rlpace: the Scheduler chooses the prompts, "
+        raise InputError("data.shuffle must be False with rlpace: the Scheduler chooses the prompts, "
                          "a shuffling sampler would only hide that. Set data.shuffle=False.")
     if data_config.get("dataloader_num_workers", 8) != 0:
-        raise ValueError("data.dataloader_num_workers must be 0 with rlpace: worker processes hold "
+        raise InputError("data.dataloader_num_workers must be 0 with rlpace: worker processes hold "
                          "copies of the Scheduler that never see feedback, and prefetch ahead of it. "
                          "Set data.dataloader_num_workers=0.")
     sampler = data_config.get("sampler", None) or {}
     if "rlpace" in str(sampler.get("class_path", None) or ""):
-        raise ValueError("data.sampler.class_path is ignored by verl ≥ 0.8; remove it and keep "
+        raise InputError("data.sampler.class_path is ignored by verl ≥ 0.8; remove it and keep "
                          "data.custom_cls=RlpaceDataset.")
 
 
@@ -201,7 +202,7 @@ def _train_files(data_files, data_config) -> bool:
     train, val = as_list(data_config.get("train_files", [])), as_list(data_config.get("val_files", []))
     files = as_list(data_files)
     if files == train and train == val:
-        raise ValueError("data.train_files and data.val_files name the same files: the rlpace dataset "
+        raise InputError("data.train_files and data.val_files name the same files: the rlpace dataset "
                          "cannot tell the validation set apart. Point data.val_files at a copy.")
     return files == train or files != val
 
@@ -226,7 +227,7 @@ def _check_v1_feedback_channel() -> bool:
             if not isinstance(getattr(owner, "replay_buffer", None), _RlpaceAdmission):
                 name = "RlpaceReplayBuffer" if getattr(owner, "trainer_mode", "sync") == "sync" else \
                     "RlpaceReplayBufferAsync"
-                raise ValueError(
+                raise InputError(
                     "verl's V1 trainer (trainer.use_v1=True) never calls the dataset's on_batch_end, so the "
                     "Scheduler would get no feedback: set trainer.v1.sampler.custom_sampler.path="
                     f"pkg://rlpace.adapters.verl trainer.v1.sampler.custom_sampler.name={name} (see "
@@ -244,7 +245,7 @@ def _refuse_v1_supervision(sched: Scheduler) -> None:
     missing = sorted(needs(sched) & TOKEN_SIGNALS) + ([f"advantage place {adv.name!r}"]
                                                       if adv is not None and not _is_default(adv) else [])
     if missing:
-        raise ValueError(
+        raise InputError(
             f"method {sched.name!r} needs {', '.join(missing)}, which rlpace provides in verl's legacy trainer but "
             f"not in the V1 trainer (its transforms run in the replay buffer, before verl's old-log-prob pass and "
             f"advantage step; docs/engines.md, 'Supervision transforms'): run examples/verl_legacy_trainer.py with "
@@ -321,7 +322,7 @@ class RlpaceTrainerMixin:
         for owner in (getattr(self.train_dataloader, "sampler", None), self.train_dataset):
             if getattr(owner, "rlpace", None) is not None:
                 return owner.rlpace
-        raise ValueError("RlpaceTrainerMixin found no rlpace data source: set data.custom_cls to "
+        raise InputError("RlpaceTrainerMixin found no rlpace data source: set data.custom_cls to "
                          "RlpaceDataset (verl ≥ 0.8) or data.sampler to RlpaceSampler (verl ≤ 0.7).")
 
     def _update_actor(self, batch):
@@ -352,7 +353,7 @@ class RlpaceTrainerMixin:
         from ._supervision import TOKEN_SIGNALS, needs
         corr = self.config.algorithm.get("rollout_correction", None) or {}
         if needs(sched) & TOKEN_SIGNALS and corr.get("bypass_mode", False):
-            raise ValueError(f"method {sched.name!r} reads {sorted(needs(sched) & TOKEN_SIGNALS)}, which rlpace takes "
+            raise InputError(f"method {sched.name!r} reads {sorted(needs(sched) & TOKEN_SIGNALS)}, which rlpace takes "
                              f"from verl's old-log-prob pass; algorithm.rollout_correction.bypass_mode=True skips it. "
                              f"Set bypass_mode=False.")
         from verl.trainer.ppo import ray_trainer
@@ -376,7 +377,7 @@ class RlpaceTrainerMixin:
             reward = self.config.reward
             if (reward.get("reward_model") or {}).get("enable", False) and \
                     not (reward.get("custom_reward_function") or {}).get("path"):
-                raise ValueError("rlpace re-verifies rollouts against the Scheduler's targets with verl's reward "
+                raise InputError("rlpace re-verifies rollouts against the Scheduler's targets with verl's reward "
                                  "function; a discriminative reward model (reward.reward_model.enable=True without "
                                  "reward.custom_reward_function.path) has no target to verify against. Use a "
                                  "rule-based reward function.")
@@ -429,7 +430,7 @@ def load_data_pt(path: str) -> dict:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
-        raise ValueError(f"{path} holds objects other than tensors and numpy arrays, so rlpace refuses to "
+        raise InputError(f"{path} holds objects other than tensors and numpy arrays, so rlpace refuses to "
                          f"unpickle it (it could run code): {str(e).splitlines()[0]} Resume from a checkpoint "
                          f"written by verl with RlpaceDataset, or delete data.pt to start the data fresh.") from None
 

@@ -16,6 +16,7 @@ Examples:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ def _parse_sets(items) -> dict:
     for item in items:
         key, eq, val = item.partition("=")
         if not eq or not key:
-            raise ValueError(f"--set {item!r} must be KEY=VALUE, e.g. --set batch_size=32.")
+            raise InputError(f"--set {item!r} must be KEY=VALUE, e.g. --set batch_size=32.")
         try:
             out[key] = json.loads(val)
         except json.JSONDecodeError:
@@ -75,7 +76,7 @@ def _check_suites(suites) -> None:
     for suite in suites:
         backend = suite_backend(suite)
         if backend == "sim" and suite[4:] not in SCENARIOS:
-            raise ValueError(f"unknown scenario {suite[4:]!r} in suite {suite!r}; the simulator has "
+            raise InputError(f"unknown scenario {suite[4:]!r} in suite {suite!r}; the simulator has "
                              f"{', '.join('sim:' + n for n in sorted(SCENARIOS))}.")
         if backend == "embedded":
             from rlpace.tasks import make_taskset
@@ -90,9 +91,9 @@ def _load_grid(path):
     except (ValueError, FileNotFoundError, ImportError):
         raise
     except OSError as e:
-        raise ValueError(f"--grid {path!r}: cannot read it ({e.strerror or e}).") from None
+        raise InputError(f"--grid {path!r}: cannot read it ({e.strerror or e}).") from None
     except Exception as e:   # yaml.YAMLError, or a mapping of the wrong shape (TypeError, KeyError ...)
-        raise ValueError(f"--grid {path!r} is not a valid grid file ({type(e).__name__}: {e}); "
+        raise InputError(f"--grid {path!r} is not a valid grid file ({type(e).__name__}: {e}); "
                          f"see `rlpace compare --help` and rlpace.experiments.Grid for the fields.") from None
 
 
@@ -104,7 +105,7 @@ def build_grid(args):
         clash = [f for f, v in (("--suite", args.suite), ("--policies", args.policies),
                                 ("--steps", args.steps), ("--set", args.set)) if v]
         if clash:
-            raise ValueError(f"--grid defines the whole matrix; drop {clash} or edit the grid file.")
+            raise InputError(f"--grid defines the whole matrix; drop {clash} or edit the grid file.")
         if not Path(args.grid).is_file():
             raise FileNotFoundError(2, "no such grid file", args.grid)
         grid = _load_grid(args.grid)
@@ -128,11 +129,11 @@ def build_grid(args):
     _check_policy_names([p.name for p in grid.policies])
     _check_suites(grid.suites)
     if args.baseline not in [p.label for p in grid.policies] and not args.no_report:
-        raise ValueError(f"the baseline {args.baseline!r} is not in the matrix "
+        raise InputError(f"the baseline {args.baseline!r} is not in the matrix "
                          f"{[p.label for p in grid.policies]}; add it to --policies or pass "
                          f"--baseline <one of them>.")
     if len(grid.seeds) < 2 and not args.no_report:
-        raise ValueError(f"--seeds {len(grid.seeds)}: a paired CI needs at least 2 matched seeds; "
+        raise InputError(f"--seeds {len(grid.seeds)}: a paired CI needs at least 2 matched seeds; "
                          f"use --seeds 8 (DataFlex-RL used 12).")
     return grid, lines
 
@@ -152,7 +153,7 @@ def run(args) -> int:
         print("\n".join(lines or [f"policies: {[p.label for p in grid.policies]}"]))
         return 0
     if not args.out:
-        raise ValueError("--out is required: the folder for run records and the report "
+        raise InputError("--out is required: the folder for run records and the report "
                          "(rerun the same command to resume).")
     for line in lines:
         print(line)
@@ -162,7 +163,7 @@ def run(args) -> int:
     try:
         res = run_grid(grid, args.out, workers=args.workers, progress=not args.quiet)
     except NotImplementedError as e:
-        raise ValueError(str(e)) from None
+        raise InputError(str(e)) from None
     print(res.summary())
     for rid, err in res.failed.items():
         last = [x for x in err.strip().splitlines() if x.strip()]

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import argparse
 import dataclasses
 import json
@@ -100,7 +101,7 @@ def run(args) -> int:
                                steps=args.steps if args.steps is not None else base.steps)
     names = [args.baseline, args.policy]
     if len(set(names)) != 2:
-        raise ValueError(f"--policy and --baseline must differ; both are {args.policy!r}.")
+        raise InputError(f"--policy and --baseline must differ; both are {args.policy!r}.")
     cfgs = {n: dataclasses.replace(base, policy=n, out=str(out / n.replace("/", "_"))) for n in names}
     for c in cfgs.values():                      # every input error before any work
         check_config(c)

@@ -19,6 +19,8 @@ tokenizer and other files, and retention_coefficients.json.
 
 from __future__ import annotations
 
+from ..errors import InputError
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--base", required=True, metavar="DIR", help="the shared base checkpoint directory")
@@ -44,7 +46,7 @@ def run(args) -> int:
     try:
         import safetensors  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError("rlpace merge needs the package 'safetensors': pip install 'rlpace[train]' "
+        raise InputError("rlpace merge needs the package 'safetensors': pip install 'rlpace[train]' "
                          "(with torch installed first).") from None
     from rlpace.merge import merge_checkpoints
 

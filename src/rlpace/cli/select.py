@@ -16,6 +16,7 @@ Examples:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import argparse
 
 
@@ -72,13 +73,13 @@ def run(args) -> int:
     from rlpace.select import ROUTES, replay, select
 
     if args.data is not None and args.data_opt is not None and args.data != args.data_opt:
-        raise ValueError("give the data once: as the positional DATA or as --data.")
+        raise InputError("give the data once: as the positional DATA or as --data.")
     data = args.data if args.data is not None else args.data_opt
     if data is None:
-        raise ValueError("no input: pass DATA (a verl .parquet or .jsonl file), or --data with --replay.")
+        raise InputError("no input: pass DATA (a verl .parquet or .jsonl file), or --data with --replay.")
     if args.replay is not None:
         if args.model is not None or args.rollouts is not None:
-            raise ValueError("--replay rebuilds from the manifest; drop --model/--rollouts.")
+            raise InputError("--replay rebuilds from the manifest; drop --model/--rollouts.")
         res = replay(args.replay, data, args.out)
         verb = "replayed"
     else:

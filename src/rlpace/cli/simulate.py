@@ -13,6 +13,7 @@ every policy's steps-to-target is shown next to uniform's.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import ast
 import json
 import sys
@@ -63,7 +64,7 @@ def _pairs(items, what):
     out = []
     for item in items:
         if "=" not in item:
-            raise ValueError(f"{what} {item!r} is not KEY=VALUE.")
+            raise InputError(f"{what} {item!r} is not KEY=VALUE.")
         key, _, val = item.partition("=")
         out.append((key.strip(), _value(val.strip())))
     return out
@@ -146,10 +147,10 @@ def _seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in str(text).split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--seed {text!r} is not an integer or a comma list of integers "
+        raise InputError(f"--seed {text!r} is not an integer or a comma list of integers "
                          f"(e.g. --seed 0,1,2).") from None
     if not seeds:
-        raise ValueError(f"--seed {text!r} names no seed; give an integer or a comma list (e.g. --seed 0,1,2).")
+        raise InputError(f"--seed {text!r} names no seed; give an integer or a comma list (e.g. --seed 0,1,2).")
     return seeds
 
 
@@ -161,10 +162,10 @@ def _check_policies(names, per_policy) -> None:
         try:
             make_method(name, **per_policy[name])
         except TypeError as e:   # a value of the wrong type (temperature=abc) reaching a factory
-            raise ValueError(f"{name}: a hyperparameter has the wrong type ({e}); "
+            raise InputError(f"{name}: a hyperparameter has the wrong type ({e}); "
                              f"given {per_policy[name]} (numbers are written e.g. temperature=0.5).") from None
         except ValueError as e:
-            raise ValueError(f"{name}: {e}") from None
+            raise InputError(f"{name}: {e}") from None
 
 
 def run(args) -> int:
@@ -174,7 +175,7 @@ def run(args) -> int:
     seeds = _seeds(args.seed)
     names = _policy_list(args.policy)
     if not names:
-        raise ValueError(f"--policy {args.policy!r} names no policy; give a name from `rlpace policies`, "
+        raise InputError(f"--policy {args.policy!r} names no policy; give a name from `rlpace policies`, "
                          f"a comma list, 'proposal' or 'all'.")
     if not args.no_baseline and "uniform" not in names:
         names = ["uniform"] + names
@@ -185,7 +186,7 @@ def run(args) -> int:
         if dot and name in per_policy:
             per_policy[name][k] = val
         elif dot:
-            raise ValueError(f"{key!r} names policy {name!r}, which is not in --policy ({', '.join(names)}).")
+            raise InputError(f"{key!r} names policy {name!r}, which is not in --policy ({', '.join(names)}).")
         else:
             for n in names:
                 if n != "uniform" or "uniform" in _policy_list(args.policy):
@@ -204,7 +205,7 @@ def run(args) -> int:
                                policy_kwargs=per_policy[name], progress=not args.no_progress,
                                weight_norm=args.weight_norm)
             except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
+                raise InputError(f"{name}: {e}") from None
             results[name].append(res)
             records.append(res.to_record())
             if not args.no_progress:

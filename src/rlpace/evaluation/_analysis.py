@@ -7,6 +7,7 @@ plots only read the resulting `Analysis`; nothing here draws.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -92,7 +93,7 @@ def parse_summary(spec: str, benchmarks: Sequence[str]) -> tuple[str, np.ndarray
     """
     name, eq, body = spec.partition("=")
     if not eq or not name or not body:
-        raise ValueError(f"--summary {spec!r} must look like NAME=bench1,bench2 or "
+        raise InputError(f"--summary {spec!r} must look like NAME=bench1,bench2 or "
                          f"NAME=bench1:w1,bench2:w2; benchmarks: {list(benchmarks)}.")
     items = [x.strip() for x in body.split(",") if x.strip()]
     if all(":" in x for x in items):
@@ -102,10 +103,10 @@ def parse_summary(spec: str, benchmarks: Sequence[str]) -> tuple[str, np.ndarray
             try:
                 weights[b] = float(w)
             except ValueError:
-                raise ValueError(f"--summary {spec!r}: weight {w!r} of {b!r} is not a number.") from None
+                raise InputError(f"--summary {spec!r}: weight {w!r} of {b!r} is not a number.") from None
         return name, st.summary_weights(benchmarks, weights)
     if any(":" in x for x in items):
-        raise ValueError(f"--summary {spec!r} mixes weighted and unweighted benchmarks; give a weight "
+        raise InputError(f"--summary {spec!r} mixes weighted and unweighted benchmarks; give a weight "
                          f"to all or none.")
     return name, st.subset_weights(benchmarks, items)
 
@@ -164,7 +165,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
     order = [baseline] + [x for x in (label_order or []) if x != baseline]
     sm = score_matrix(records, suite=suite, label_order=order)
     if baseline not in sm.labels:
-        raise ValueError(f"baseline {baseline!r} is not among the complete runs' labels "
+        raise InputError(f"baseline {baseline!r} is not among the complete runs' labels "
                          f"{list(sm.labels)}; pass --baseline <one of them>, or add {baseline!r} to "
                          f"the grid (it must run the same seeds).")
     if summaries is None:
@@ -174,7 +175,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
         name, w = parse_summary(spec, sm.benchmarks)
         summaries[name] = w
     if not summaries:
-        raise ValueError("no summaries: give at least one (the first is the primary).")
+        raise InputError("no summaries: give at least one (the first is the primary).")
     primary = next(iter(summaries))
     scores = {name: st.summarize(sm.values, w) for name, w in summaries.items()}   # [M, S]
     rng = st.as_rng(random_state)
@@ -211,7 +212,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
         comps.append(Comparison(lab, n, mean, bmean, t, boot, poi, steps_ratio=sr, rollouts_ratio=rr))
     tested = [k for k, cp in enumerate(comps) if cp.t is not None]
     if others and not tested:
-        raise ValueError(f"no method has ≥ 2 seeds paired with the baseline {baseline!r} (paired "
+        raise InputError(f"no method has ≥ 2 seeds paired with the baseline {baseline!r} (paired "
                          f"seeds: {[cp.n_pairs for cp in comps]}); a paired CI needs at least 2. "
                          f"Run more seeds (rlpace compare --seeds 8).")
     if tested:

@@ -46,6 +46,7 @@ larger ("≥"); only the baseline → smaller ("≤"); both → the direction is
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from typing import Mapping, NamedTuple, Sequence
 
@@ -117,7 +118,7 @@ def gain_target(base: float | np.ndarray, final: float | np.ndarray, fraction: f
     """base + fraction · (final − base): the accuracy at which `fraction` of the
     baseline's gain is reached. `fraction` in (0, 1]."""
     if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction of the baseline's gain must be in (0, 1], e.g. 0.8; got {fraction!r}.")
+        raise InputError(f"fraction of the baseline's gain must be in (0, 1], e.g. 0.8; got {fraction!r}.")
     out = np.asarray(base, dtype=np.float64) + fraction * (np.asarray(final, dtype=np.float64) - base)
     return float(out) if out.ndim == 0 else out
 
@@ -126,13 +127,13 @@ def _check_curve(x: np.ndarray, a: np.ndarray, what: str) -> tuple[np.ndarray, n
     x = np.asarray(x, dtype=np.float64)
     a = np.asarray(a, dtype=np.float64)
     if x.ndim != 1 or x.shape != a.shape or x.size == 0:
-        raise ValueError(f"{what}: cost and accuracy must be 1-D arrays of one length ≥ 1 (one entry per "
+        raise InputError(f"{what}: cost and accuracy must be 1-D arrays of one length ≥ 1 (one entry per "
                          f"evaluation); got shapes {x.shape} and {a.shape}.")
     if not (np.isfinite(x).all() and np.isfinite(a).all()):
-        raise ValueError(f"{what}: the curve has NaN or inf values; drop evaluations without a cost or "
+        raise InputError(f"{what}: the curve has NaN or inf values; drop evaluations without a cost or "
                          f"an accuracy first.")
     if (np.diff(x) < 0).any():
-        raise ValueError(f"{what}: the cost must be non-decreasing over evaluations (a cumulative "
+        raise InputError(f"{what}: the cost must be non-decreasing over evaluations (a cumulative "
                          f"counter); got {x.tolist()[:8]}.")
     return x, a
 
@@ -163,7 +164,7 @@ def normalized_auc(cost: np.ndarray, accuracy: np.ndarray, budget: float) -> flo
     """
     x, a = _check_curve(cost, accuracy, "normalized_auc")
     if not (np.isfinite(budget) and budget > 0):
-        raise ValueError(f"normalized_auc budget must be a positive number of rollouts; got {budget!r}.")
+        raise InputError(f"normalized_auc budget must be a positive number of rollouts; got {budget!r}.")
     grid = np.union1d(x[(x > 0) & (x < budget)], [0.0, float(budget)])       # knots in [0, X]
     vals = np.interp(grid, x, a)
     return float(np.sum(np.diff(grid) * (vals[1:] + vals[:-1]) / 2.0) / budget)
@@ -189,7 +190,7 @@ def paired_cost_ratio(method: np.ndarray, baseline: np.ndarray, method_reached: 
     mr = np.ones(n, bool) if method_reached is None else np.asarray(method_reached, bool)
     br = np.ones(n, bool) if baseline_reached is None else np.asarray(baseline_reached, bool)
     if (y <= 0).any() and n:
-        raise ValueError("baseline costs must be > 0 for a ratio (a baseline at the target from its first "
+        raise InputError("baseline costs must be > 0 for a ratio (a baseline at the target from its first "
                          "evaluation gives none); raise the target or check the baseline's curve.")
     # ratio_to_target(method=a, baseline=b) is mean(b) / mean(a) with seeds resampled as pairs;
     # passing the baseline as its `method` gives mean(method) / mean(baseline). Nothing is NaN
@@ -234,9 +235,9 @@ def efficiency_vs_baseline(curves: Mapping[str, Mapping[int, Curve]], *, baselin
         ValueError: the baseline is missing, or its gain on a seed is ≤ 0 (no target).
     """
     if baseline not in curves:
-        raise ValueError(f"baseline {baseline!r} has no curves; labels: {sorted(curves)}.")
+        raise InputError(f"baseline {baseline!r} has no curves; labels: {sorted(curves)}.")
     if isinstance(tail, bool) or not isinstance(tail, (int, np.integer)) or tail < 1:
-        raise ValueError(f"tail must be a positive int (evaluations averaged for the final accuracy); got {tail!r}.")
+        raise InputError(f"tail must be a positive int (evaluations averaged for the final accuracy); got {tail!r}.")
     rng = st.as_rng(random_state)
     base_curves = curves[baseline]
     tgt: dict[int, float] = {}
@@ -247,7 +248,7 @@ def efficiency_vs_baseline(curves: Mapping[str, Mapping[int, Curve]], *, baselin
             continue
         final = float(a[-tail:].mean())
         if final <= a[0]:
-            raise ValueError(f"baseline {baseline!r} seed {s} gained nothing (first evaluation {a[0]:.4f}, "
+            raise InputError(f"baseline {baseline!r} seed {s} gained nothing (first evaluation {a[0]:.4f}, "
                              f"final {final:.4f}): no fraction-of-gain target. Train longer, or pass a "
                              f"fixed target.")
         tgt[s] = gain_target(float(a[0]), final, fraction)

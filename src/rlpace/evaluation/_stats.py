@@ -19,6 +19,7 @@ scipy is imported lazily (t quantiles) so that importing this module stays cheap
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from typing import Mapping, NamedTuple, Sequence
 
@@ -99,10 +100,10 @@ def as_rng(random_state: int | np.random.Generator | None) -> np.random.Generato
     if isinstance(random_state, np.random.Generator):
         return random_state
     if random_state is None:
-        raise ValueError("random_state is None; pass an int seed (e.g. random_state=0) or a "
+        raise InputError("random_state is None; pass an int seed (e.g. random_state=0) or a "
                          "np.random.Generator so the bootstrap is reproducible.")
     if isinstance(random_state, (bool, float)) or not isinstance(random_state, (int, np.integer)):
-        raise ValueError(f"random_state must be an int seed or a np.random.Generator; got "
+        raise InputError(f"random_state must be an int seed or a np.random.Generator; got "
                          f"{random_state!r}.")
     return np.random.default_rng(int(random_state))
 
@@ -110,7 +111,7 @@ def as_rng(random_state: int | np.random.Generator | None) -> np.random.Generato
 def _check_confidence(confidence: float) -> float:
     c = float(confidence)
     if not 0.0 < c < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95; got {confidence!r}.")
+        raise InputError(f"confidence must be in (0, 1), e.g. 0.95; got {confidence!r}.")
     return c
 
 
@@ -128,7 +129,7 @@ def benchmark_means(scores: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(scores, dtype=np.float64)
     if x.ndim < 2:
-        raise ValueError(f"scores must be [S, B] or [M, S, B]; got shape {x.shape}.")
+        raise InputError(f"scores must be [S, B] or [M, S, B]; got shape {x.shape}.")
     cnt = np.sum(~np.isnan(x), axis=-2)
     tot = np.nansum(x, axis=-2)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -148,7 +149,7 @@ def domain_balanced_weights(benchmark_domains: Sequence[str]) -> np.ndarray:
     """
     doms = [str(d) for d in benchmark_domains]
     if not doms:
-        raise ValueError("benchmark_domains is empty; give one domain per benchmark.")
+        raise InputError("benchmark_domains is empty; give one domain per benchmark.")
     uniq = sorted(set(doms))
     counts = {d: doms.count(d) for d in uniq}
     return np.array([1.0 / (len(uniq) * counts[d]) for d in doms])
@@ -163,9 +164,9 @@ def subset_weights(benchmarks: Sequence[str], subset: Sequence[str]) -> np.ndarr
     bench = [str(b) for b in benchmarks]
     unknown = sorted(set(map(str, subset)) - set(bench))
     if unknown:
-        raise ValueError(f"summary subset names unknown benchmark(s) {unknown}; valid: {bench}.")
+        raise InputError(f"summary subset names unknown benchmark(s) {unknown}; valid: {bench}.")
     if not subset:
-        raise ValueError("summary subset is empty; name at least one benchmark.")
+        raise InputError("summary subset is empty; name at least one benchmark.")
     chosen = set(map(str, subset))
     w = np.array([1.0 if b in chosen else 0.0 for b in bench])
     return w / w.sum()
@@ -180,10 +181,10 @@ def summary_weights(benchmarks: Sequence[str], weights: Mapping[str, float]) -> 
     bench = [str(b) for b in benchmarks]
     unknown = sorted(set(map(str, weights)) - set(bench))
     if unknown:
-        raise ValueError(f"summary weights name unknown benchmark(s) {unknown}; valid: {bench}.")
+        raise InputError(f"summary weights name unknown benchmark(s) {unknown}; valid: {bench}.")
     w = np.array([float(weights.get(b, 0.0)) for b in bench])
     if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
-        raise ValueError(f"summary weights must be finite, ≥ 0 and not all 0; got {dict(weights)}.")
+        raise InputError(f"summary weights must be finite, ≥ 0 and not all 0; got {dict(weights)}.")
     return w / w.sum()
 
 
@@ -199,10 +200,10 @@ def summarize(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
     x = np.asarray(scores, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or x.shape[-1] != w.shape[0]:
-        raise ValueError(f"weights have shape {w.shape} but scores have {x.shape[-1]} benchmarks "
+        raise InputError(f"weights have shape {w.shape} but scores have {x.shape[-1]} benchmarks "
                          f"(last axis); give one weight per benchmark.")
     if (w < 0).any() or w.sum() <= 0:
-        raise ValueError("summary weights must be ≥ 0 and not all 0.")
+        raise InputError("summary weights must be ≥ 0 and not all 0.")
     used = w > 0
     out = np.einsum("...b,b->...", np.where(np.isnan(x), 0.0, x), w) / w.sum()
     return np.where(np.isnan(x[..., used]).any(axis=-1), np.nan, out)
@@ -230,14 +231,14 @@ def _aligned_pair(method, baseline, who: str) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(method, dtype=np.float64)
     y = np.asarray(baseline, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"{who} needs two 1-D arrays aligned by seed; got shapes {x.shape} and "
+        raise InputError(f"{who} needs two 1-D arrays aligned by seed; got shapes {x.shape} and "
                          f"{y.shape}. Pair runs by seed first.")
     return x, y
 
 
 def _need_pairs(d: np.ndarray, what: str) -> None:
     if d.shape[0] < 2:
-        raise ValueError(f"{what} needs at least 2 paired seeds (a seed run by both the method and "
+        raise InputError(f"{what} needs at least 2 paired seeds (a seed run by both the method and "
                          f"the baseline); got {d.shape[0]}. Run more seeds (rlpace compare --seeds 8).")
 
 
@@ -291,7 +292,7 @@ def paired_t_interval(method: np.ndarray, baseline: np.ndarray, confidence: floa
 
 def _resample_idx(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 100:
-        raise ValueError(f"n_boot must be an int ≥ 100 (10 000 is typical); got {n_boot!r}.")
+        raise InputError(f"n_boot must be an int ≥ 100 (10 000 is typical); got {n_boot!r}.")
     return rng.integers(0, n, size=(int(n_boot), n))                      # [n_boot, n]
 
 
@@ -340,7 +341,7 @@ def probability_of_improvement(method: np.ndarray, baseline: np.ndarray) -> floa
     x = x[:, None] if x.ndim == 1 else x
     y = y[:, None] if y.ndim == 1 else y
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"probability_of_improvement needs [S, B] and [S', B] with the same B; got "
+        raise InputError(f"probability_of_improvement needs [S, B] and [S', B] with the same B; got "
                          f"{np.shape(method)} and {np.shape(baseline)}.")
     vals = []
     for b in range(x.shape[1]):
@@ -352,7 +353,7 @@ def probability_of_improvement(method: np.ndarray, baseline: np.ndarray) -> floa
         eq = (xb[:, None] == yb[None, :]).mean()
         vals.append(gt + 0.5 * eq)
     if not vals:
-        raise ValueError("probability_of_improvement: no benchmark has runs of both the method and "
+        raise InputError("probability_of_improvement: no benchmark has runs of both the method and "
                          "the baseline.")
     return float(np.mean(vals))
 
@@ -420,13 +421,13 @@ def ratio_to_target(method: np.ndarray, baseline: np.ndarray, *, budget: float,
     rng = as_rng(random_state)
     x, y = _aligned_pair(method, baseline, "ratio_to_target")
     if not np.isfinite(budget) or budget <= 0:
-        raise ValueError(f"budget must be a positive number (steps or rollouts of a run); got {budget}.")
+        raise InputError(f"budget must be a positive number (steps or rollouts of a run); got {budget}.")
     n = x.shape[0]
     rm, rb = int(np.sum(~np.isnan(x))), int(np.sum(~np.isnan(y)))
     censored = rm < n or rb < n
     xf, yf = np.where(np.isnan(x), budget, x), np.where(np.isnan(y), budget, y)
     if (xf <= 0).any():
-        raise ValueError("steps/rollouts to target must be > 0 for the method (a run that starts at "
+        raise InputError("steps/rollouts to target must be > 0 for the method (a run that starts at "
                          "the target gives no ratio); raise the target.")
     est = float(yf.mean() / xf.mean())
     if n < 2:
@@ -447,9 +448,9 @@ def rankdata(x: np.ndarray) -> np.ndarray:
     """
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != 1:
-        raise ValueError(f"rankdata needs a 1-D array; got shape {a.shape}.")
+        raise InputError(f"rankdata needs a 1-D array; got shape {a.shape}.")
     if np.isnan(a).any():
-        raise ValueError("cannot rank NaN values; drop methods with missing summaries first.")
+        raise InputError("cannot rank NaN values; drop methods with missing summaries first.")
     order = np.argsort(a, kind="mergesort")
     ranks = np.empty(a.shape[0])
     ranks[order] = np.arange(1, a.shape[0] + 1, dtype=np.float64)
@@ -478,7 +479,7 @@ def spearman_rho(x: np.ndarray, y: np.ndarray) -> float:
     """
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.shape[0] < 2:
-        raise ValueError(f"spearman_rho needs two 1-D arrays of one length ≥ 2; got {a.shape}, {b.shape}.")
+        raise InputError(f"spearman_rho needs two 1-D arrays of one length ≥ 2; got {a.shape}, {b.shape}.")
     ra, rb = rankdata(a) - (a.shape[0] + 1) / 2.0, rankdata(b) - (b.shape[0] + 1) / 2.0
     den = math.sqrt(float(ra @ ra) * float(rb @ rb))
     return float(ra @ rb / den) if den > 0 else math.nan
@@ -493,7 +494,7 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
     """
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.shape[0] < 2:
-        raise ValueError(f"kendall_tau needs two 1-D arrays of one length ≥ 2; got {a.shape}, {b.shape}.")
+        raise InputError(f"kendall_tau needs two 1-D arrays of one length ≥ 2; got {a.shape}, {b.shape}.")
     iu = np.triu_indices(a.shape[0], k=1)
     sa = np.sign(a[:, None] - a[None, :])[iu]                            # [n(n-1)/2]
     sb = np.sign(b[:, None] - b[None, :])[iu]
@@ -530,9 +531,9 @@ def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     """
     p = np.asarray(p_values, dtype=np.float64)
     if p.ndim != 1:
-        raise ValueError(f"p_values must be 1-D; got shape {p.shape}.")
+        raise InputError(f"p_values must be 1-D; got shape {p.shape}.")
     if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-        raise ValueError("p_values must be in [0, 1] without NaN.")
+        raise InputError("p_values must be in [0, 1] without NaN.")
     m = p.shape[0]
     order = np.argsort(p, kind="mergesort")
     adj_sorted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
@@ -580,7 +581,7 @@ def t_band(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np
     c = _check_confidence(confidence)
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2:
-        raise ValueError(f"values must be [S, T]; got shape {v.shape}.")
+        raise InputError(f"values must be [S, T]; got shape {v.shape}.")
     n = np.sum(~np.isnan(v), axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(n > 0, np.nansum(v, axis=0) / np.maximum(n, 1), np.nan)

@@ -8,6 +8,7 @@ differs — and listed, never silently dropped.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -76,16 +77,16 @@ def score_matrix(records: Sequence[Mapping[str, Any]], *, suite: str | None = No
             two domains. Each message says what to fix.
     """
     if not records:
-        raise ValueError("no run records to report on; run a grid first (rlpace compare) or point "
+        raise InputError("no run records to report on; run a grid first (rlpace compare) or point "
                          "at the folder that holds the *.jsonl records.")
     suites = sorted({r["suite"] for r in records})
     if suite is None:
         if len(suites) > 1:
-            raise ValueError(f"the records come from {len(suites)} suites {suites}; statistics pair "
+            raise InputError(f"the records come from {len(suites)} suites {suites}; statistics pair "
                              f"runs within one suite. Pass --suite <one of them>.")
         suite = suites[0]
     elif suite not in suites:
-        raise ValueError(f"no records of suite {suite!r}; the records hold suites {suites}.")
+        raise InputError(f"no records of suite {suite!r}; the records hold suites {suites}.")
     recs = [r for r in records if r["suite"] == suite]
     complete = [r for r in recs if r["status"] == "complete"]
     excluded = tuple((r["run_id"], r["label"], r["seed"],
@@ -96,7 +97,7 @@ def score_matrix(records: Sequence[Mapping[str, Any]], *, suite: str | None = No
         budgets.setdefault(budget_key(r), r)
     if len(budgets) > 1:
         (k1, r1), (k2, r2) = list(budgets.items())[:2]
-        raise ValueError(f"runs of different budgets cannot be compared as if paired: "
+        raise InputError(f"runs of different budgets cannot be compared as if paired: "
                          f"{r1['run_id']!r} has {_fmt_budget(k1)} but {r2['run_id']!r} has "
                          f"{_fmt_budget(k2)} ({len(budgets)} budgets in suite {suite!r}). Re-run the "
                          f"odd ones with the common budget, or report each budget from its own folder.")
@@ -112,7 +113,7 @@ def score_matrix(records: Sequence[Mapping[str, Any]], *, suite: str | None = No
                 bench.append(str(b))
         for b, d in (r.get("benchmark_domains") or {}).items():
             if b in domains and domains[b] != d:
-                raise ValueError(f"benchmark {b!r} is in domain {domains[b]!r} in one record and "
+                raise InputError(f"benchmark {b!r} is in domain {domains[b]!r} in one record and "
                                  f"{d!r} in {r['run_id']!r}; give every record the same "
                                  f"benchmark_domains.")
             domains[str(b)] = str(d)
@@ -126,7 +127,7 @@ def score_matrix(records: Sequence[Mapping[str, Any]], *, suite: str | None = No
     for r in complete:
         i, j = li[r["label"]], si[int(r["seed"])]
         if run_ids[i, j] is not None:
-            raise ValueError(f"label {r['label']!r} seed {r['seed']} has two complete runs "
+            raise InputError(f"label {r['label']!r} seed {r['seed']} has two complete runs "
                              f"({run_ids[i, j]!r} and {r['run_id']!r}); keep one of them.")
         run_ids[i, j] = r["run_id"]
         recs_arr[i, j] = r

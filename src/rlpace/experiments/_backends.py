@@ -7,6 +7,7 @@ functions, so a worker only loads what its suite needs.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import re
 import shutil
@@ -39,19 +40,19 @@ def check_options(suite: str, options: dict) -> None:
     if backend == "sim":
         unknown = sorted(set(options) - set(SIM_OPTIONS))
         if unknown:
-            raise ValueError(f"unknown simulator option(s) {unknown} for suite {suite!r}; valid: "
+            raise InputError(f"unknown simulator option(s) {unknown} for suite {suite!r}; valid: "
                              f"{list(SIM_OPTIONS)}.")
         return
     clash = sorted(set(options) & set(EMBEDDED_RESERVED))
     if clash:
-        raise ValueError(f"grid options {clash} are set by the grid itself (suite, policy, seed, "
+        raise InputError(f"grid options {clash} are set by the grid itself (suite, policy, seed, "
                          f"steps); remove them from the options.")
     import dataclasses
     from ..train import TrainConfig
     valid = {f.name for f in dataclasses.fields(TrainConfig)} | {"target"}
     unknown = sorted(set(options) - valid)
     if unknown:
-        raise ValueError(f"unknown trainer option(s) {unknown} for suite {suite!r}; valid: TrainConfig "
+        raise InputError(f"unknown trainer option(s) {unknown} for suite {suite!r}; valid: TrainConfig "
                          f"fields (see `rlpace train --help`) and 'target'.")
 
 

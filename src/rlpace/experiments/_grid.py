@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -46,7 +47,7 @@ def suite_backend(suite: str) -> str:
         return "sim"
     if suite == "embedded" or suite.startswith("embedded:"):
         return "embedded"
-    raise ValueError(f"unknown suite {suite!r}; use 'sim:<scenario>' (see rlpace.sim.SCENARIOS) or "
+    raise InputError(f"unknown suite {suite!r}; use 'sim:<scenario>' (see rlpace.sim.SCENARIOS) or "
                      f"'embedded' (the built-in trainer's task suite).")
 
 
@@ -66,13 +67,13 @@ class PolicyConfig:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"PolicyConfig.name must be a non-empty string; got {self.name!r}.")
+            raise InputError(f"PolicyConfig.name must be a non-empty string; got {self.name!r}.")
         if not isinstance(self.kwargs, Mapping):
-            raise ValueError(f"PolicyConfig.kwargs of {self.name!r} must be a mapping; got "
+            raise InputError(f"PolicyConfig.kwargs of {self.name!r} must be a mapping; got "
                              f"{type(self.kwargs).__name__}.")
         label = self.label or self.name
         if not _LABEL_OK.match(label):
-            raise ValueError(f"policy label {label!r} may only use letters, digits and _.+-=; it "
+            raise InputError(f"policy label {label!r} may only use letters, digits and _.+-=; it "
                              f"names record files. Pass label=... with a simpler name.")
         object.__setattr__(self, "label", label)
         object.__setattr__(self, "kwargs", dict(self.kwargs))
@@ -87,10 +88,10 @@ class PolicyConfig:
         if isinstance(item, Mapping):
             unknown = set(item) - {"name", "kwargs", "label"}
             if unknown or "name" not in item:
-                raise ValueError(f"a policy entry needs 'name' and may have 'kwargs' and 'label'; got "
+                raise InputError(f"a policy entry needs 'name' and may have 'kwargs' and 'label'; got "
                                  f"keys {sorted(item)}.")
             return cls(item["name"], item.get("kwargs") or {}, item.get("label") or "")
-        raise ValueError(f"a policy entry must be a name or a mapping; got {type(item).__name__}.")
+        raise InputError(f"a policy entry must be a name or a mapping; got {type(item).__name__}.")
 
 
 @dataclass(frozen=True)
@@ -146,32 +147,32 @@ class Grid:
     def __post_init__(self):
         pols = tuple(PolicyConfig.parse(p) for p in self.policies)
         if not pols:
-            raise ValueError("Grid.policies is empty; list at least one policy (e.g. uniform and the "
+            raise InputError("Grid.policies is empty; list at least one policy (e.g. uniform and the "
                              "policy to compare).")
         labels = [p.label for p in pols]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         if dup:
-            raise ValueError(f"Grid.policies has duplicate labels {dup}; give each configuration its "
+            raise InputError(f"Grid.policies has duplicate labels {dup}; give each configuration its "
                              f"own label (label: ...).")
         seeds = self.seeds
         if isinstance(seeds, int) and not isinstance(seeds, bool):
             if seeds < 1:
-                raise ValueError(f"Grid.seeds must be ≥ 1 (or a list of seeds); got {seeds}.")
+                raise InputError(f"Grid.seeds must be ≥ 1 (or a list of seeds); got {seeds}.")
             seeds = tuple(range(seeds))
         seeds = tuple(seeds)
         if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-            raise ValueError(f"Grid.seeds must be a count or a non-empty list of ints; got {self.seeds!r}.")
+            raise InputError(f"Grid.seeds must be a count or a non-empty list of ints; got {self.seeds!r}.")
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"Grid.seeds has duplicates: {list(seeds)}.")
+            raise InputError(f"Grid.seeds has duplicates: {list(seeds)}.")
         suites = (self.suites,) if isinstance(self.suites, str) else tuple(self.suites)
         if not suites:
-            raise ValueError("Grid.suites is empty; give e.g. 'sim:ladder' or 'embedded'.")
+            raise InputError("Grid.suites is empty; give e.g. 'sim:ladder' or 'embedded'.")
         for s in suites:
             suite_backend(s)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"Grid.steps must be an int ≥ 1; got {self.steps!r}.")
+            raise InputError(f"Grid.steps must be an int ≥ 1; got {self.steps!r}.")
         if not isinstance(self.options, Mapping):
-            raise ValueError(f"Grid.options must be a mapping; got {type(self.options).__name__}.")
+            raise InputError(f"Grid.options must be a mapping; got {type(self.options).__name__}.")
         object.__setattr__(self, "policies", pols)
         object.__setattr__(self, "seeds", seeds)
         object.__setattr__(self, "suites", suites)
@@ -183,11 +184,11 @@ class Grid:
         known = {"policies", "seeds", "suite", "suites", "steps", "options"}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown grid key(s) {unknown}; valid keys: {sorted(known)}.")
+            raise InputError(f"unknown grid key(s) {unknown}; valid keys: {sorted(known)}.")
         if "policies" not in d:
-            raise ValueError("a grid needs 'policies' (a list of names or {name, kwargs, label}).")
+            raise InputError("a grid needs 'policies' (a list of names or {name, kwargs, label}).")
         if "suite" in d and "suites" in d:
-            raise ValueError("give either 'suite' or 'suites' in a grid, not both.")
+            raise InputError("give either 'suite' or 'suites' in a grid, not both.")
         suites = d.get("suites", d.get("suite", "sim:ladder"))
         return cls(policies=tuple(d["policies"]), seeds=d.get("seeds", 8), suites=suites,
                    steps=d.get("steps", 200), options=d.get("options") or {})
@@ -224,5 +225,5 @@ def load_grid(path: str | Path) -> Grid:
     else:
         data = json.loads(text)
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: a grid file must hold a mapping at the top level.")
+        raise InputError(f"{path}: a grid file must hold a mapping at the top level.")
     return Grid.from_dict(data)

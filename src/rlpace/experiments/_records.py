@@ -63,6 +63,7 @@ Example:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import datetime as _dt
 import json
 import math
@@ -419,7 +420,7 @@ def record_from_step_log(rows: Sequence[Mapping[str, Any]], *, run_id: str, labe
         ({'math': 0.25}, 16, 'complete', [0, 16])
     """
     if eval_at not in ("start", "end"):
-        raise ValueError(f"eval_at must be 'start' or 'end'; got {eval_at!r}.")
+        raise InputError(f"eval_at must be 'start' or 'end'; got {eval_at!r}.")
     if not rows:
         raise RecordError(f"run {run_id!r}: the step log is empty; nothing to convert. Check the "
                           f"trainer wrote its metrics file.")

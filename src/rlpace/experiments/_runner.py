@@ -25,6 +25,7 @@ Rules:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import importlib
 import inspect
 import json
@@ -135,7 +136,7 @@ def _execute(run_fn: Callable | str | None, spec: RunSpec, path: str) -> dict:
             raise TypeError(f"the run function returned {type(rec).__name__}; it must return a run "
                             f"record dict (see rlpace.experiments.write_record).")
         if rec.get("run_id") != spec.run_id:
-            raise ValueError(f"the run function returned run_id {rec.get('run_id')!r} for spec "
+            raise InputError(f"the run function returned run_id {rec.get('run_id')!r} for spec "
                              f"{spec.run_id!r}; records must keep the spec's run_id.")
         write_record(path, rec)
         return {"ok": True, "error": None, "partial": rec.get("status") == "partial"}
@@ -153,13 +154,13 @@ def _check_existing(spec: RunSpec, path: Path) -> dict:
     if stored is None:
         # A record written by another tool (an adapter, a hand-made file) says nothing about
         # the grid's steps or options: reusing it could pair runs of different budgets.
-        raise ValueError(f"{path} has no config.grid_run, so it was not written by this grid; "
+        raise InputError(f"{path} has no config.grid_run, so it was not written by this grid; "
                          f"move it out of the runs folder, or write this grid to a new --out "
                          f"folder.")
     if stored != spec.to_dict():
         diff = sorted(k for k in set(stored) | set(spec.to_dict())
                       if stored.get(k) != spec.to_dict().get(k))
-        raise ValueError(f"{path} was produced by a different configuration of run {spec.run_id!r} "
+        raise InputError(f"{path} was produced by a different configuration of run {spec.run_id!r} "
                          f"(differs in {diff}); write this grid to a new --out folder, or delete the "
                          f"old records to recompute them.")
     return rec
@@ -196,10 +197,10 @@ def run_grid(grid: Grid, out_dir: str | Path, *, workers: int | None = None,
     if not isinstance(grid, Grid):
         raise TypeError(f"run_grid needs a Grid (Grid.from_dict / load_grid); got {type(grid).__name__}.")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be an int ≥ 1; got {max_attempts!r}.")
+        raise InputError(f"max_attempts must be an int ≥ 1; got {max_attempts!r}.")
     n_workers = default_workers() if workers is None else workers
     if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-        raise ValueError(f"workers must be an int ≥ 1; got {workers!r}.")
+        raise InputError(f"workers must be an int ≥ 1; got {workers!r}.")
     if run_fn is None:
         # The built-in backends: unknown options are an error now, not 2 failures per run.
         from ._backends import check_options

@@ -10,6 +10,7 @@ so a failure leaves no partial checkpoint.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import os
 import shutil
@@ -36,23 +37,23 @@ def read_layout(directory) -> dict:
 
     d = Path(directory)
     if not d.is_dir():
-        raise ValueError(f"{str(d)!r} is not a directory; pass a Hugging Face checkpoint directory.")
+        raise InputError(f"{str(d)!r} is not a directory; pass a Hugging Face checkpoint directory.")
     if not (d / "config.json").is_file():
-        raise ValueError(f"{str(d)!r} has no config.json; is it a Hugging Face checkpoint directory?")
+        raise InputError(f"{str(d)!r} has no config.json; is it a Hugging Face checkpoint directory?")
     if (d / _INDEX).is_file():
         try:
             weight_map = json.loads((d / _INDEX).read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{str(d / _INDEX)!r} is not a safetensors index ({e}).") from None
+            raise InputError(f"{str(d / _INDEX)!r} is not a safetensors index ({e}).") from None
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (d / f).is_file()]
         if missing:
-            raise ValueError(f"{str(d)!r} is missing shard(s) {missing} named in {_INDEX}; copy the whole "
+            raise InputError(f"{str(d)!r} is missing shard(s) {missing} named in {_INDEX}; copy the whole "
                              f"checkpoint.")
     elif (d / _SINGLE).is_file():
         weight_map, files = None, [_SINGLE]
     else:
-        raise ValueError(f"{str(d)!r} has neither {_SINGLE} nor {_INDEX}; rlpace merge reads safetensors "
+        raise InputError(f"{str(d)!r} has neither {_SINGLE} nor {_INDEX}; rlpace merge reads safetensors "
                          f"checkpoints (save with save_pretrained(safe_serialization=True)).")
     layout = {}
     for f in files:
@@ -62,11 +63,11 @@ def read_layout(directory) -> dict:
                     sl = h.get_slice(name)
                     layout[name] = (str(d / f), sl.get_dtype(), tuple(sl.get_shape()))
         except Exception as e:        # safetensors raises its own error types on a corrupt file
-            raise ValueError(f"cannot read {str(d / f)!r}: {e}") from None
+            raise InputError(f"cannot read {str(d / f)!r}: {e}") from None
     if weight_map is not None:
         absent = sorted(set(weight_map) - set(layout))
         if absent:
-            raise ValueError(f"{str(d)!r}: tensors {absent[:3]} named in {_INDEX} are not in their shards; "
+            raise InputError(f"{str(d)!r}: tensors {absent[:3]} named in {_INDEX} are not in their shards; "
                              f"the checkpoint is incomplete.")
     return layout
 
@@ -75,7 +76,7 @@ def _config(directory) -> dict:
     try:
         return json.loads((Path(directory) / "config.json").read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{str(Path(directory) / 'config.json')!r} is not JSON ({e}).") from None
+        raise InputError(f"{str(Path(directory) / 'config.json')!r} is not JSON ({e}).") from None
 
 
 def _load(layout: dict, name: str, device) -> torch.Tensor:
@@ -123,24 +124,24 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
     t0 = time.perf_counter()
     # ---- 1. check everything --------------------------------------------------------------
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
+        raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
     if out_dtype is not None and out_dtype not in DTYPES:
-        raise ValueError(f"out_dtype must be one of {', '.join(DTYPES)}; got {out_dtype!r}.")
+        raise InputError(f"out_dtype must be one of {', '.join(DTYPES)}; got {out_dtype!r}.")
     if not 0 < rho_keep <= 1:
-        raise ValueError(f"rho_keep must be in (0, 1]; got {rho_keep}.")
+        raise InputError(f"rho_keep must be in (0, 1]; got {rho_keep}.")
     if not 0 < density <= 1:
-        raise ValueError(f"density must be in (0, 1]; got {density}.")
+        raise InputError(f"density must be in (0, 1]; got {density}.")
     experts = [Path(e) for e in experts]
     if not experts:
-        raise ValueError("give at least one expert directory (--experts DIR [DIR ...]).")
+        raise InputError("give at least one expert directory (--experts DIR [DIR ...]).")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but torch sees no CUDA device; use --device cpu.")
+        raise InputError(f"device={device!r} but torch sees no CUDA device; use --device cpu.")
     base, out = Path(base), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {str(out)!r} exists and is not empty; choose a new directory (rlpace merge "
+        raise InputError(f"--out {str(out)!r} exists and is not empty; choose a new directory (rlpace merge "
                          f"never overwrites).")
     if out.resolve() in [p.resolve() for p in [base, *experts] if p.exists()]:
-        raise ValueError(f"--out {str(out)!r} is one of the inputs; choose a new directory.")
+        raise InputError(f"--out {str(out)!r} is one of the inputs; choose a new directory.")
     base_layout = read_layout(base)
     base_cfg = _config(base)
     layouts = []
@@ -148,16 +149,16 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         lay, cfg = read_layout(e), _config(e)
         for key in ("model_type", "architectures"):
             if cfg.get(key) != base_cfg.get(key):
-                raise ValueError(f"expert {str(e)!r} has {key}={cfg.get(key)!r}, the base {base_cfg.get(key)!r}; "
+                raise InputError(f"expert {str(e)!r} has {key}={cfg.get(key)!r}, the base {base_cfg.get(key)!r}; "
                                  f"experts must be fine-tunes of the base architecture.")
         if set(lay) != set(base_layout):
             diff = sorted(set(lay) ^ set(base_layout))
-            raise ValueError(f"expert {str(e)!r} and the base hold different tensors (e.g. {diff[:3]}); experts "
+            raise InputError(f"expert {str(e)!r} and the base hold different tensors (e.g. {diff[:3]}); experts "
                              f"must be fine-tunes of the base.")
         bad = [n for n in base_layout if lay[n][2] != base_layout[n][2]]
         if bad:
             n = bad[0]
-            raise ValueError(f"expert {str(e)!r}: tensor {n!r} has shape {lay[n][2]}, the base {base_layout[n][2]}; "
+            raise InputError(f"expert {str(e)!r}: tensor {n!r} has shape {lay[n][2]}, the base {base_layout[n][2]}; "
                              f"experts must be fine-tunes of the base.")
         layouts.append(lay)
     names = sorted(base_layout)
@@ -169,7 +170,7 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             w0 = _load(base_layout, n, "cpu").double()
             rel = float((_load(lay, n, "cpu").double() - w0).norm() / w0.norm().clamp(min=1e-30))
             if rel > MAX_RELATIVE_DELTA:
-                raise ValueError(f"expert {str(e)!r} differs from the base by {rel:.2f} (relative Frobenius norm) "
+                raise InputError(f"expert {str(e)!r} differs from the base by {rel:.2f} (relative Frobenius norm) "
                                  f"on {n!r}; it is not a fine-tune of this base (RL fine-tunes move ~1e-3). Pass "
                                  f"the base it was trained from.")
 

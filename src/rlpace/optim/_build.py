@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 import torch
 
 from ._chain import ChainedOptimizer
@@ -29,7 +30,7 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     'ChainedOptimizer'
     """
     if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}.")
+        raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}.")
     adamw = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     muon = dict(lr=lr, weight_decay=weight_decay, momentum=0.95, adjust_lr_fn="match_rms_adamw")
     if name == "adamw":

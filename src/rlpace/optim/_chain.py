@@ -10,6 +10,7 @@ and restores it unchanged.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import torch
 
 __all__ = ["ChainedOptimizer", "evaluate_closure"]
@@ -38,7 +39,7 @@ class ChainedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizers):
         optimizers = list(optimizers)
         if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
-            raise ValueError("optimizers must be a non-empty list of torch.optim.Optimizer instances.")
+            raise InputError("optimizers must be a non-empty list of torch.optim.Optimizer instances.")
         self.optimizers = optimizers
         groups = [g for o in optimizers for g in o.param_groups]
         super().__init__(groups, {})
@@ -70,7 +71,7 @@ class ChainedOptimizer(torch.optim.Optimizer):
         groups = state_dict["param_groups"]
         sizes = [len(g["params"]) for g in self.param_groups]
         if [len(g.get("params", ())) for g in groups] != sizes:
-            raise ValueError(f"optimizer state has parameter groups of sizes "
+            raise InputError(f"optimizer state has parameter groups of sizes "
                              f"{[len(g.get('params', ())) for g in groups]}, this optimizer {sizes}; it was "
                              f"saved for another model or optimizer.")
         parts, gi, offset = [], 0, 0

@@ -19,6 +19,7 @@ puts U and V back on the manifold; then W ← U·diag(Σ₀)·Vᵀ is written in
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import Callable, Iterable
 
 import torch
@@ -115,19 +116,19 @@ class IsoSpectral(torch.optim.Optimizer):
         else:
             params = list(model_or_params) if isinstance(model_or_params, Iterable) else None
             if params is None or not all(isinstance(p, torch.Tensor) for p in params):
-                raise ValueError("model_or_params must be an nn.Module or an iterable of tensors "
+                raise InputError("model_or_params must be an nn.Module or an iterable of tensors "
                                  "(param groups are not supported: IsoSpectral makes its own).")
             named = [(f"param{i}", p) for i, p in enumerate(params)]
             rule = manage or (lambda name, p: p.ndim == 2)
         named = [(n, p) for n, p in named if p.requires_grad]
         if not named:
-            raise ValueError("IsoSpectral got no trainable parameters.")
+            raise InputError("IsoSpectral got no trainable parameters.")
         self.managed: list[str] = []
         self._weights, self._u, self._v, self._sigma, others = [], [], [], [], []
         for name, p in named:
             if rule(name, p):
                 if p.ndim != 2:
-                    raise ValueError(f"manage selected {name!r} of shape {tuple(p.shape)}; only 2-D weights "
+                    raise InputError(f"manage selected {name!r} of shape {tuple(p.shape)}; only 2-D weights "
                                      f"can be managed.")
                 u, s, vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
                 self.managed.append(name)
@@ -140,7 +141,7 @@ class IsoSpectral(torch.optim.Optimizer):
         if not self._weights and not isinstance(model_or_params, torch.nn.Module):
             # e.g. verl's default strategy: fsdp (FSDP1) hands over flattened 1-D shards: ISO
             # would silently be its base optimizer.
-            raise ValueError("IsoSpectral found no 2-D parameter among the parameters it was given; "
+            raise InputError("IsoSpectral found no 2-D parameter among the parameters it was given; "
                              "flattened parameters (FSDP1, verl's strategy: fsdp) cannot keep a spectrum. "
                              "Use unflattened parameters (verl: actor.strategy=fsdp2) or pass the model.")
         self.project = bool(project)
@@ -201,13 +202,13 @@ class IsoSpectral(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         iso = state_dict.get("iso") if isinstance(state_dict, dict) else None
         if not isinstance(iso, dict) or list(iso.get("names", ())) != self.managed:
-            raise ValueError("optimizer state has no IsoSpectral frames for the managed weights "
+            raise InputError("optimizer state has no IsoSpectral frames for the managed weights "
                              f"{self.managed[:3]}...; it was saved by another optimizer or model.")
         for key, own in (("u", self._u), ("v", self._v), ("sigma", self._sigma)):
             got = iso.get(key)
             if not isinstance(got, list) or len(got) != len(own) or any(
                     not isinstance(a, torch.Tensor) or a.shape != b.shape for a, b in zip(got, own)):
-                raise ValueError(f"optimizer state iso[{key!r}] does not match the managed weights' shapes; "
+                raise InputError(f"optimizer state iso[{key!r}] does not match the managed weights' shapes; "
                                  f"the checkpoint is corrupt or from another model.")
         self.base.load_state_dict({k: v for k, v in state_dict.items() if k != "iso"})
         self.param_groups[:] = list(self.base.param_groups)
@@ -221,7 +222,7 @@ def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.
     if callable(base) and not isinstance(base, str):
         opt = base([{"params": frames}, {"params": others}])
         if not isinstance(opt, torch.optim.Optimizer):
-            raise ValueError(f"base(param_groups) must return a torch.optim.Optimizer; got {type(opt).__name__}.")
+            raise InputError(f"base(param_groups) must return a torch.optim.Optimizer; got {type(opt).__name__}.")
         return opt
     if base == "adamw":
         return torch.optim.AdamW([{"params": frames}, {"params": others}], **kw)
@@ -231,4 +232,4 @@ def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.
         if others:
             parts.append(torch.optim.AdamW(others, **aux))
         return ChainedOptimizer(parts)
-    raise ValueError(f"base must be 'adamw', 'muon' or a callable returning a torch optimizer; got {base!r}.")
+    raise InputError(f"base must be 'adamw', 'muon' or a callable returning a torch optimizer; got {base!r}.")

@@ -22,6 +22,7 @@ count tells a DAPO-style trainer how many extra prompts to generate.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 from ._base import ADMISSION, Admission, DataPolicy, _empty_init, _no_update
@@ -101,9 +102,9 @@ def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = False) -
     check_real("success_band", "low", low, low=0, high=1)
     check_real("success_band", "high", high, low=0, high=1)
     if low > high:
-        raise ValueError(f"success_band needs 0 ≤ low ≤ high ≤ 1; got low={low}, high={high}.")
+        raise InputError(f"success_band needs 0 ≤ low ≤ high ≤ 1; got low={low}, high={high}.")
     if not isinstance(inclusive, (bool, np.bool_)):
-        raise ValueError(f"success_band inclusive must be True or False; got {inclusive!r}.")
+        raise InputError(f"success_band inclusive must be True or False; got {inclusive!r}.")
     tol = 1e-12  # pass rates are k/G; guard the closed band against round-off
 
     def apply(state, pool, batch):

@@ -37,6 +37,7 @@ a mixture away from zero.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -233,14 +234,14 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
             names.append(p.name)
         elif isinstance(p, DataPolicy):
             if p.kind not in KINDS:
-                raise ValueError(f"policy {p.name!r} has unknown kind {p.kind!r}; kinds are {KINDS}.")
+                raise InputError(f"policy {p.name!r} has unknown kind {p.kind!r}; kinds are {KINDS}.")
             slots[p.kind].append(p)
             names.append(p.name)
         else:
             raise TypeError(f"compose takes DataPolicy or Method objects; got {type(p).__name__}.")
     for kind in (MIXTURE, SELECTION, TARGET):
         if len(slots[kind]) > 1:
-            raise ValueError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
+            raise InputError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
                              f"Keep one of them.")
     mixture = slots[MIXTURE][0] if slots[MIXTURE] else None
     if slots[SELECTION]:
@@ -248,7 +249,7 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
         if mixture is not None and not selection.follows_mixture:
             # The Scheduler would pass the mixture's probs to a selection that drops them:
             # the method would run as the selection alone, under the pair's name.
-            raise ValueError(
+            raise InputError(
                 f"selection {selection.name!r} does not follow a mixture (its DataPolicy."
                 f"follows_mixture is False), so mixture {mixture.name!r} composed with it would "
                 f"have no effect on which prompts are drawn. Drop one of the two, or use a "
@@ -301,12 +302,12 @@ def chain(*policies: DataPolicy) -> DataPolicy:
     ('admission', 'dapo_dynamic_sampling>pods_max_variance')
     """
     if not policies:
-        raise ValueError("chain needs at least one policy.")
+        raise InputError("chain needs at least one policy.")
     if len(policies) == 1:
         return policies[0]
     kinds = {p.kind for p in policies}
     if len(kinds) != 1 or kinds.pop() not in (ADMISSION, REWEIGHTING, REWARD, ADVANTAGE):
-        raise ValueError("chain stacks policies of one kind, admission, reweighting, reward or "
+        raise InputError("chain stacks policies of one kind, admission, reweighting, reward or "
                          "advantage; got "
                          f"{[(p.name, p.kind) for p in policies]}. Use compose() for a whole method.")
     kind = policies[0].kind
@@ -362,23 +363,23 @@ def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:
     'fixed_mixture|floor=0.1'
     """
     if mixture.kind != MIXTURE:
-        raise ValueError(f"with_floor wraps a mixture policy; {mixture.name!r} is {mixture.kind}.")
+        raise InputError(f"with_floor wraps a mixture policy; {mixture.name!r} is {mixture.kind}.")
     if not 0.0 <= floor < 1.0:
-        raise ValueError(f"floor must be in [0, 1); got {floor}.")
+        raise InputError(f"floor must be in [0, 1); got {floor}.")
 
     def init(pool):
         # Checked here too, so an infeasible floor fails when the Scheduler is built,
         # not at its first propose().
         k = pool.n_arms(mixture.arms)
         if k * floor > 1.0 + 1e-12:
-            raise ValueError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
+            raise InputError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
         return mixture.init(pool)
 
     def apply(state, pool):
         p = mixture.apply(state, pool)
         k = p.shape[0]
         if k * floor > 1.0 + 1e-12:
-            raise ValueError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
+            raise InputError(f"floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}).")
         return (1.0 - k * floor) * p + floor
 
     return mixture._replace(init=init, apply=apply, name=f"{mixture.name}|floor={floor:g}")

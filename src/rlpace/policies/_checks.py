@@ -20,6 +20,7 @@ before dividing by the temperature (`shifted`), so any temperature > 0 is safe.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from numbers import Integral, Real
 
@@ -49,7 +50,7 @@ def check_real(owner: str, name: str, value, *, low: float | None = None, high: 
     if ok and high is not None:
         ok = x < high if high_open else x <= high
     if not ok:
-        raise ValueError(f"{owner} {name} must be a finite number in "
+        raise InputError(f"{owner} {name} must be a finite number in "
                          f"{_interval(low, high, low_open, high_open)}{hint}; got {value!r}.")
     return x
 
@@ -62,14 +63,14 @@ def check_int(owner: str, name: str, value, *, low: int = 1, high: int | None = 
     ok = ok and int(value) >= low and (high is None or int(value) <= high)
     if not ok:
         rng = f"[{low}, {'inf)' if high is None else f'{high}]'}"
-        raise ValueError(f"{owner} {name} must be an int in {rng}{hint}; got {value!r}.")
+        raise InputError(f"{owner} {name} must be an int in {rng}{hint}; got {value!r}.")
     return int(value)
 
 
 def check_choice(owner: str, name: str, value, choices: tuple) -> None:
     """ValueError unless `value` is one of `choices`."""
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{owner} {name} must be one of {', '.join(repr(c) for c in choices)}; "
+        raise InputError(f"{owner} {name} must be one of {', '.join(repr(c) for c in choices)}; "
                          f"got {value!r}.")
 
 

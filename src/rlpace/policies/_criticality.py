@@ -35,6 +35,7 @@ steps for the weights to follow the switches.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -59,7 +60,7 @@ class CriticalityState(NamedTuple):
 
 def _check_bool(owner: str, name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{owner} {name} must be True or False; got {value!r}.")
+        raise InputError(f"{owner} {name} must be True or False; got {value!r}.")
     return bool(value)
 
 
@@ -193,12 +194,12 @@ def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clam
         for key in ("norm", "prev_norm"):
             v = getattr(state, key)
             if v[0] not in (0.0, 1.0) or v[2] < 1.0 or not 0.0 <= v[3] <= 1.0 + 1e-9:
-                raise ValueError(f"state[{key!r}] = {v.tolist()} is not a criticality proposal's "
+                raise InputError(f"state[{key!r}] = {v.tolist()} is not a criticality proposal's "
                                  f"[active, max c, Z ≥ 1, M in [0, 1]]; the state is corrupt or was "
                                  f"edited: restore one written by Scheduler.state_dict().")
         cdf = state.cdf
         if cdf.size and ((np.diff(cdf) < 0).any() or cdf[0] < 0 or abs(cdf[-1] - 1.0) > 1e-9):
-            raise ValueError("state['cdf'] is not a cumulative distribution (non-decreasing, ending "
+            raise InputError("state['cdf'] is not a cumulative distribution (non-decreasing, ending "
                              "at 1); the state is corrupt or was edited: restore one written by "
                              "Scheduler.state_dict().")
 
@@ -224,7 +225,7 @@ def _checked(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_c
     check_real(o, "weight_clamp", weight_clamp, low=0, low_open=True,
                hint=" (weight cap after normalising; 10)")
     if weight_clamp < weight_floor:
-        raise ValueError(f"{o} weight_clamp must be ≥ weight_floor; got "
+        raise InputError(f"{o} weight_clamp must be ≥ weight_floor; got "
                          f"weight_clamp={weight_clamp}, weight_floor={weight_floor}.")
     _check_bool(o, "normalize", normalize)
     _check_bool(o, "unbiased", unbiased)
@@ -247,7 +248,7 @@ def criticality_selection(**kw) -> DataPolicy:
 
     def apply(state, pool, n, probs, arms, rng):
         if probs is not None:
-            raise ValueError("criticality_is draws from the pool's uniform p; compose it without a "
+            raise InputError("criticality_is draws from the pool's uniform p; compose it without a "
                              "mixture (a mixture's p changes every step, the stage proposal does not).")
         size = len(pool)
         cdf = state.cdf

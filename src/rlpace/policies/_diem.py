@@ -43,6 +43,7 @@ finite float32 features give finite weights.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update
@@ -176,9 +177,9 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
     check_real("diem", "ridge", ridge, low=0, hint=" (0 = pseudo-inverse)")
     check_choice("diem", "unit", unit, ("prompt", "rollout"))
     if not isinstance(relu, (bool, np.bool_)):
-        raise ValueError(f"diem relu must be True or False; got {relu!r}.")
+        raise InputError(f"diem relu must be True or False; got {relu!r}.")
     if not isinstance(rescale_after_relu, (bool, np.bool_)):
-        raise ValueError(f"diem rescale_after_relu must be True or False; got {rescale_after_relu!r}.")
+        raise InputError(f"diem rescale_after_relu must be True or False; got {rescale_after_relu!r}.")
     check_real("diem", "temperature", temperature, low=0, low_open=True)
     check_int("diem", "seed", seed, low=0, high=2**63 - 1)
 

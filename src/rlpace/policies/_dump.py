@@ -28,6 +28,7 @@ Deviations and options:
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -78,7 +79,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def init(pool):
         k = pool.n_arms(arms)
         if floor * k > 1:
-            raise ValueError(f"dump floor={floor} is infeasible for {k} arms (needs ≤ 1/{k}).")
+            raise InputError(f"dump floor={floor} is infeasible for {k} arms (needs ≤ 1/{k}).")
         return DumpState(window_init(k, window), np.zeros(k, dtype=np.int64))
 
     def update(state, pool, batch):

@@ -32,6 +32,7 @@ arrive, so it still covers every point).
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -110,7 +111,7 @@ def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0
     check_int("epiplexity", "min_points", min_points, low=2)
     check_int("epiplexity", "capacity", capacity, low=4)
     if capacity % 2 or capacity < 2 * min_points:
-        raise ValueError(f"epiplexity capacity must be even and ≥ 2·min_points = {2 * min_points}; "
+        raise InputError(f"epiplexity capacity must be even and ≥ 2·min_points = {2 * min_points}; "
                          f"got {capacity}.")
     check_real("epiplexity", "alpha_min", alpha_min, low=0, low_open=True)
     check_real("epiplexity", "alpha_max", alpha_max, low=alpha_min, low_open=True, high=8)
@@ -118,7 +119,7 @@ def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0
     def init(pool):
         k = pool.n_domains
         if floor * k > 1:
-            raise ValueError(f"epiplexity floor={floor} is infeasible for {k} domains (needs ≤ 1/{k}).")
+            raise InputError(f"epiplexity floor={floor} is infeasible for {k} domains (needs ≤ 1/{k}).")
         z = lambda: np.zeros(k)                                   # noqa: E731
         return EpiplexityState(np.zeros((k, capacity)), np.zeros((k, capacity)), np.zeros(k, np.int64),
                                z(), z(), z(), z(), z(), z(), z(), z(), np.zeros(k, bool),

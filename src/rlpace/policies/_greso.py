@@ -36,6 +36,7 @@ candidates in draw order (the reference keeps fewer prompts).
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -104,7 +105,7 @@ def greso(target_zero_variance: float = 0.25, p_init: float = 0.5, p_min: float 
     check_real(o, "p_min", p_min, low=0, high=1, hint=" (GRESO: 0.05)")
     check_real(o, "p_max", p_max, low=0, high=1, hint=" (GRESO: 0.95)")
     if not p_min <= p_init <= p_max:
-        raise ValueError(f"greso needs p_min ≤ p_init ≤ p_max; got {p_min}, {p_init}, {p_max}.")
+        raise InputError(f"greso needs p_min ≤ p_init ≤ p_max; got {p_min}, {p_init}, {p_max}.")
     check_real(o, "step_size", step_size, low=0, high=1, hint=" (GRESO: 0.01)")
     check_real(o, "easy_threshold", easy_threshold, low=0, high=1, hint=" (GRESO: 0.98)")
     check_real(o, "hard_threshold", hard_threshold, low=0, high=1, hint=" (GRESO: 0.11)")

@@ -28,6 +28,7 @@ fresh rollouts each) needs the trainer's help and belongs to the trainer issue.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -281,7 +282,7 @@ def prioritized_learnability(alpha: float = 0.6, eps: float = 1e-6, decay: float
             members = order[offsets[k]:offsets[k + 1]]
             cdf = np.cumsum(state.tree.tree[cap + members])
             if not cdf[-1] > 0:
-                raise ValueError(f"prioritized_learnability: every prompt of {arms} {int(k)} has "
+                raise InputError(f"prioritized_learnability: every prompt of {arms} {int(k)} has "
                                  f"priority 0; cannot draw from it.")
             at = cdf.searchsorted(rng.random(int(counts[k])) * cdf[-1], side="right")
             out.append(members[np.minimum(at, members.size - 1)])

@@ -32,6 +32,7 @@ Method page: docs/methods/oracle.md.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from typing import NamedTuple
 
@@ -181,18 +182,18 @@ def oracle_progress(group_size: int = 16, transfer=None) -> DataPolicy:
     [0.0, 1.0]
     """
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-        raise ValueError(f"oracle_progress group_size must be a positive int (rollouts per prompt); "
+        raise InputError(f"oracle_progress group_size must be a positive int (rollouts per prompt); "
                          f"got {group_size!r}.")
     m = None
     if transfer is not None:
         m = np.asarray(transfer, dtype=np.float64)
         if m.ndim != 2 or m.shape[0] != m.shape[1] or not np.isfinite(m).all():
-            raise ValueError(f"oracle_progress transfer must be a finite K×K matrix; got shape {m.shape}.")
+            raise InputError(f"oracle_progress transfer must be a finite K×K matrix; got shape {m.shape}.")
 
     def init(pool):
         k = pool.n_domains
         if m is not None and m.shape[0] != k:
-            raise ValueError(f"oracle_progress transfer is {m.shape[0]}×{m.shape[0]} but the pool has "
+            raise InputError(f"oracle_progress transfer is {m.shape[0]}×{m.shape[0]} but the pool has "
                              f"{k} domains {list(pool.domain_names)}; give a {k}×{k} matrix.")
         return _init(pool)
 

@@ -19,6 +19,7 @@ installed plugin), exactly as with any Python import. Objects passed from Python
 
 from __future__ import annotations
 
+from ..errors import InputError
 import importlib
 import inspect
 import sys
@@ -66,7 +67,7 @@ def register(name: str, factory: Callable[..., DataPolicy | Method] | None = Non
     an error, so two plugins cannot silently shadow each other."""
     def deco(f):
         if name in _REGISTRY and _REGISTRY[name] is not f:
-            raise ValueError(f"policy name {name!r} is already registered; pick another name.")
+            raise InputError(f"policy name {name!r} is already registered; pick another name.")
         _REGISTRY[name] = f
         return f
     return deco(factory) if factory is not None else deco
@@ -94,7 +95,7 @@ def _resolve(spec: str) -> Callable:
     if ":" in spec or "." in spec:
         mod_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
         if not (attr.isidentifier() and mod_name and all(p.isidentifier() for p in mod_name.split("."))):
-            raise ValueError(f"policy {spec!r} is not a dotted path 'package.module:factory' (nor a "
+            raise InputError(f"policy {spec!r} is not a dotted path 'package.module:factory' (nor a "
                              f"registered name: {', '.join(names())}).")
         top = mod_name.partition(".")[0]
         if top in sys.stdlib_module_names or top in sys.builtin_module_names:
@@ -103,14 +104,14 @@ def _resolve(spec: str) -> Callable:
         try:
             mod = importlib.import_module(mod_name)
         except ImportError as e:
-            raise ValueError(f"cannot import module {mod_name!r} for policy {spec!r}: {e}") from e
+            raise InputError(f"cannot import module {mod_name!r} for policy {spec!r}: {e}") from e
         obj = getattr(mod, attr, None)
         if obj is None:
-            raise ValueError(f"module {mod_name!r} has no attribute {attr!r} (policy {spec!r}).")
+            raise InputError(f"module {mod_name!r} has no attribute {attr!r} (policy {spec!r}).")
         if not is_policy_factory(obj):
             raise _refuse(spec, "is not a policy factory")
         return obj
-    raise ValueError(f"unknown policy {spec!r}. Valid names: {', '.join(names())}; "
+    raise InputError(f"unknown policy {spec!r}. Valid names: {', '.join(names())}; "
                      f"or a dotted path 'package.module:factory' to your own factory, marked "
                      f"with @rlpace.policy_factory.")
 
@@ -123,7 +124,7 @@ def check_kwargs(factory: Callable, kwargs: dict, spec: str) -> None:
     valid = [p for p in sig.parameters if p != "self"]
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
-        raise ValueError(f"unknown keyword argument(s) {unknown} for policy {spec!r}; "
+        raise InputError(f"unknown keyword argument(s) {unknown} for policy {spec!r}; "
                          f"valid ones: {valid}.")
 
 
@@ -144,12 +145,12 @@ def make_method(spec: str | DataPolicy | Method, **kwargs) -> Method:
     go to the policy that accepts them (an argument two of them accept is an error)."""
     if isinstance(spec, Method):
         if kwargs:
-            raise ValueError(f"keyword arguments {sorted(kwargs)} given with an already built "
+            raise InputError(f"keyword arguments {sorted(kwargs)} given with an already built "
                              f"method; pass them to its factory instead.")
         return spec
     if isinstance(spec, DataPolicy):
         if kwargs:
-            raise ValueError(f"keyword arguments {sorted(kwargs)} given with an already built "
+            raise InputError(f"keyword arguments {sorted(kwargs)} given with an already built "
                              f"policy; pass them to its factory instead.")
         return compose(spec, name=spec.name)
     if callable(spec) and not isinstance(spec, (str, type)):
@@ -175,7 +176,7 @@ def make_method(spec: str | DataPolicy | Method, **kwargs) -> Method:
 def _parts(spec: str) -> list[str]:
     parts = [s.strip() for s in spec.split("+")]
     if not all(parts):
-        raise ValueError(f"policy {spec!r} has an empty name; give a registered name "
+        raise InputError(f"policy {spec!r} has an empty name; give a registered name "
                          f"(`rlpace policies`), several joined with '+' (\"dump+topk\").")
     return parts
 
@@ -186,10 +187,10 @@ def _split_kwargs(spec: str, parts: list[str], factories: list[Callable], kwargs
     for key, val in kwargs.items():
         takers = [i for i, f in enumerate(factories) if key in inspect.signature(f).parameters]
         if not takers:
-            raise ValueError(f"unknown keyword argument {key!r} for policy {spec!r}; none of "
+            raise InputError(f"unknown keyword argument {key!r} for policy {spec!r}; none of "
                              f"{parts} takes it.")
         if len(takers) > 1:
-            raise ValueError(f"keyword argument {key!r} is ambiguous in {spec!r} (taken by "
+            raise InputError(f"keyword argument {key!r} is ambiguous in {spec!r} (taken by "
                              f"{[parts[i] for i in takers]}); build the policies with make_policy "
                              f"and join them with compose().")
         per_part[takers[0]][key] = val

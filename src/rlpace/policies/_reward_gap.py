@@ -37,6 +37,7 @@ Deviations:
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -66,7 +67,7 @@ def check_mixer_args(method: str, temperature: float, floor: float, window: int,
 
 def check_floor_feasible(method: str, floor: float, k: int) -> None:
     if floor * k > 1.0 + 1e-12:
-        raise ValueError(f"{method} floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}); "
+        raise InputError(f"{method} floor={floor} is infeasible for {k} arms (needs floor ≤ 1/{k}); "
                          f"lower the floor.")
 
 

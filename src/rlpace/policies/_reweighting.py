@@ -15,6 +15,7 @@ scale) and the softmax is max-subtracted before the temperature divides it.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update, softmax
@@ -76,7 +77,7 @@ def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2
     check_real("difficulty_band", "low_q", low_q, low=0, high=1)
     check_real("difficulty_band", "high_q", high_q, low=0, high=1)
     if low_q > high_q:
-        raise ValueError(f"difficulty_band needs 0 ≤ low_q ≤ high_q ≤ 1; got {low_q}, {high_q}.")
+        raise InputError(f"difficulty_band needs 0 ≤ low_q ≤ high_q ≤ 1; got {low_q}, {high_q}.")
     check_real("difficulty_band", "inside", inside, low=0, hint=" (DataFlex: 2)")
     check_real("difficulty_band", "outside", outside, low=0, hint=" (DataFlex: 1)")
 

@@ -24,6 +24,7 @@ Intuitor's advantage (SC − mean_g SC) / std_g SC; the −log V constant cancel
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 from ._base import REWARD, DataPolicy, EmptyState
@@ -41,7 +42,7 @@ def token_stat_reward(owner: str, field: str, sign: float, all_prompts: bool, ho
     """A reward place that puts sign·batch.<field> in the rows of unlabelled prompts (all rows
     with `all_prompts`); shared by `self_certainty` and `entropy_min`."""
     if not isinstance(all_prompts, (bool, np.bool_)):
-        raise ValueError(f"{owner} all_prompts must be True or False; got {all_prompts!r}.")
+        raise InputError(f"{owner} all_prompts must be True or False; got {all_prompts!r}.")
 
     def apply(state, pool, batch):
         r = np.array(batch.rewards, dtype=np.float64)
@@ -50,7 +51,7 @@ def token_stat_reward(owner: str, field: str, sign: float, all_prompts: bool, ho
             return r
         stat = getattr(batch, field)
         if stat is None:
-            raise ValueError(f"{owner} needs Feedback.{field} for its {int(rows.sum())} unlabelled "
+            raise InputError(f"{owner} needs Feedback.{field} for its {int(rows.sum())} unlabelled "
                              f"prompt(s): the trainer must pass {field}=float64[B, G], {how}.")
         r[rows] = sign * stat[rows]
         return r

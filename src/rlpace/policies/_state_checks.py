@@ -27,6 +27,7 @@ ValueError: state['w/cursor'] has values outside [0, 3) (first: 3 at index (1,))
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,7 @@ def _distribution(key: str, arr) -> None:
     _range(key, arr, 0.0, 1.0, high_open=False)
     total = arr.sum(axis=-1)
     if arr.size and not np.allclose(total, 1.0, rtol=0, atol=1e-6):
-        raise ValueError(f"state[{key!r}] is not a probability distribution (sums to "
+        raise InputError(f"state[{key!r}] is not a probability distribution (sums to "
                          f"{np.ravel(total)[0]!r}); the state is corrupt or was edited: restore one "
                          f"written by Scheduler.state_dict().")
 
@@ -145,7 +146,7 @@ def _special(name: str, key: str, node, pool) -> None:
         cap = tree.shape[0] // 2
         _range(f"{key}size", node.size, 0, cap, high_open=False)
         if n is not None and size != n:
-            raise ValueError(f"state[{key + 'size'!r}] is {size} but the pool has {n} prompts; the "
+            raise InputError(f"state[{key + 'size'!r}] is {size} but the pool has {n} prompts; the "
                              f"state is corrupt or was edited: restore one written by Scheduler.state_dict().")
         _range(f"{key}tree", tree, 0.0)
         pad = tree[cap + size:]

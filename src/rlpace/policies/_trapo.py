@@ -43,6 +43,7 @@ last `promote_window` majorities are one answer: that answer becomes its persist
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -128,7 +129,7 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
     thres = check_real("trapo", "thres", thres, low=-1, high=1)
     for flag, value in (("update_db", update_db), ("promote", promote)):
         if not isinstance(value, (bool, np.bool_)):
-            raise ValueError(f"trapo {flag} must be True or False; got {value!r}.")
+            raise InputError(f"trapo {flag} must be True or False; got {value!r}.")
     check_choice("trapo", "aggregate", aggregate, ("mean", "max"))
     cap = check_int("trapo", "capacity", capacity, low=2)
     db_min_visits = check_int("trapo", "db_min_visits", db_min_visits, low=1, high=cap)

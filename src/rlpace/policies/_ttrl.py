@@ -25,6 +25,7 @@ Labelled prompts keep their dataset label.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -53,7 +54,7 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
     if vote_rollouts is not None:
         vote_rollouts = check_int("ttrl", "vote_rollouts", vote_rollouts, low=1)
     if not isinstance(all_prompts, (bool, np.bool_)):
-        raise ValueError(f"ttrl all_prompts must be True or False; got {all_prompts!r}.")
+        raise InputError(f"ttrl all_prompts must be True or False; got {all_prompts!r}.")
 
     def init(pool):
         return TtrlState(np.array(0, np.int64), np.array(0, np.int64))
@@ -62,7 +63,7 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
         answers = require_answers(batch, "ttrl")
         if vote_rollouts is not None and vote_rollouts > answers.shape[1]:
             # silently voting with fewer answers than asked would misreport TTRL's N
-            raise ValueError(f"ttrl vote_rollouts={vote_rollouts} but Feedback.answers holds "
+            raise InputError(f"ttrl vote_rollouts={vote_rollouts} but Feedback.answers holds "
                              f"{answers.shape[1]} answers per prompt: pass all N answers (and "
                              f"admit the G that train), or set vote_rollouts ≤ {answers.shape[1]}.")
         labels, decisions = [], []

@@ -12,6 +12,7 @@ used by `uniform_within_arm`, MoPPS and the learnability selections.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 from ._base import MIXTURE, SELECTION, DataPolicy, EmptyState, _empty_init, _no_update
@@ -89,7 +90,7 @@ def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
     sizes = np.diff(offsets)
     p = np.asarray(probs, dtype=np.float64)
     if p.shape != sizes.shape or not (np.isfinite(p).all() and (p >= 0).all()):
-        raise ValueError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
+        raise InputError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
                          f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
     p = arm_distribution(sizes, p)
     counts = np.zeros(sizes.shape[0], dtype=np.int64)
@@ -131,7 +132,7 @@ def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:
     except (TypeError, ValueError):
         w = np.array([np.nan])                                    # reported just below
     if w is not None and (w.ndim != 1 or (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0):
-        raise ValueError(f"fixed_mixture weights must be a 1-D list of finite non-negative numbers "
+        raise InputError(f"fixed_mixture weights must be a 1-D list of finite non-negative numbers "
                          f"with a positive sum; got {weights!r}.")
 
     if w is not None and not np.isfinite(w.sum()):
@@ -140,7 +141,7 @@ def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:
     def init(pool):
         k = pool.n_arms(arms)
         if w is not None and w.shape[0] != k:
-            raise ValueError(f"fixed_mixture got {w.shape[0]} weights but the pool has {k} {arms}s "
+            raise InputError(f"fixed_mixture got {w.shape[0]} weights but the pool has {k} {arms}s "
                              f"({list(pool.domain_names if arms == 'domain' else pool.cluster_names)}); "
                              f"give one weight per {arms}.")
         return EmptyState()

@@ -26,6 +26,7 @@ majority".
 
 from __future__ import annotations
 
+from ..errors import InputError
 import hashlib
 from collections import Counter
 from typing import Sequence
@@ -78,7 +79,7 @@ def agreement_rewards(answers, targets: Sequence) -> np.ndarray:
     """
     rows = [list(r) for r in answers]
     if len(rows) != len(targets):
-        raise ValueError(f"agreement_rewards: {len(rows)} rows of answers but {len(targets)} targets; "
+        raise InputError(f"agreement_rewards: {len(rows)} rows of answers but {len(targets)} targets; "
                          f"give one target per prompt.")
     g = len(rows[0]) if rows else 0
     out = np.zeros((len(rows), g), dtype=np.float64)
@@ -107,7 +108,7 @@ def ols_slope(y: Sequence[float]) -> float:
 def require_answers(batch, owner: str):
     """`batch.answers`, or a ValueError naming Feedback.answers and what the trainer passes."""
     if batch.answers is None:
-        raise ValueError(f"{owner} needs Feedback.answers: pass answers=[B][G] extracted final answers "
+        raise InputError(f"{owner} needs Feedback.answers: pass answers=[B][G] extracted final answers "
                          f"(str, or None where none was extracted) with the feedback given to "
                          f"Scheduler.targets and Scheduler.observe.")
     return batch.answers

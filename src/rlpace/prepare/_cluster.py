@@ -3,6 +3,7 @@ step 2; ADS `src/cluster_embeddings.py`)."""
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -60,27 +61,27 @@ def project_embeddings(embeddings: np.ndarray, pca_dim: int | None = 128, *,
 def _check_embeddings(embeddings) -> np.ndarray:
     x = np.asarray(embeddings)
     if x.ndim != 2 or x.shape[0] == 0:
-        raise ValueError(f"embeddings must be a non-empty 2-D array [N, D]; got shape {x.shape}.")
+        raise InputError(f"embeddings must be a non-empty 2-D array [N, D]; got shape {x.shape}.")
     if not np.isfinite(x).all():
-        raise ValueError("embeddings contain NaN or inf; recompute them (check the model dtype).")
+        raise InputError("embeddings contain NaN or inf; recompute them (check the model dtype).")
     return x
 
 
 def check_k(k: int, n: int) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
-        raise ValueError(f"k must be an integer in [1, N={n}]; got {k!r}. Pass a smaller k "
+        raise InputError(f"k must be an integer in [1, N={n}]; got {k!r}. Pass a smaller k "
                          f"(--k) or k='auto' to pick one by silhouette.")
     return int(k)
 
 
 def check_method(method: str) -> str:
     if method not in METHODS:
-        raise ValueError(f"cluster method must be one of {METHODS}; got {method!r}.")
+        raise InputError(f"cluster method must be one of {METHODS}; got {method!r}.")
     if method == "faiss":
         try:
             import faiss  # noqa: F401
         except ImportError:
-            raise ValueError("cluster method 'faiss' needs faiss: pip install faiss-cpu; or use "
+            raise InputError("cluster method 'faiss' needs faiss: pip install faiss-cpu; or use "
                              "'kmeans'/'minibatch'.") from None
     return method
 
@@ -193,7 +194,7 @@ def suggest_k(embeddings: np.ndarray, candidates: Sequence[int] = (2, 4, 8, 16, 
     n = x.shape[0]
     ks = sorted({int(c) for c in candidates if 2 <= int(c) <= n - 1})
     if not ks:
-        raise ValueError(f"no candidate k in {list(candidates)} lies in [2, N-1={n - 1}]; pass "
+        raise InputError(f"no candidate k in {list(candidates)} lies in [2, N-1={n - 1}]; pass "
                          f"candidates that fit the data size.")
     check_method(method)
     feats, _ = project_embeddings(x, pca_dim, seed=seed)

@@ -4,6 +4,7 @@ inside each cluster (ADS, arXiv 2606.22305, docs/methods/ads.md, "Offline pipeli
 
 from __future__ import annotations
 
+from ..errors import InputError
 import inspect
 from pathlib import Path
 from typing import Sequence
@@ -53,10 +54,10 @@ def answer_nll(questions: Sequence[str], answers: Sequence[str], model: str | Pa
     from tqdm.auto import tqdm
 
     if len(questions) != len(answers):
-        raise ValueError(f"questions ({len(questions)}) and answers ({len(answers)}) differ in "
+        raise InputError(f"questions ({len(questions)}) and answers ({len(answers)}) differ in "
                          f"length; give one answer per question.")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be ≥ 1; got {batch_size}.")
+        raise InputError(f"batch_size must be ≥ 1; got {batch_size}.")
     _, path = check_model(model, "nll_model", causal_only=True)
     lm, tok = load_causal_lm(str(path), device, dtype)
     n = len(questions)
@@ -70,7 +71,7 @@ def answer_nll(questions: Sequence[str], answers: Sequence[str], model: str | Pa
     full_ids = [x[:max_length] for x in tok(fulls, add_special_tokens=False)["input_ids"]]
     f_len = np.array([len(x) for x in full_ids])
     if (p_len < 1).any():
-        raise ValueError("the tokenizer gives an empty prompt for 'Question:\\n...'; the answer's "
+        raise InputError("the tokenizer gives an empty prompt for 'Question:\\n...'; the answer's "
                          "first token would have no context. Use a different tokenizer.")
     scored = np.flatnonzero(f_len > p_len)            # T ≤ 0 stays +inf, as in ADS
     order = scored[np.argsort(-f_len[scored], kind="stable")]
@@ -155,7 +156,7 @@ def rank_within_clusters(cluster_ids: np.ndarray, difficulty: np.ndarray | None 
     else:
         key = np.asarray(difficulty, dtype=np.float64)
         if key.shape != c.shape:
-            raise ValueError(f"difficulty has shape {key.shape} but cluster_ids has {c.shape}; "
+            raise InputError(f"difficulty has shape {key.shape} but cluster_ids has {c.shape}; "
                              f"give one score per row.")
         key = np.where(np.isnan(key), np.inf, key)
     order = np.lexsort((np.arange(n), key, c))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 from pathlib import Path
 from typing import Sequence
 
@@ -28,9 +29,9 @@ def embedding_texts(questions: Sequence[str], answers: Sequence[str] | None,
         return list(questions)
     if text_mode == "question_plus_cot":
         if answers is None:
-            raise ValueError("text_mode='question_plus_cot' needs the reference answers.")
+            raise InputError("text_mode='question_plus_cot' needs the reference answers.")
         return [QA_TEMPLATE.format(q=q, a=a) if a else q for q, a in zip(questions, answers)]
-    raise ValueError(f"text_mode must be 'question' or 'question_plus_cot'; got {text_mode!r}.")
+    raise InputError(f"text_mode must be 'question' or 'question_plus_cot'; got {text_mode!r}.")
 
 
 def embed_texts(texts: Sequence[str], model: str | Path | None = None, *, batch_size: int = 64,
@@ -67,10 +68,10 @@ def embed_texts(texts: Sequence[str], model: str | Path | None = None, *, batch_
         (2, 384)
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be ≥ 1; got {batch_size}.")
+        raise InputError(f"batch_size must be ≥ 1; got {batch_size}.")
     kind, path = check_model(model, "embed_model", causal_only=False)
     if len(texts) == 0:
-        raise ValueError("no texts to embed; the input has no rows.")
+        raise InputError("no texts to embed; the input has no rows.")
     if kind == CAUSAL_LM:
         return _embed_causal(list(texts), str(path), batch_size, max_length, device, dtype, progress)
     st = load_sentence_transformer(str(path), device)

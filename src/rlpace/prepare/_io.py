@@ -18,6 +18,7 @@ reference answer is a stripped string.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import math
 import warnings
@@ -63,7 +64,7 @@ def read_table(path: str | Path, *, split: str | None = None) -> pa.Table:
     """
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"input {str(p)!r} does not exist; pass a .parquet or .jsonl file or a "
+        raise InputError(f"input {str(p)!r} does not exist; pass a .parquet or .jsonl file or a "
                          f"directory saved with datasets' save_to_disk.")
     if p.is_dir():
         return _read_hf(p, split)
@@ -72,7 +73,7 @@ def read_table(path: str | Path, *, split: str | None = None) -> pa.Table:
         return pq.read_table(p)
     if suffix in (".jsonl", ".json"):
         return _read_jsonl(p)
-    raise ValueError(f"input {str(p)!r} has an unknown format {suffix!r}; use .parquet, .jsonl or "
+    raise InputError(f"input {str(p)!r} has an unknown format {suffix!r}; use .parquet, .jsonl or "
                      f"a Hugging Face dataset directory (save_to_disk).")
 
 
@@ -88,18 +89,18 @@ def _read_jsonl(p: Path) -> pa.Table:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove "
+                raise InputError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove "
                                  f"that line.") from None
     if not rows:
         return pa.table({})
     if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{p}: every JSON line must be an object (one row); found "
+        raise InputError(f"{p}: every JSON line must be an object (one row); found "
                          f"{type(next(r for r in rows if not isinstance(r, dict))).__name__}.")
     # pa.array infers the type over all rows (from_pylist would look at the first only).
     try:
         return pa.Table.from_struct_array(pa.array(rows))
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise ValueError(f"{p}: rows disagree on a field's type ({e}); give each field one type "
+        raise InputError(f"{p}: rows disagree on a field's type ({e}); give each field one type "
                          f"in every row (e.g. all ids int or all str).") from None
 
 
@@ -114,7 +115,7 @@ def _read_hf(p: Path, split: str | None) -> pa.Table:
         if split is None:
             split = names[0] if len(names) == 1 else ("train" if "train" in names else None)
         if split not in ds:
-            raise ValueError(f"{p} holds splits {names}; pass split=... (--split) naming one.")
+            raise InputError(f"{p} holds splits {names}; pass split=... (--split) naming one.")
         ds = ds[split]
     # with_format("arrow")[:] honours any indices mapping left by select/shuffle.
     return ds.with_format("arrow")[:]
@@ -184,7 +185,7 @@ def check_column(table: pa.Table, key: str, role: str, flag: str) -> None:
         where = f"; the struct {'.'.join(parts[:-1])!r} has fields {_fields(t)}"
     else:
         where = ""
-    raise ValueError(f"{role} column {key!r} is not in the input (columns: {table.column_names}"
+    raise InputError(f"{role} column {key!r} is not in the input (columns: {table.column_names}"
                      f"{where}); pass {flag} naming the column that holds the {role}.")
 
 
@@ -267,7 +268,7 @@ def resolve_index(table: pa.Table) -> tuple[np.ndarray, bool]:
     if "extra_info" in table.column_names:
         t = table.schema.field("extra_info").type
         if not pa.types.is_struct(t):
-            raise ValueError(f"column 'extra_info' has type {t}, not a struct; verl expects a dict "
+            raise InputError(f"column 'extra_info' has type {t}, not a struct; verl expects a dict "
                              f"per row (extra_info={{'index': ...}}). Convert it, or drop the column "
                              f"to let prepare create one.")
     if not has_column(table, "extra_info.index"):
@@ -281,7 +282,7 @@ def resolve_index(table: pa.Table) -> tuple[np.ndarray, bool]:
                       stacklevel=3)
         return np.arange(n, dtype=np.int64), True
     if missing:
-        raise ValueError(f"extra_info.index is null in {len(missing)} of {n} rows (first rows: "
+        raise InputError(f"extra_info.index is null in {len(missing)} of {n} rows (first rows: "
                          f"{missing[:_SHOW]}); give every row a unique index, or remove the field "
                          f"so that prepare creates 0..N-1.")
     ids = np.asarray(vals)
@@ -290,7 +291,7 @@ def resolve_index(table: pa.Table) -> tuple[np.ndarray, bool]:
                                     return_index=True, return_counts=True)
     if len(uniq) != n:
         dup = uniq[counts > 1]
-        raise ValueError(f"extra_info.index has {int((counts - 1).sum())} duplicate ids (first: "
+        raise InputError(f"extra_info.index has {int((counts - 1).sum())} duplicate ids (first: "
                          f"{dup[:_SHOW].tolist()}); each prompt needs a unique stable id. "
                          f"Deduplicate the rows or re-index them.")
     return ids, False

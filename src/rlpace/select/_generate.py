@@ -19,6 +19,7 @@ each averaged over the response tokens (masked mean: up to and including the fir
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import math
 from pathlib import Path
@@ -36,7 +37,7 @@ def read_rollouts(path: str | Path, ids: Sequence) -> list[dict]:
     """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"rollouts {str(p)!r} is not a file; pass a JSONL file with one line per "
+        raise InputError(f"rollouts {str(p)!r} is not a file; pass a JSONL file with one line per "
                          f"prompt (see `rlpace select --help`).")
     wanted = {_key(i): pos for pos, i in enumerate(ids)}
     out: list[dict | None] = [None] * len(ids)
@@ -47,22 +48,22 @@ def read_rollouts(path: str | Path, ids: Sequence) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is not valid JSON ({e.msg}); fix or remove that line.") from None
+            raise InputError(f"{where} is not valid JSON ({e.msg}); fix or remove that line.") from None
         if not isinstance(rec, dict) or "index" not in rec or "completions" not in rec:
-            raise ValueError(f"{where} needs an object with 'index' and 'completions'.")
+            raise InputError(f"{where} needs an object with 'index' and 'completions'.")
         if not isinstance(rec["index"], (int, str)) or isinstance(rec["index"], bool):
             # a list or object id would reach a dict lookup as an unhashable key (TypeError)
-            raise ValueError(f"{where}: 'index' must be the row's extra_info.index, an integer or a "
+            raise InputError(f"{where}: 'index' must be the row's extra_info.index, an integer or a "
                              f"string; got {type(rec['index']).__name__} {rec['index']!r}.")
         pos = wanted.get(_key(rec["index"]))
         if pos is None:
-            raise ValueError(f"{where}: index {rec['index']!r} is not an extra_info.index of the input; "
+            raise InputError(f"{where}: index {rec['index']!r} is not an extra_info.index of the input; "
                              f"write rollouts for the input's prompts only.")
         if out[pos] is not None:
-            raise ValueError(f"{where}: index {rec['index']!r} appears twice; one line per prompt.")
+            raise InputError(f"{where}: index {rec['index']!r} appears twice; one line per prompt.")
         comps = rec["completions"]
         if not isinstance(comps, list) or not comps or not all(isinstance(c, str) for c in comps):
-            raise ValueError(f"{where}: 'completions' must be a non-empty list of strings.")
+            raise InputError(f"{where}: 'completions' must be a non-empty list of strings.")
         grp = {"completions": comps}
         for key in _OPTIONAL:
             val = rec.get(key)
@@ -73,13 +74,13 @@ def read_rollouts(path: str | Path, ids: Sequence) -> list[dict]:
                 (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)) for v in val)
             if not ok:
                 kind = "strings" if key == "answers" else "finite numbers"
-                raise ValueError(f"{where}: {key!r} must be a list of {len(comps)} {kind} (one per "
+                raise InputError(f"{where}: {key!r} must be a list of {len(comps)} {kind} (one per "
                                  f"completion).")
             grp[key] = val
         out[pos] = grp
     missing = [ids[i] for i, g in enumerate(out) if g is None]
     if missing:
-        raise ValueError(f"rollouts {str(p)!r} have no line for {len(missing)} of {len(ids)} prompts "
+        raise InputError(f"rollouts {str(p)!r} have no line for {len(missing)} of {len(ids)} prompts "
                          f"(first ids {[_plain(m) for m in missing[:5]]}); write one line per prompt.")
     return out
 

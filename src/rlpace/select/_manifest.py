@@ -8,6 +8,7 @@ reads it: nothing in a manifest can run code.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import hashlib
 import json
 import math
@@ -73,25 +74,25 @@ def read_manifest(path: str | Path) -> dict:
     """The manifest at `path`, checked: format, version, and a route in ROUTES per prompt."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"manifest {str(p)!r} is not a file; pass the .manifest.json `rlpace select` wrote.")
+        raise InputError(f"manifest {str(p)!r} is not a file; pass the .manifest.json `rlpace select` wrote.")
     try:
         m = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"manifest {str(p)!r} is not valid JSON ({e}); pass the file `rlpace select` "
+        raise InputError(f"manifest {str(p)!r} is not valid JSON ({e}); pass the file `rlpace select` "
                          f"wrote.") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ValueError(f"manifest {str(p)!r} is not an rlpace select manifest (format {FORMAT!r}).")
+        raise InputError(f"manifest {str(p)!r} is not an rlpace select manifest (format {FORMAT!r}).")
     if m.get("version") != VERSION:
-        raise ValueError(f"manifest {str(p)!r} has version {m.get('version')!r}; this rlpace reads "
+        raise InputError(f"manifest {str(p)!r} has version {m.get('version')!r}; this rlpace reads "
                          f"version {VERSION}.")
     prompts = m.get("prompts")
     if not isinstance(prompts, list) or not all(
             isinstance(r, dict) and isinstance(r.get("id"), (int, str)) and not isinstance(r.get("id"), bool)
             and r.get("route") in ROUTES for r in prompts):
-        raise ValueError(f"manifest {str(p)!r}: 'prompts' must list objects with an int or str 'id' "
+        raise InputError(f"manifest {str(p)!r}: 'prompts' must list objects with an int or str 'id' "
                          f"and a 'route' in {ROUTES}.")
     if not isinstance(m.get("input"), dict) or not isinstance(m["input"].get("sha256"), str):
-        raise ValueError(f"manifest {str(p)!r} has no input.sha256.")
+        raise InputError(f"manifest {str(p)!r} has no input.sha256.")
     return m
 
 
@@ -107,14 +108,14 @@ def routes_from_manifest(m: dict, ids: np.ndarray, source: str) -> np.ndarray:
             unknown.append(r["id"])
             continue
         if routes[k] is not None:
-            raise ValueError(f"manifest lists id {r['id']!r} twice; it is corrupt.")
+            raise InputError(f"manifest lists id {r['id']!r} twice; it is corrupt.")
         routes[k] = r["route"]
     if unknown:
-        raise ValueError(f"manifest has {len(unknown)} ids that are not in {source} (first "
+        raise InputError(f"manifest has {len(unknown)} ids that are not in {source} (first "
                          f"{unknown[:5]}); replay it on the file it was made from.")
     missing = [ids[k] for k in np.flatnonzero(routes == None)]  # noqa: E711 - elementwise
     if missing:
-        raise ValueError(f"{source} has {len(missing)} ids the manifest does not list (first "
+        raise InputError(f"{source} has {len(missing)} ids the manifest does not list (first "
                          f"{[x.item() if hasattr(x, 'item') else x for x in missing[:5]]}); replay it "
                          f"on the file it was made from.")
     return routes

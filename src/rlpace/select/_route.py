@@ -11,6 +11,7 @@ depends only on the numbers. Routes:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import numpy as np
 
 ROUTES = ("keep", "weak_supervision", "annotate", "discard")
@@ -100,7 +101,7 @@ def calibrate_thresholds(u_probe: np.ndarray, pass_probe: np.ndarray, *, lo: flo
         (0.2, 0.8)
     """
     if not lo < hi:
-        raise ValueError(f"calibrate needs lo < hi; got ({lo}, {hi}).")
+        raise InputError(f"calibrate needs lo < hi; got ({lo}, {hi}).")
     t_d, t_a = -np.inf, np.inf
     values = np.unique(u_probe)
     for v in values:

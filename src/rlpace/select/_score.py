@@ -8,6 +8,7 @@ themselves come from the generator (`_generate.py`) or from the user's own engin
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from collections import Counter
 from typing import NamedTuple, Sequence
@@ -60,7 +61,7 @@ def answer_consistency(answers: Sequence[str]) -> tuple[float, float, str | None
     """
     g = len(answers)
     if g == 0:
-        raise ValueError("a group needs at least one rollout; got an empty completions list.")
+        raise InputError("a group needs at least one rollout; got an empty completions list.")
     counts = Counter(a for a in answers if a)
     empties = sum(1 for a in answers if not a)
     sizes = list(counts.values()) + [1] * empties
@@ -127,7 +128,7 @@ def score_groups(groups: Sequence[dict], ground_truths: Sequence[str | None],
     """
     from rlpace.tasks import Item
     if verifier not in VERIFIERS:
-        raise ValueError(f"verifier must be one of {VERIFIERS}; got {verifier!r}.")
+        raise InputError(f"verifier must be one of {VERIFIERS}; got {verifier!r}.")
     n = len(groups)
     ev = Evidence(np.zeros(n, np.int64), np.full(n, np.nan), np.zeros(n), np.zeros(n),
                   np.full(n, np.nan), np.full(n, np.nan), np.empty(n, object))
@@ -161,4 +162,4 @@ def uncertainty_of(ev: Evidence, signal: str) -> np.ndarray:
         return ev.token_entropy.astype(np.float64)
     if signal == "self_certainty":
         return -ev.self_certainty
-    raise ValueError(f"uncertainty must be one of {UNCERTAINTY}; got {signal!r}.")
+    raise InputError(f"uncertainty must be one of {UNCERTAINTY}; got {signal!r}.")

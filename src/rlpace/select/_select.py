@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -32,9 +33,9 @@ def _check_pair(name: str, value, lo_ok=0.0, hi_ok=1.0) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be two numbers lo,hi; got {value!r}.") from None
+        raise InputError(f"{name} must be two numbers lo,hi; got {value!r}.") from None
     if not (lo_ok <= lo <= hi_ok and lo_ok <= hi <= hi_ok) or lo > hi:
-        raise ValueError(f"{name} must satisfy {lo_ok} ≤ lo ≤ hi ≤ {hi_ok}; got ({lo}, {hi}). "
+        raise InputError(f"{name} must satisfy {lo_ok} ≤ lo ≤ hi ≤ {hi_ok}; got ({lo}, {hi}). "
                          f"Order the pair lo,hi.")
     return lo, hi
 
@@ -43,7 +44,7 @@ def _check_count(name: str, value, minimum: int = 0) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or int(value) != value or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}; got {value!r}.")
+        raise InputError(f"{name} must be an integer ≥ {minimum}; got {value!r}.")
     return int(value)
 
 
@@ -64,18 +65,18 @@ def labeled_rows(table) -> np.ndarray:
 def _read_input(data, out, paths: dict) -> tuple:
     p = Path(data)
     if not p.is_file():
-        raise ValueError(f"data {str(p)!r} is not a file; pass a verl-schema .parquet or .jsonl file.")
+        raise InputError(f"data {str(p)!r} is not a file; pass a verl-schema .parquet or .jsonl file.")
     for what, path in paths.items():
         if Path(path).resolve() == p.resolve():
-            raise ValueError(f"the {what} output {str(path)!r} is the input; write to a new path.")
+            raise InputError(f"the {what} output {str(path)!r} is the input; write to a new path.")
     if _io.output_format(out) == "hf":
-        raise ValueError(f"out {str(out)!r} must end in .parquet or .jsonl.")
+        raise InputError(f"out {str(out)!r} must end in .parquet or .jsonl.")
     table = _io.read_table(p)
     if table.num_rows == 0:
-        raise ValueError(f"data {str(p)!r} has no rows; nothing to select.")
+        raise InputError(f"data {str(p)!r} has no rows; nothing to select.")
     _io.check_column(table, "prompt", "prompt", "a verl `prompt` column")
     if not _io.has_column(table, "extra_info.index"):
-        raise ValueError(f"data {str(p)!r} has no extra_info.index; the manifest names prompts by it. "
+        raise InputError(f"data {str(p)!r} has no extra_info.index; the manifest names prompts by it. "
                          f"Add a unique index per row, e.g. with `rlpace prepare IN --out OUT`.")
     ids, _ = _io.resolve_index(table)
     return table, ids
@@ -119,35 +120,35 @@ def select(data: str | Path, out: str | Path, *, model: str | Path | None = None
     """
     # ---- checks, all before any work ------------------------------------------------------
     if (model is None) == (rollouts is None):
-        raise ValueError("pass exactly one of model (--model, a local causal LM to sample from) and "
+        raise InputError("pass exactly one of model (--model, a local causal LM to sample from) and "
                          "rollouts (--rollouts, a JSONL of precomputed rollouts).")
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}; got {mode!r}.")
+        raise InputError(f"mode must be one of {MODES}; got {mode!r}.")
     if uncertainty not in UNCERTAINTY:
-        raise ValueError(f"uncertainty must be one of {UNCERTAINTY}; got {uncertainty!r}.")
+        raise InputError(f"uncertainty must be one of {UNCERTAINTY}; got {uncertainty!r}.")
     if verifier not in VERIFIERS:
-        raise ValueError(f"verifier must be one of {VERIFIERS}; got {verifier!r}.")
+        raise InputError(f"verifier must be one of {VERIFIERS}; got {verifier!r}.")
     budget = _check_count("budget (--budget)", budget)
     annotate_budget = _check_count("annotate_budget (--annotate-budget)", annotate_budget)
     probes = _check_count("probes (--probes)", probes, 1)
     band = _check_pair("band (--band)", band)
     calibrate = _check_pair("calibrate (--calibrate)", calibrate)
     if calibrate[0] == calibrate[1]:
-        raise ValueError(f"calibrate (--calibrate) needs lo < hi; got {calibrate}.")
+        raise InputError(f"calibrate (--calibrate) needs lo < hi; got {calibrate}.")
     for name, val in (("samples", samples), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
         _check_count(name, val, 1)
     if not temperature > 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be > 0 and 0 < top_p ≤ 1; got {temperature}, {top_p}.")
+        raise InputError(f"temperature must be > 0 and 0 < top_p ≤ 1; got {temperature}, {top_p}.")
     paths = mf.output_paths(out, manifest)
     table, ids = _read_input(data, out, paths)
     labeled = labeled_rows(table)
     mode_used = mode if mode != "auto" else ("labeled" if labeled.all() else "unlabeled")
     if mode_used == "labeled" and not labeled.any():
-        raise ValueError("mode 'labeled' needs labelled rows (reward_model.ground_truth); none has one. "
+        raise InputError("mode 'labeled' needs labelled rows (reward_model.ground_truth); none has one. "
                          "Use mode 'unlabeled' (--mode unlabeled).")
     probe_round = mode_used == "unlabeled" and labeled.sum() < probes
     if probe_round and annotate_budget is not None and annotate_budget < probes:
-        raise ValueError(f"only {int(labeled.sum())} rows are labelled, fewer than probes={probes}: this "
+        raise InputError(f"only {int(labeled.sum())} rows are labelled, fewer than probes={probes}: this "
                          f"run asks for probe labels, which needs annotate_budget ≥ {probes} (got "
                          f"{annotate_budget}). Raise --annotate-budget or lower --probes.")
     if model is not None:
@@ -159,7 +160,7 @@ def select(data: str | Path, out: str | Path, *, model: str | Path | None = None
     if uncertainty in ("token_entropy", "self_certainty") and groups is not None:
         lacking = [ids[i] for i, g in enumerate(groups) if uncertainty not in g]
         if lacking:
-            raise ValueError(f"uncertainty {uncertainty!r} needs {uncertainty!r} lists in the rollouts; "
+            raise InputError(f"uncertainty {uncertainty!r} needs {uncertainty!r} lists in the rollouts; "
                              f"{len(lacking)} prompts lack them (first ids "
                              f"{[plain_id(x) for x in lacking[:5]]}). Add them or "
                              f"rank by answer_entropy.")
@@ -176,7 +177,7 @@ def select(data: str | Path, out: str | Path, *, model: str | Path | None = None
                       verifier=verifier)
     u = uncertainty_of(ev, uncertainty)
     if np.isnan(u).any():   # cannot happen: generated responses hold ≥ 1 token, rollouts were checked
-        raise ValueError(f"uncertainty {uncertainty!r} is undefined for ids "
+        raise InputError(f"uncertainty {uncertainty!r} is undefined for ids "
                          f"{[plain_id(ids[i]) for i in np.flatnonzero(np.isnan(u))[:5]]}; rank by "
                          f"answer_entropy.")
     probe_rows = np.zeros(0, np.int64)
@@ -254,7 +255,7 @@ def replay(manifest: str | Path, data: str | Path, out: str | Path) -> SelectRes
     table, ids = _read_input(data, out, paths)
     digest = mf.file_sha256(data)
     if digest != m["input"]["sha256"]:
-        raise ValueError(f"data {str(data)!r} has sha256 {digest[:12]}…, the manifest was made from "
+        raise InputError(f"data {str(data)!r} has sha256 {digest[:12]}…, the manifest was made from "
                          f"{m['input']['sha256'][:12]}… ({m['input'].get('path')!r}); replay it on that file.")
     routes = mf.routes_from_manifest(m, ids, f"data {str(data)!r}")
     data_t, req_t = mf.build_outputs(table, routes)

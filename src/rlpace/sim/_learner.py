@@ -32,6 +32,7 @@ O(K·H) every `eval_every` steps. Nothing here is O(N) per step.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import functools
 import inspect
 import platform
@@ -335,18 +336,18 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     from . import SCENARIOS
     if isinstance(scenario, str):
         if scenario not in SCENARIOS:
-            raise ValueError(f"unknown scenario {scenario!r}; valid: {', '.join(sorted(SCENARIOS))}.")
+            raise InputError(f"unknown scenario {scenario!r}; valid: {', '.join(sorted(SCENARIOS))}.")
         scenario = SCENARIOS[scenario]
     for name, v, lo in (("steps", steps, 0), ("batch_size", batch_size, 1), ("group_size", group_size, 1),
                         ("eval_every", eval_every, 1), ("max_gen_batches", max_gen_batches, 1),
                         ("measure_every", measure_every, 0), ("measure_rollouts", measure_rollouts, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"simulate {name} must be an int ≥ {lo}; got {v!r}.")
+            raise InputError(f"simulate {name} must be an int ≥ {lo}; got {v!r}.")
     if weight_norm not in ("informative", "none"):
-        raise ValueError(f"simulate weight_norm must be 'informative' or 'none'; got {weight_norm!r}.")
+        raise InputError(f"simulate weight_norm must be 'informative' or 'none'; got {weight_norm!r}.")
     target = float(scenario.target if target is None else target)
     if not 0.0 < target <= 1.0:
-        raise ValueError(f"simulate target must be in (0, 1]; got {target}.")
+        raise InputError(f"simulate target must be in (0, 1]; got {target}.")
     t0 = time.perf_counter()
     world: World = build_world(scenario)
     kwargs = batch_dependent_kwargs(policy, batch_size, policy_kwargs or {})

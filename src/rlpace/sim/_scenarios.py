@@ -11,6 +11,7 @@ start equals `base_accuracy[k]` exactly (Gauss–Hermite quadrature).
 
 from __future__ import annotations
 
+from ..errors import InputError
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -88,32 +89,32 @@ class Scenario:
                                                        for row in np.asarray(self.transfer)))
         k = len(self.domains)
         if k == 0:
-            raise ValueError("Scenario.domains is empty; give at least one domain label.")
+            raise InputError("Scenario.domains is empty; give at least one domain label.")
         if len(set(self.domains)) != k:
-            raise ValueError(f"Scenario.domains has duplicate labels: {self.domains}.")
+            raise InputError(f"Scenario.domains has duplicate labels: {self.domains}.")
         if len(self.base_accuracy) != k:
-            raise ValueError(f"Scenario.base_accuracy has {len(self.base_accuracy)} values for {k} "
+            raise InputError(f"Scenario.base_accuracy has {len(self.base_accuracy)} values for {k} "
                              f"domains; give one starting accuracy per domain.")
         acc = np.asarray(self.base_accuracy, dtype=np.float64)
         if not ((acc > 0) & (acc < 1)).all():
-            raise ValueError(f"Scenario.base_accuracy must lie strictly in (0, 1); got {self.base_accuracy}.")
+            raise InputError(f"Scenario.base_accuracy must lie strictly in (0, 1); got {self.base_accuracy}.")
         for name in ("prompts_per_domain", "heldout_per_domain", "clusters_per_domain"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"Scenario.{name} must be ≥ 1; got {getattr(self, name)}.")
+                raise InputError(f"Scenario.{name} must be ≥ 1; got {getattr(self, name)}.")
         if not 0.0 <= self.solved_fraction < 1.0:
-            raise ValueError(f"Scenario.solved_fraction must be in [0, 1); got {self.solved_fraction}.")
+            raise InputError(f"Scenario.solved_fraction must be in [0, 1); got {self.solved_fraction}.")
         if not 0.0 <= self.forgetting < 1.0:
-            raise ValueError(f"Scenario.forgetting must be in [0, 1); got {self.forgetting}.")
+            raise InputError(f"Scenario.forgetting must be in [0, 1); got {self.forgetting}.")
         for name in ("difficulty_sd", "annotation_noise", "lr", "transfer_forward", "transfer_backward"):
             v = float(getattr(self, name))
             if not np.isfinite(v) or v < 0:
-                raise ValueError(f"Scenario.{name} must be finite and ≥ 0; got {v}.")
+                raise InputError(f"Scenario.{name} must be finite and ≥ 0; got {v}.")
         if self.transfer is not None:
             m = np.asarray(self.transfer, dtype=np.float64)
             if m.shape != (k, k) or not np.isfinite(m).all():
-                raise ValueError(f"Scenario.transfer must be a finite {k}×{k} matrix; got shape {m.shape}.")
+                raise InputError(f"Scenario.transfer must be a finite {k}×{k} matrix; got shape {m.shape}.")
         if not 0.0 < self.target < 1.0:
-            raise ValueError(f"Scenario.target must be in (0, 1); got {self.target}.")
+            raise InputError(f"Scenario.target must be in (0, 1); got {self.target}.")
 
     @property
     def n_domains(self) -> int:
@@ -246,9 +247,9 @@ def make_scenario(name: str, **overrides) -> Scenario:
     0
     """
     if name not in SCENARIOS:
-        raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(sorted(SCENARIOS))}.")
+        raise InputError(f"unknown scenario {name!r}; valid: {', '.join(sorted(SCENARIOS))}.")
     fields = {f.name for f in dataclasses.fields(Scenario) if not f.name.startswith("_")}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"unknown Scenario field(s) {unknown}; valid: {sorted(fields)}.")
+        raise InputError(f"unknown Scenario field(s) {unknown}; valid: {sorted(fields)}.")
     return dataclasses.replace(SCENARIOS[name], **overrides)

@@ -9,6 +9,7 @@ walk the tree) together, level by level, so a batch costs O(B log N) numpy work.
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -23,9 +24,9 @@ def sumtree_build(weights: np.ndarray) -> SumTree:
     """Build from float64[N] non-negative weights in O(N)."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0:
-        raise ValueError("sumtree_build needs a non-empty 1-D weight array.")
+        raise InputError("sumtree_build needs a non-empty 1-D weight array.")
     if (w < 0).any() or not np.isfinite(w).all():
-        raise ValueError("sum-tree weights must be finite and ≥ 0.")
+        raise InputError("sum-tree weights must be finite and ≥ 0.")
     cap = 1 << int(np.ceil(np.log2(max(w.size, 1))))
     tree = np.zeros(2 * cap)
     tree[cap:cap + w.size] = w
@@ -49,7 +50,7 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
     if index.size == 0:
         return st
     if (weights < 0).any() or not np.isfinite(weights).all():
-        raise ValueError("sum-tree weights must be finite and ≥ 0.")
+        raise InputError("sum-tree weights must be finite and ≥ 0.")
     tree = st.tree
     cap = tree.shape[0] // 2
     tree[cap + index] = weights                      # fancy assignment: last one wins
@@ -71,7 +72,7 @@ def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
     tree = st.tree
     total = tree[1]
     if not total > 0:
-        raise ValueError("cannot sample from a sum tree whose weights are all zero.")
+        raise InputError("cannot sample from a sum tree whose weights are all zero.")
     cap = tree.shape[0] // 2
     mass = np.asarray(u, dtype=np.float64) * total
     idx = np.ones(mass.shape, dtype=np.int64)
@@ -90,7 +91,7 @@ def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
 def _children(tree: np.ndarray) -> np.ndarray:
     """float64[C, 2] view of the tree: row j holds node j's children (tree[2j], tree[2j+1])."""
     if not tree.flags.c_contiguous:
-        raise ValueError("the sum tree's array must be C-contiguous (np.ascontiguousarray).")
+        raise InputError("the sum tree's array must be C-contiguous (np.ascontiguousarray).")
     return tree.reshape(-1, 2)
 
 

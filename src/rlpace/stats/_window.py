@@ -9,6 +9,7 @@ values, with no per-item Python loop. Unfilled slots hold 0, so the mean over a 
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +23,7 @@ class Window(NamedTuple):
 
 def window_init(n_arms: int, width: int) -> Window:
     if width < 1:
-        raise ValueError(f"window width must be ≥ 1; got {width}.")
+        raise InputError(f"window width must be ≥ 1; got {width}.")
     return Window(np.zeros((n_arms, width)), np.zeros(n_arms, dtype=np.int64),
                   np.zeros(n_arms, dtype=np.int64))
 

@@ -47,6 +47,7 @@ prompts, so most of them go to the held-out set.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import hashlib
 import re
 from typing import Callable
@@ -240,10 +241,10 @@ def parse_distribution(name: str) -> tuple[str, int]:
     m = _NAME.match(name.strip())
     fams = ", ".join(f"{f}{s.start}..{f}{s.stop - 1}" for f, (_, s) in FAMILIES.items())
     if m is None or m.group(1) not in FAMILIES:
-        raise ValueError(f"unknown embedded distribution {name!r}; valid: {fams}.")
+        raise InputError(f"unknown embedded distribution {name!r}; valid: {fams}.")
     fam, size = m.group(1), int(m.group(2))
     if size not in FAMILIES[fam][1]:
-        raise ValueError(f"embedded distribution {name!r}: size {size} is out of range; valid: {fams}.")
+        raise InputError(f"embedded distribution {name!r}: size {size} is out of range; valid: {fams}.")
     return fam, size
 
 
@@ -272,7 +273,7 @@ def parse_mistakes(spec: str, tasks: str = "embedded") -> dict[str, float]:
         except ValueError:
             r = -1.0
         if not eq or not 0.0 <= r <= 1.0:
-            raise ValueError(f"warmup_mistakes item {part!r} is not name=rate with a rate in [0, 1] "
+            raise InputError(f"warmup_mistakes item {part!r} is not name=rate with a rate in [0, 1] "
                              f"(e.g. 'max3=0.5,last4=0.75', or 'default', or 'none').")
         parse_distribution(name)
         out[name.strip()] = r
@@ -323,13 +324,13 @@ def embedded_suite(distributions: str = DEFAULT_SUITE, *, train_per_domain: int 
     """
     names = [s.strip() for s in distributions.split(",") if s.strip()]
     if not names:
-        raise ValueError("embedded_suite needs at least one distribution, e.g. 'add1,rev3'.")
+        raise InputError("embedded_suite needs at least one distribution, e.g. 'add1,rev3'.")
     if len(set(names)) != len(names):
-        raise ValueError(f"embedded_suite: distribution names repeat in {distributions!r}.")
+        raise InputError(f"embedded_suite: distribution names repeat in {distributions!r}.")
     for nm in names:
         parse_distribution(nm)
     if train_per_domain < 1 or heldout_per_domain < 0:
-        raise ValueError("train_per_domain must be ≥ 1 and heldout_per_domain ≥ 0.")
+        raise InputError("train_per_domain must be ≥ 1 and heldout_per_domain ≥ 0.")
     train, heldout = [], []
     for nm in names:
         _, size = parse_distribution(nm)

@@ -44,6 +44,7 @@ True
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -77,7 +78,7 @@ class GeneratorState(NamedTuple):
 def family_configs(family: str) -> list[str]:
     """The configurations of an embedded family, as distribution names (`last` → last2..last10)."""
     if family not in FAMILIES:
-        raise ValueError(f"tasks=generated:{family}: unknown family; embedded families are "
+        raise InputError(f"tasks=generated:{family}: unknown family; embedded families are "
                          f"{', '.join(sorted(FAMILIES))}.")
     return [f"{family}{s}" for s in FAMILIES[family][1]]
 
@@ -85,7 +86,7 @@ def family_configs(family: str) -> list[str]:
 def generator_init(n_configs: int, buffer_size: int = 64) -> GeneratorState:
     """Uniform generator over `n_configs` settings with an empty buffer."""
     if n_configs < 1 or buffer_size < 1:
-        raise ValueError(f"generator needs n_configs ≥ 1 and buffer_size ≥ 1; got {n_configs}, {buffer_size}.")
+        raise InputError(f"generator needs n_configs ≥ 1 and buffer_size ≥ 1; got {n_configs}, {buffer_size}.")
     return GeneratorState(np.zeros(n_configs), np.array(0.0), np.array(0.0), np.array(0, np.int64),
                           np.full((buffer_size, len(KEY_FIELDS)), -1, np.int64), np.array(0, np.int64),
                           np.array(0, np.int64))
@@ -126,7 +127,7 @@ def generator_update(state: GeneratorState, choices: np.ndarray, reward: float, 
     Returns a new state (the arrays are small; nothing is written in place)."""
     r = float(reward)
     if not np.isfinite(r):
-        raise ValueError(f"generator reward must be finite; got {reward!r}.")
+        raise InputError(f"generator reward must be finite; got {reward!r}.")
     r = float(np.clip(r, -1e6, 1e6))
     first = int(state.updates) == 0
     b, var = (r, 0.0) if first else (float(state.baseline), float(state.reward_var))
@@ -178,7 +179,7 @@ def fresh_items(names, keys: np.ndarray, seed: int, *, exclude=frozenset(), fall
     out = []
     for cell, step, round_, slot in rows.tolist():
         if not 0 <= cell < len(names) or min(step, round_, slot) < 0:
-            raise ValueError(f"fresh_items: key {(cell, step, round_, slot)} needs a cell in [0, {len(names)}) "
+            raise InputError(f"fresh_items: key {(cell, step, round_, slot)} needs a cell in [0, {len(names)}) "
                              f"and step, round, slot ≥ 0.")
         name = names[cell]
         rng = np.random.default_rng([int(seed), _ITEM_STREAM, cell, step, round_, slot])
@@ -198,7 +199,7 @@ def fresh_items(names, keys: np.ndarray, seed: int, *, exclude=frozenset(), fall
         else:      # the size's space is (almost) all held out: reuse a training item of that size
             pool = fallback[cell] if fallback is not None and cell < len(fallback) else ()
             if not pool:
-                raise ValueError(f"fresh_items: {name} has no prompt outside the held-out set after {_REDRAWS} "
+                raise InputError(f"fresh_items: {name} has no prompt outside the held-out set after {_REDRAWS} "
                                  f"draws and no fallback item; lower heldout_per_domain.")
             out.append(pool[slot % len(pool)])
     return out
@@ -264,7 +265,7 @@ def generated_taskset(spec: str, *, train_per_domain: int = 256, heldout_per_dom
     """
     from ._embedded import embedded_suite
     if not isinstance(spec, str) or not spec.startswith(GENERATED_PREFIX):
-        raise ValueError(f"a generated task spec is 'generated:<family>'; got {spec!r}.")
+        raise InputError(f"a generated task spec is 'generated:<family>'; got {spec!r}.")
     configs = family_configs(spec[len(GENERATED_PREFIX):].strip())
     return embedded_suite(",".join(configs), train_per_domain=train_per_domain,
                           heldout_per_domain=heldout_per_domain, seed=seed)

@@ -36,6 +36,7 @@ reasoning-gym's own config validation before any item is generated (`rg_grid`).
 
 from __future__ import annotations
 
+from ..errors import InputError
 import ast
 import functools
 import math
@@ -74,7 +75,7 @@ def rg_cell(name: str) -> RGSpec:
     config = rg_config(text, name) if dataset else {}
     value = next(iter(config.values()), None)
     if not _is_number(value):
-        raise ValueError(f"{name!r} is not a reasoning-gym grid cell 'rg:NAME:FIELD=number[;key=value...]'.")
+        raise InputError(f"{name!r} is not a reasoning-gym grid cell 'rg:NAME:FIELD=number[;key=value...]'.")
     return rg_spec(dataset.strip(), name, float(value), **config)
 
 
@@ -94,15 +95,15 @@ def rg_grid(spec: str) -> list[RGSpec]:
     """
     s = spec.strip()
     if not s.startswith(RG_GRID_PREFIX):
-        raise ValueError(f"a reasoning-gym grid task spec is {_RG_SYNTAX}; got {spec!r}.")
+        raise InputError(f"a reasoning-gym grid task spec is {_RG_SYNTAX}; got {spec!r}.")
     dataset, _, text = s[len(RG_GRID_PREFIX):].partition(":")
     dataset = dataset.strip()
     if "|" in s:
-        raise ValueError(f"tasks={spec!r}: a grid runs over one reasoning-gym dataset; drop the '|' parts.")
+        raise InputError(f"tasks={spec!r}: a grid runs over one reasoning-gym dataset; drop the '|' parts.")
     field, eq, values_text = text.split(";")[0].partition("=")
     field = field.strip()
     if not dataset or not field or not eq:
-        raise ValueError(f"tasks={spec!r} names no grid field; write {_RG_SYNTAX}.")
+        raise InputError(f"tasks={spec!r} names no grid field; write {_RG_SYNTAX}.")
     values = []
     for v in (v.strip() for v in values_text.split(",")):
         try:
@@ -110,26 +111,26 @@ def rg_grid(spec: str) -> list[RGSpec]:
         except (ValueError, SyntaxError):
             val = v
         if not _is_number(val):
-            raise ValueError(f"tasks={spec!r}: grid field {field!r} has the value {v!r}; a grid's values are "
+            raise InputError(f"tasks={spec!r}: grid field {field!r} has the value {v!r}; a grid's values are "
                              f"finite numbers separated by commas (e.g. {field}=3,4,5).")
         if val in values:
-            raise ValueError(f"tasks={spec!r}: grid field {field!r} repeats the value {v}; give each value once.")
+            raise InputError(f"tasks={spec!r}: grid field {field!r} repeats the value {v}; give each value once.")
         values.append(val)
     rest = text.split(";")[1:]
     for item in rest:               # a bare list of values after the first item: only that one is the grid
         key, _, raw = item.partition("=")
         if "," in raw and raw.strip()[:1] not in "([{'\"":
-            raise ValueError(f"tasks={spec!r}: {key.strip()}={raw.strip()} lists values, but only the first "
+            raise InputError(f"tasks={spec!r}: {key.strip()}={raw.strip()} lists values, but only the first "
                              f"key=value item is the grid; put the grid field first ({_RG_SYNTAX}).")
     fixed = rg_config(";".join(rest), spec)
     if field in fixed:
-        raise ValueError(f"tasks={spec!r}: {field!r} is the grid field; it cannot also be fixed.")
+        raise InputError(f"tasks={spec!r}: {field!r} is the grid field; it cannot also be fixed.")
     cells = [rg_spec(dataset, _cell_name(dataset, {field: v, **fixed}), float(v), **{field: v, **fixed})
              for v in values]       # ValueError naming an unknown dataset or config field
     for c in cells:
         rg_check(c, spec)
         if rg_cell(c.label) != c:
-            raise ValueError(f"tasks={spec!r}: the fixed config {fixed} cannot be written in a cell name that "
+            raise InputError(f"tasks={spec!r}: the fixed config {fixed} cannot be written in a cell name that "
                              f"reads back; use plain numbers, words or tuples as values.")
     return cells
 
@@ -139,12 +140,12 @@ def grid_cells(spec: str) -> list[str]:
     'grid:rg:NAME:FIELD=v1,v2,...' in the order of the values (`rg_grid`); ValueError naming
     the families, the field or the value otherwise."""
     if not isinstance(spec, str) or not spec.strip().startswith(GRID_PREFIX):
-        raise ValueError(f"a grid task spec is 'grid:<family>' or {_RG_SYNTAX}; got {spec!r}.")
+        raise InputError(f"a grid task spec is 'grid:<family>' or {_RG_SYNTAX}; got {spec!r}.")
     if spec.strip().startswith(RG_GRID_PREFIX):
         return [c.label for c in rg_grid(spec)]
     family = spec.strip()[len(GRID_PREFIX):].strip()
     if family not in FAMILIES:
-        raise ValueError(f"tasks={spec!r}: unknown family {family!r}; embedded families are "
+        raise InputError(f"tasks={spec!r}: unknown family {family!r}; embedded families are "
                          f"{', '.join(sorted(FAMILIES))} (e.g. tasks=grid:sort).")
     return [f"{family}{s}" for s in FAMILIES[family][1]]
 

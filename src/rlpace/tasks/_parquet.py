@@ -14,6 +14,7 @@ difficulty from `extra_info.difficulty`).
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def _prompt_text(prompt) -> str:
         return prompt
     users = [m["content"] for m in prompt if m.get("role") == "user"]
     if not users:
-        raise ValueError("a verl row's `prompt` has no user message; expected "
+        raise InputError("a verl row's `prompt` has no user message; expected "
                          "[{'role': 'user', 'content': ...}].")
     return users[-1]
 
@@ -53,7 +54,7 @@ def rows_to_items(rows) -> list[Item]:
     missing = [i for i, r in enumerate(rows) if not isinstance(r.get("extra_info"), dict)
                or r["extra_info"].get("index") is None]
     if missing:
-        raise ValueError(f"extra_info.index is missing in {len(missing)} of {len(rows)} rows (first rows: "
+        raise InputError(f"extra_info.index is missing in {len(missing)} of {len(rows)} rows (first rows: "
                          f"{missing[:5]}); rlpace names prompts by this stable id (verl would default it to "
                          f"0). Write a unique extra_info.index per row, e.g. with `rlpace prepare IN --out OUT` "
                          f"or, in pandas, df['extra_info'] = [{{**(e or {{}}), 'index': i}} "
@@ -62,7 +63,7 @@ def rows_to_items(rows) -> list[Item]:
     for i, r in enumerate(rows):
         for col in ("data_source", "prompt", "reward_model"):
             if col not in r or r[col] is None:
-                raise ValueError(f"verl row {i} has no {col!r} column; the verl schema needs "
+                raise InputError(f"verl row {i} has no {col!r} column; the verl schema needs "
                                  f"data_source, prompt, reward_model.ground_truth.")
         extra = r.get("extra_info") or {}
         diff = extra.get("difficulty")
@@ -91,7 +92,7 @@ def read_parquet(path) -> list[Item]:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"parquet file {str(path)!r} does not exist.")
+        raise InputError(f"parquet file {str(path)!r} does not exist.")
     return rows_to_items(pq.read_table(path).to_pylist())
 
 
@@ -99,7 +100,7 @@ def _read_named(path, what: str) -> list[Item]:
     try:
         return read_parquet(path)
     except ValueError as e:
-        raise ValueError(f"{what} file {str(path)!r}: {e}") from None
+        raise InputError(f"{what} file {str(path)!r}: {e}") from None
 
 
 def write_taskset(ts: TaskSet, directory) -> tuple[Path, Path]:

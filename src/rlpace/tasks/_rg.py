@@ -13,6 +13,7 @@ completion when it has none.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import ast
 import dataclasses
 import functools
@@ -58,13 +59,13 @@ def rg_spec(dataset: str, label: str | None = None, difficulty: float = 0.0, **c
     """
     rg = _rg()
     if dataset not in rg.factory.DATASETS:
-        raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; valid names: "
+        raise InputError(f"unknown reasoning-gym dataset {dataset!r}; valid names: "
                          f"{', '.join(sorted(rg.factory.DATASETS))}.")
     _, cfg_cls = rg.factory.DATASETS[dataset]
     fields = {f.name for f in dataclasses.fields(cfg_cls)} - {"size", "seed"}
     unknown = sorted(set(config) - fields)
     if unknown:
-        raise ValueError(f"reasoning-gym dataset {dataset!r} has no config field(s) {unknown}; "
+        raise InputError(f"reasoning-gym dataset {dataset!r} has no config field(s) {unknown}; "
                          f"valid fields: {sorted(fields)}.")
     return RGSpec(dataset, label or dataset, difficulty, config)
 
@@ -82,9 +83,9 @@ def rg_config(text: str, where: str) -> dict:
         key, eq, val = kv.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise ValueError(f"reasoning-gym config item {kv!r} in {where!r} is not key=value.")
+            raise InputError(f"reasoning-gym config item {kv!r} in {where!r} is not key=value.")
         if key in out:
-            raise ValueError(f"reasoning-gym config field {key!r} is given twice in {where!r}.")
+            raise InputError(f"reasoning-gym config field {key!r} is given twice in {where!r}.")
         try:
             out[key] = ast.literal_eval(val.strip())
         except (ValueError, SyntaxError):
@@ -109,7 +110,7 @@ def rg_check(spec: RGSpec, where: str = "") -> None:
             cfg.validate()
     except (AssertionError, ValueError, TypeError) as e:
         at = f" in {where!r}" if where else ""
-        raise ValueError(f"reasoning-gym rejects {spec.dataset} config {spec.config}{at}: {e}.") from None
+        raise InputError(f"reasoning-gym rejects {spec.dataset} config {spec.config}{at}: {e}.") from None
 
 
 def rg_item(spec: RGSpec, seed: int, index: int = 0) -> Item:
@@ -173,7 +174,7 @@ def reasoning_gym_suite(specs, train_per_domain: int = 256, heldout_per_domain: 
     specs = list(specs)
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"reasoning-gym distributions need distinct labels; got {labels}. "
+        raise InputError(f"reasoning-gym distributions need distinct labels; got {labels}. "
                          f"Pass label=... to rg_spec.")
     train, heldout = [], []
     for k, spec in enumerate(specs):

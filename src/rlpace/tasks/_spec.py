@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 import ast
 import warnings
 from pathlib import Path
@@ -39,13 +40,13 @@ def parse_rg(spec: str) -> list:
     out = []
     for k, part in enumerate(p.strip() for p in spec.split("|") if p.strip()):
         if not part.startswith("rg:"):
-            raise ValueError(f"reasoning-gym task spec parts start with 'rg:'; got {part!r}.")
+            raise InputError(f"reasoning-gym task spec parts start with 'rg:'; got {part!r}.")
         name, _, cfg_text = part[3:].partition(":")
         config = {}
         for kv in (s.strip() for s in cfg_text.split(";") if s.strip()):
             key, eq, val = kv.partition("=")
             if not eq:
-                raise ValueError(f"reasoning-gym config item {kv!r} in {part!r} is not key=value.")
+                raise InputError(f"reasoning-gym config item {kv!r} in {part!r} is not key=value.")
             config[key.strip()] = _value(val.strip())
         label = config.pop("label", None)
         difficulty = float(config.pop("difficulty", k))
@@ -62,7 +63,7 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
     ('add1', 'rev3')
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"tasks must be a non-empty string: {SPEC_HELP}.")
+        raise InputError(f"tasks must be a non-empty string: {SPEC_HELP}.")
     s = spec.strip()
     if s == "embedded":
         return embedded_suite(DEFAULT_SUITE, train_per_domain=train_per_domain,
@@ -84,7 +85,7 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
     if s.endswith(".parquet"):
         path = Path(s)
         if not path.is_file():
-            raise ValueError(f"tasks={s!r}: no such parquet file.")
+            raise InputError(f"tasks={s!r}: no such parquet file.")
         test = path.with_name("test.parquet")
         has_test = test.is_file() and test != path
         ts = read_taskset(path, test if has_test else None, name=s)
@@ -94,4 +95,4 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
                           f"is not measured (reported as NaN). Write the held-out prompts there in the "
                           f"same schema (verl's test.parquet).", UserWarning, stacklevel=2)
         return ts
-    raise ValueError(f"unknown task set {spec!r}; use {SPEC_HELP}.")
+    raise InputError(f"unknown task set {spec!r}; use {SPEC_HELP}.")

@@ -3,6 +3,7 @@ with a scorer per ability, and the `Pool` it produces for a `Scheduler`."""
 
 from __future__ import annotations
 
+from ..errors import InputError
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
@@ -57,10 +58,10 @@ class TaskSet:
 
     def __post_init__(self):
         if not self.train:
-            raise ValueError(f"task set {self.name!r} has no training items; check its spec.")
+            raise InputError(f"task set {self.name!r} has no training items; check its spec.")
         missing = sorted({it.ability for it in self.train + self.heldout} - set(self.scorers))
         if missing:
-            raise ValueError(f"task set {self.name!r} has items of ability {missing} with no scorer; "
+            raise InputError(f"task set {self.name!r} has items of ability {missing} with no scorer; "
                              f"abilities with scorers: {sorted(self.scorers)}.")
 
     @property
@@ -83,7 +84,7 @@ class TaskSet:
     def score(self, items: Sequence[Item], completions: Sequence[str]) -> np.ndarray:
         """float32[len(items)] reward of each completion under its item's scorer."""
         if len(items) != len(completions):
-            raise ValueError(f"score got {len(items)} items and {len(completions)} completions; "
+            raise InputError(f"score got {len(items)} items and {len(completions)} completions; "
                              f"give one completion per item.")
         return np.array([self.scorers[it.ability](c, it) for it, c in zip(items, completions)],
                         dtype=np.float32)

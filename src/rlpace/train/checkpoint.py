@@ -7,6 +7,7 @@ the counters restores the random streams (STYLE.md §3).
 
 from __future__ import annotations
 
+from ..errors import InputError
 import json
 import math
 import os
@@ -46,7 +47,7 @@ def check_resumable(directory, config: TrainConfig) -> dict:
     field outside `RESUMABLE_CHANGES` (ValueError listing the differences otherwise)."""
     d = Path(directory)
     if not (d / "state.json").is_file():
-        raise ValueError(f"resume=true but {str(d)!r} holds no checkpoint; run without resume first "
+        raise InputError(f"resume=true but {str(d)!r} holds no checkpoint; run without resume first "
                          f"(or point out=... at the run to continue).")
     state = json.loads((d / "state.json").read_text())
     saved, now = state["config"], config.to_dict()
@@ -58,7 +59,7 @@ def check_resumable(directory, config: TrainConfig) -> dict:
     diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now
             if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
     if diff:
-        raise ValueError("cannot resume: the checkpoint was written by a different config ("
+        raise InputError("cannot resume: the checkpoint was written by a different config ("
                          + "; ".join(diff) + "). Use the saved values or a new out directory.")
     return state
 
@@ -69,19 +70,19 @@ def _check_model_state(saved: dict, model) -> None:
     reports a mismatched one."""
     own = model.state_dict()
     if not isinstance(saved, dict):
-        raise ValueError(f"model.pt holds {type(saved).__name__}, not a state dict; the checkpoint is corrupt.")
+        raise InputError(f"model.pt holds {type(saved).__name__}, not a state dict; the checkpoint is corrupt.")
     missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or extra:
-        raise ValueError(f"model.pt does not match the model (missing {missing[:5]}, unexpected "
+        raise InputError(f"model.pt does not match the model (missing {missing[:5]}, unexpected "
                          f"{extra[:5]}); was it written with another model config?")
     for k, v in own.items():
         got = saved[k]
         if not isinstance(got, torch.Tensor) or got.shape != v.shape or got.dtype != v.dtype:
-            raise ValueError(f"model.pt[{k!r}] is {getattr(got, 'dtype', type(got).__name__)} "
+            raise InputError(f"model.pt[{k!r}] is {getattr(got, 'dtype', type(got).__name__)} "
                              f"{tuple(getattr(got, 'shape', ()))}, the model has {v.dtype} {tuple(v.shape)}; "
                              f"the checkpoint is corrupt or from another model config.")
         if got.is_floating_point() and not torch.isfinite(got).all():
-            raise ValueError(f"model.pt[{k!r}] has NaN or inf values; the checkpoint is corrupt.")
+            raise InputError(f"model.pt[{k!r}] has NaN or inf values; the checkpoint is corrupt.")
 
 
 def _check_optimizer_state(saved: dict, optimizer) -> None:
@@ -89,26 +90,26 @@ def _check_optimizer_state(saved: dict, optimizer) -> None:
     `optimizer.load_state_dict` checks, done here before anything is restored)."""
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) \
             or not isinstance(saved.get("state"), dict):
-        raise ValueError("optimizer.pt is not an optimizer state dict; the checkpoint is corrupt.")
+        raise InputError("optimizer.pt is not an optimizer state dict; the checkpoint is corrupt.")
     groups = saved["param_groups"]
     sizes = [len(g.get("params", ())) for g in groups if isinstance(g, dict)]
     own = [len(g["params"]) for g in optimizer.param_groups]
     if sizes != own:
-        raise ValueError(f"optimizer.pt has parameter groups of sizes {sizes}, the optimizer {own}; the "
+        raise InputError(f"optimizer.pt has parameter groups of sizes {sizes}, the optimizer {own}; the "
                          f"checkpoint was written for another model or optimizer.")
 
 
 def _check_counters(counters) -> dict:
     if not isinstance(counters, dict):
-        raise ValueError("state.json has no 'counters' mapping; the checkpoint is corrupt.")
+        raise InputError("state.json has no 'counters' mapping; the checkpoint is corrupt.")
     for key in ("step", "rollouts"):
         v = counters.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"state.json counters[{key!r}] is {v!r}; it must be an int ≥ 0. The "
+            raise InputError(f"state.json counters[{key!r}] is {v!r}; it must be an int ≥ 0. The "
                              f"checkpoint is corrupt.")
     v = counters.get("seconds")
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"state.json counters['seconds'] is {v!r}; it must be a finite number ≥ 0. The "
+        raise InputError(f"state.json counters['seconds'] is {v!r}; it must be a finite number ≥ 0. The "
                          f"checkpoint is corrupt.")
     return counters
 
@@ -129,7 +130,7 @@ def load_checkpoint(directory, *, model, optimizer, scheduler) -> dict:
         with np.load(d / "scheduler.npz", allow_pickle=False) as z:
             sched_sd = {k: z[k] for k in z.files}
     except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
-        raise ValueError(f"cannot read the checkpoint in {str(d)!r}: {e}") from e
+        raise InputError(f"cannot read the checkpoint in {str(d)!r}: {e}") from e
     _check_model_state(model_sd, model)
     _check_optimizer_state(optim_sd, optimizer)
     scheduler.check_state_dict(sched_sd)
@@ -145,7 +146,7 @@ def restore_domain_tokens(counters: dict, k: int) -> np.ndarray:
     raw = counters.get("domain_tokens", [0] * k)
     arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
     if arr.shape != (k,) or not (np.isfinite(arr).all() and (arr >= 0).all()):
-        raise ValueError(f"state.json counters['domain_tokens'] is {raw!r}; it must be a list of {k} "
+        raise InputError(f"state.json counters['domain_tokens'] is {raw!r}; it must be a list of {k} "
                          f"numbers ≥ 0. The checkpoint is corrupt.")
     return arr
 
@@ -157,6 +158,6 @@ def restore_grad_ref(counters: dict, gf) -> np.ndarray | None:
         return None
     arr = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) else np.full(1, np.nan)
     if arr.shape != (gf.dim,) or not np.isfinite(arr).all():
-        raise ValueError(f"state.json counters['grad_ref'] must be a list of {gf.dim} finite numbers; the "
+        raise InputError(f"state.json counters['grad_ref'] must be a list of {gf.dim} finite numbers; the "
                          f"checkpoint is corrupt.")
     return arr.astype(np.float32)

@@ -8,6 +8,7 @@ and how it reports — never anything that changes the trajectory.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -165,7 +166,7 @@ def _convert(name: str, typ: str, text: str):
             return float(text)
         return text
     except ValueError:
-        raise ValueError(f"{name}={text!r} is not a valid {typ}.") from None
+        raise InputError(f"{name}={text!r} is not a valid {typ}.") from None
 
 
 def from_overrides(overrides, base: TrainConfig | None = None) -> TrainConfig:
@@ -180,7 +181,7 @@ def from_overrides(overrides, base: TrainConfig | None = None) -> TrainConfig:
     changes = {}
     for key, val in items:
         if key not in types:
-            raise ValueError(f"unknown config field {key!r}; valid fields: {', '.join(types)} "
+            raise InputError(f"unknown config field {key!r}; valid fields: {', '.join(types)} "
                              f"(see `rlpace train --help`).")
         changes[key] = _convert(key, types[key], val) if isinstance(val, str) else val
     return dataclasses.replace(base, **changes)
@@ -189,7 +190,7 @@ def from_overrides(overrides, base: TrainConfig | None = None) -> TrainConfig:
 def _split(text: str):
     key, eq, val = text.partition("=")
     if not eq:
-        raise ValueError(f"config override {text!r} is not key=value (e.g. steps=100).")
+        raise InputError(f"config override {text!r} is not key=value (e.g. steps=100).")
     return key.strip(), val
 
 
@@ -216,19 +217,19 @@ def resume_config(overrides, out: str | None = None) -> TrainConfig:
     out = out or items.get("out") or TrainConfig().out
     path = Path(out) / "config.json"
     if not path.is_file():
-        raise ValueError(f"--resume: {str(path)!r} does not exist, so there is no run to continue at "
+        raise InputError(f"--resume: {str(path)!r} does not exist, so there is no run to continue at "
                          f"out={out}; point out=DIR at the run's folder, or drop --resume to start one.")
     try:
         saved = load_config(path)
     except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise ValueError(f"--resume: {str(path)!r} is not a config rlpace wrote ({e}); start a new run "
+        raise InputError(f"--resume: {str(path)!r} is not a config rlpace wrote ({e}); start a new run "
                          f"with another out=DIR.") from None
     wanted = from_overrides({**items, "out": out}, saved)
     diff = [f"{k}={getattr(wanted, k)!r} (the run has {getattr(saved, k)!r})" for k in items
             if k not in RESUMABLE_CHANGES and getattr(wanted, k) != getattr(saved, k)]
     if diff:
         allowed = ", ".join(sorted(RESUMABLE_CHANGES - {"resume", "out"}))
-        raise ValueError(f"--resume continues the run in {out} with its saved config; it cannot change "
+        raise InputError(f"--resume continues the run in {out} with its saved config; it cannot change "
                          f"{'; '.join(diff)}. Only {allowed} may change on resume; start a new run with "
                          f"another out=DIR to change the rest.")
     return dataclasses.replace(wanted, resume=True)

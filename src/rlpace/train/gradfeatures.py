@@ -55,6 +55,7 @@ Example:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import contextlib
 import math
 from typing import NamedTuple
@@ -92,7 +93,7 @@ class _Layer(NamedTuple):
 def select_linears(model: nn.Module, grad_params: str) -> list[tuple[str, nn.Linear]]:
     """(name, module) of the nn.Linear layers a `grad_params` subset names, in model order."""
     if grad_params not in GRAD_PARAMS:
-        raise ValueError(f"grad_params must be one of {', '.join(GRAD_PARAMS)}; got {grad_params!r}.")
+        raise InputError(f"grad_params must be one of {', '.join(GRAD_PARAMS)}; got {grad_params!r}.")
     named = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     if grad_params == "all":
         out = named
@@ -102,13 +103,13 @@ def select_linears(model: nn.Module, grad_params: str) -> list[tuple[str, nn.Lin
     else:
         lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
         if not lists:
-            raise ValueError("grad_params='last_block' needs a model with a list of decoder layers "
+            raise InputError("grad_params='last_block' needs a model with a list of decoder layers "
                              "(an nn.ModuleList); use 'lm_head' or 'all'.")
         name, layers = max(lists, key=lambda x: len(x[1]))
         last = layers[len(layers) - 1]
         out = [(f"{name}.{len(layers) - 1}.{n}", m) for n, m in last.named_modules() if isinstance(m, nn.Linear)]
     if not out:
-        raise ValueError(f"grad_params={grad_params!r} selects no nn.Linear layer of this model; use 'all'.")
+        raise InputError(f"grad_params={grad_params!r} selects no nn.Linear layer of this model; use 'all'.")
     return out
 
 
@@ -129,7 +130,7 @@ class GradFeatures:
 
     def __init__(self, model: nn.Module, grad_params: str = "lm_head", grad_dim: int = 256, seed: int = 0):
         if isinstance(grad_dim, bool) or not isinstance(grad_dim, int) or grad_dim < 1:
-            raise ValueError(f"grad_dim must be an int ≥ 1; got {grad_dim!r}.")
+            raise InputError(f"grad_dim must be an int ≥ 1; got {grad_dim!r}.")
         chosen = select_linears(model, grad_params)
         budget = max(1, grad_dim // len(chosen))
         dev = next(model.parameters()).device
@@ -206,15 +207,15 @@ class GradFeatures:
         if shared_prefix:
             calls = [c for c in calls if c[1].shape[0] == n_rows]
         if not calls:
-            raise ValueError("GradFeatures.features: no hooked call with one row per rollout was captured; "
+            raise InputError("GradFeatures.features: no hooked call with one row per rollout was captured; "
                              "run the forward inside `with gf.capture():`.")
         for idx, pa, y in calls:
             if pa.shape[0] != n_rows:
-                raise ValueError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
+                raise InputError(f"GradFeatures: layer {self.layers[idx].name} was called on {pa.shape[0]} "
                                  f"rows, not one per rollout ({n_rows}); forward [prompt | completion] "
                                  f"per row (group_size=1), not the shared-prefix path.")
         if len(shared) > 1:
-            raise ValueError(f"GradFeatures: lm_head was called {len(shared)} times on the shared prompt rows; "
+            raise InputError(f"GradFeatures: lm_head was called {len(shared)} times on the shared prompt rows; "
                              f"features cover one forward (capture each forward separately).")
         head = shared[0] if shared else None             # lm_head's call over the shared prompt rows
         if head is not None:                             # before any work: the logits must be this call's
@@ -264,11 +265,11 @@ def _check_first_token(pa: torch.Tensor, y: torch.Tensor, z: torch.Tensor, n_row
     then is ∂L/∂z_i rollout i's share of that call's output gradient (module docstring)."""
     rows = pa.shape[0]
     if y.dim() != 3 or n_rows % rows or tuple(z.shape[:2]) != (n_rows, 1):
-        raise ValueError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
+        raise InputError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
                          f"{n_rows} rollouts' shared prompts (first-token logits {tuple(z.shape)}); forward "
                          f"[prompt | completion] per row.")
     if not torch.equal(z[::n_rows // rows, 0].detach(), y[:, -1].detach().to(z.dtype)):
-        raise ValueError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
+        raise InputError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
                          "(the model scales or soft-caps logits after the head, or they hold NaN); forward "
                          "[prompt | completion] per row (group_size=1) for exact features, or in the "
                          "trainer set grad_exact=false (approximate).")
@@ -333,7 +334,7 @@ def split_with_grads(fb, rows, trained, cols):
     if rows.size and (trained.grads is None or rows.shape != cols.shape
                       or not np.array_equal(fb.prompt_ids[rows], trained.prompt_ids[cols])
                       or trained.grads.shape[1] != fb.group_size):
-        raise ValueError("split_with_grads: rows of the round's Feedback and cols of the trained batch's "
+        raise InputError("split_with_grads: rows of the round's Feedback and cols of the trained batch's "
                          "must name the same groups (same prompt ids and group size), and the trained "
                          "batch's Feedback must carry grads.")
     out = []

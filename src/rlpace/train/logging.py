@@ -18,6 +18,7 @@ the checkpoint's step (`purge_step`), as the JSONL is truncated there.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import importlib.util
 import json
 import math
@@ -36,13 +37,13 @@ def parse_loggers(spec: str) -> tuple[str, ...]:
     names = [p.strip() for p in str(spec).replace("|", ",").split(",") if p.strip()]
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
-        raise ValueError(f"logger={spec!r}: unknown logger {unknown[0]!r}; use jsonl, tensorboard, wandb "
+        raise InputError(f"logger={spec!r}: unknown logger {unknown[0]!r}; use jsonl, tensorboard, wandb "
                          f"or a comma list (jsonl is always written).")
     if "tensorboard" in names and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError("logger=tensorboard needs the tensorboard package: pip install 'rlpace[train]' "
+        raise InputError("logger=tensorboard needs the tensorboard package: pip install 'rlpace[train]' "
                          "(or pip install tensorboard); or drop it (logger=jsonl).")
     if "wandb" in names and importlib.util.find_spec("wandb") is None:
-        raise ValueError("logger=wandb needs the wandb package: pip install wandb (rlpace runs it in offline "
+        raise InputError("logger=wandb needs the wandb package: pip install wandb (rlpace runs it in offline "
                          "mode; `wandb sync` uploads later); or use logger=tensorboard.")
     return tuple(dict.fromkeys(["jsonl", *names]))
 

@@ -43,6 +43,7 @@ DataFlex-RL's `topk` keeps the full-group advantages (it masks after computing t
 
 from __future__ import annotations
 
+from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
@@ -187,14 +188,14 @@ _LOSSES = {"grpo": grpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss, "gspo"
 def _check_inputs(logp, adv, mask, keep, weight) -> None:
     n, t = logp.shape
     if keep.shape != (n,) or not bool(((keep == 0) | (keep == 1)).all()):
-        raise ValueError(f"keep must be float[N] of 0/1 admission flags with N = {n}; got shape "
+        raise InputError(f"keep must be float[N] of 0/1 admission flags with N = {n}; got shape "
                          f"{tuple(keep.shape)}. Pass the admission mask and the loss weights separately: "
                          f"keep=admission.keep, weight=Scheduler.loss_weights(...).")
     if adv.shape != (n,) or mask.shape != (n, t):
-        raise ValueError(f"adv must be [N] and mask [N, T] = {(n, t)}; got {tuple(adv.shape)} and "
+        raise InputError(f"adv must be [N] and mask [N, T] = {(n, t)}; got {tuple(adv.shape)} and "
                          f"{tuple(mask.shape)}.")
     if weight is not None and tuple(weight.shape) not in ((n,), (n, t)):
-        raise ValueError(f"weight must be float[N] (per rollout) or float[N, T] (per token) with N, T = "
+        raise InputError(f"weight must be float[N] (per rollout) or float[N, T] (per token) with N, T = "
                          f"{n}, {t}; got shape {tuple(weight.shape)}.")
 
 
@@ -211,7 +212,7 @@ def policy_loss(objective: str, logp, old_logp, adv, mask, keep, weight=None, *,
         weight: None, float[N] or float[N, T] loss weights, multiplied inside the normaliser.
     """
     if objective not in _LOSSES:
-        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}.")
+        raise InputError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}.")
     _check_inputs(logp, adv, mask, keep, weight)
     lo, hi = default_clip(objective)
     return _LOSSES[objective](logp, old_logp, adv, mask, keep, weight,
@@ -238,7 +239,7 @@ def logp_grad_scale(objective: str, weight: torch.Tensor, mask: torch.Tensor) ->
     ([[1.0, 3.0], [2.0, 2.0]], [[2.0, 2.0], [2.0, 2.0]])
     """
     if objective not in _LOSSES:
-        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}.")
+        raise InputError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}.")
     w = weight.to(mask.dtype)
     if objective == "gspo" and w.dim() == 2:
         w = (w * mask).sum(1) / mask.sum(1).clamp(min=1)                        # [N] w̄_i

@@ -26,6 +26,7 @@ torch thread, so rebuilding gives the same tensors bit for bit.
 
 from __future__ import annotations
 
+from ..errors import InputError
 import hashlib
 import json
 import math
@@ -82,7 +83,7 @@ def tiny_causal_lm(vocab_size: int, *, hidden: int = 64, layers: int = 2, heads:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if hidden % heads:
-        raise ValueError(f"hidden={hidden} must be divisible by heads={heads}.")
+        raise InputError(f"hidden={hidden} must be divisible by heads={heads}.")
     cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=4 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                       max_position_embeddings=max_positions, tie_word_embeddings=True,
@@ -259,18 +260,18 @@ def check_model_dir(path) -> None:
     config, so it is cheap enough to run before any work)."""
     p = Path(path)
     if not p.is_dir():
-        raise ValueError(f"model={str(path)!r}: no such directory. Give a local Hugging Face model "
+        raise InputError(f"model={str(path)!r}: no such directory. Give a local Hugging Face model "
                          f"directory (config.json + weights), or leave model empty for the tiny base.")
     if not (p / "config.json").is_file():
-        raise ValueError(f"model={str(path)!r} has no config.json: not a Hugging Face model directory.")
+        raise InputError(f"model={str(path)!r} has no config.json: not a Hugging Face model directory.")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         cfg = AutoConfig.from_pretrained(p)
     except Exception as e:
-        raise ValueError(f"model={str(path)!r}: config.json does not load ({e}).") from None
+        raise InputError(f"model={str(path)!r}: config.json does not load ({e}).") from None
     if type(cfg) not in AutoModelForCausalLM._model_mapping:
-        raise ValueError(f"model={str(path)!r} is a {type(cfg).__name__} ({cfg.model_type}), which is not "
+        raise InputError(f"model={str(path)!r} is a {type(cfg).__name__} ({cfg.model_type}), which is not "
                          f"a causal LM (AutoModelForCausalLM cannot load it).")
 
 

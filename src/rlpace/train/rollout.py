@@ -10,6 +10,7 @@ global RNG), and it skips the per-step logits-processor machinery — on the tin
 
 from __future__ import annotations
 
+from ..errors import InputError
 import math
 from typing import NamedTuple, Sequence
 
@@ -209,11 +210,11 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0, group
         logp = completion_logprobs_reference(model, rollout, temperature)
         return (logp, None) if first_logits else logp
     if n % group_size:
-        raise ValueError(f"completion_logprobs: {n} rows are not whole groups of {group_size}.")
+        raise InputError(f"completion_logprobs: {n} rows are not whole groups of {group_size}.")
     ids, mask = rollout.prompt_ids[::group_size], rollout.prompt_mask[::group_size]
     b, p = ids.shape
     if not torch.equal(rollout.prompt_ids.view(b, group_size, p), ids[:, None].expand(b, group_size, p)):
-        raise ValueError("completion_logprobs: rows of a group do not share their prompt; pass "
+        raise InputError("completion_logprobs: rows of a group do not share their prompt; pass "
                          "group_size=1 or order rows prompt-major.")
     last, cache, pmask, pos = _prefill(model, ids, mask, group_size)                # [N, 1, V]
     attn = torch.cat([pmask, rollout.completion_mask.long()], dim=1)                # [N, P+T]

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from ..errors import InputError
 import inspect
 import json
 import math
@@ -65,10 +66,10 @@ def check_fractions(labeled_fraction: float, label_noise: float) -> None:
     """ValueError naming the field when labeled_fraction ∉ (0, 1] or label_noise ∉ [0, 1)."""
     lf, ln = labeled_fraction, label_noise
     if isinstance(lf, bool) or not isinstance(lf, (int, float)) or not (math.isfinite(lf) and 0 < lf <= 1):
-        raise ValueError(f"labeled_fraction must be a number in (0, 1] (1 = every training prompt keeps its "
+        raise InputError(f"labeled_fraction must be a number in (0, 1] (1 = every training prompt keeps its "
                          f"label); got {lf!r}.")
     if isinstance(ln, bool) or not isinstance(ln, (int, float)) or not (math.isfinite(ln) and 0 <= ln < 1):
-        raise ValueError(f"label_noise must be a number in [0, 1) (0 = clean labels); got {ln!r}.")
+        raise InputError(f"label_noise must be a number in [0, 1) (0 = clean labels); got {ln!r}.")
 
 
 def _share(fraction: float, n: int) -> int:
@@ -106,7 +107,7 @@ def make_labels(items: Sequence, labeled_fraction: float = 1.0, label_noise: flo
             wrong = [j for j in idx if truth[j].strip() != truth[i].strip()] or \
                     [j for j in range(n) if truth[j].strip() != truth[i].strip()]
             if not wrong:
-                raise ValueError(f"label_noise={label_noise} needs a wrong answer for the prompts of {d!r}, "
+                raise InputError(f"label_noise={label_noise} needs a wrong answer for the prompts of {d!r}, "
                                  f"but every training item has the answer {truth[i]!r}; use label_noise=0.")
             answers[i] = truth[wrong[int(rng.integers(len(wrong)))]]
             noisy[i] = True

@@ -24,6 +24,7 @@ Run it:  `rlpace train steps=150 policy=dump`   or   `train(TrainConfig(steps=15
 
 from __future__ import annotations
 
+from ...errors import InputError
 import copy
 import json
 import math
@@ -66,7 +67,7 @@ def check_config(cfg: TrainConfig) -> None:
     """ValueError naming the field and the fix for any invalid value (no work done)."""
     def need(ok, msg):
         if not ok:
-            raise ValueError(msg)
+            raise InputError(msg)
     need(cfg.steps >= 0, f"steps must be ≥ 0; got {cfg.steps}.")
     need(cfg.batch_prompts >= 1, f"batch_prompts must be ≥ 1; got {cfg.batch_prompts}.")
     need(cfg.group_size >= 2, f"group_size must be ≥ 2 (a group of 1 has no advantage signal); got {cfg.group_size}.")
@@ -129,7 +130,7 @@ def check_config(cfg: TrainConfig) -> None:
     try:
         kw = json.loads(cfg.policy_kwargs)
     except json.JSONDecodeError as e:
-        raise ValueError(f"policy_kwargs must be a JSON object like '{{\"c\": 0.5}}'; got "
+        raise InputError(f"policy_kwargs must be a JSON object like '{{\"c\": 0.5}}'; got "
                          f"{cfg.policy_kwargs!r} ({e}).") from None
     need(isinstance(kw, dict), f"policy_kwargs must be a JSON object; got {cfg.policy_kwargs!r}.")
     if cfg.device.startswith("cuda"):
@@ -164,7 +165,7 @@ def train(cfg: TrainConfig) -> dict:
     sup = Supervision(tasks, cfg, make_method(cfg.policy, **json.loads(cfg.policy_kwargs)))
     tasks = sup.tasks
     if (generated or grid) and sup.places:
-        raise ValueError(f"tasks={cfg.tasks!r} rolls out fresh items of proposed cells, which the supervision "
+        raise InputError(f"tasks={cfg.tasks!r} rolls out fresh items of proposed cells, which the supervision "
                          f"places of policy={cfg.policy!r} ({', '.join(sorted(sup.places))}) cannot follow; "
                          f"use a fixed task set (e.g. tasks=embedded).")
     # per-prompt features for the pass-rate predictor (criticality_is / _grid, mopps' prior):
@@ -175,11 +176,11 @@ def train(cfg: TrainConfig) -> dict:
     sched = Scheduler(pool, cfg.policy, seed=cfg.seed, success_threshold=cfg.success_threshold,
                       **json.loads(cfg.policy_kwargs))
     if generated and (sched.method.mixture is not None or sched.method.selection.name != "uniform_pool"):
-        raise ValueError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
+        raise InputError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
                          f"have a mixture or a selection; admission and reweighting policies are fine "
                          f"(e.g. policy=uniform or policy=dapo_dynamic_sampling).")
     if grid and uses_oracle(sched):
-        raise ValueError(f"tasks={cfg.tasks!r} rolls out fresh items, which an oracle cannot measure in "
+        raise InputError(f"tasks={cfg.tasks!r} rolls out fresh items, which an oracle cannot measure in "
                          f"advance; use another policy (e.g. policy=criticality_grid) or tasks=embedded:<names>.")
     out = Path(cfg.out)
     ckpt_dir = out / "checkpoint"
@@ -205,7 +206,7 @@ def train(cfg: TrainConfig) -> dict:
     gf = (GradFeatures(model, cfg.grad_params, cfg.grad_dim, cfg.seed)
           if needs_grad_features(sched, cfg.grad_features) else None)
     if gf is not None and sup.active:
-        raise ValueError(f"policy={cfg.policy!r} with labeled_fraction / label_noise or a target, reward or "
+        raise InputError(f"policy={cfg.policy!r} with labeled_fraction / label_noise or a target, reward or "
                          f"advantage place cannot run with gradient features (grad_features=off, or drop "
                          f"diem / dvc): the built-in trainer does not carry answers through them yet.")
     ref_probe = (probe or build_loss_probe(tasks, pool, tok, cfg)) \
