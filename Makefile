@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean test-verl07
+.PHONY: demo test install clean test-main test-verl07
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,9 +25,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rlpace demo
 
-test: $(STAMP)
+# `make test` runs every suite in TEST_SUITES, even after one fails, prints which passed and
+# which failed, and fails at the end if any did. A new suite is one line here plus its target.
+TEST_SUITES := test-main
+TEST_SUITES += test-verl07
+
+test:
+	@passed=""; failed=""; \
+	for s in $(TEST_SUITES); do \
+	  echo "==== make $$s"; \
+	  if $(MAKE) --no-print-directory $$s; then passed="$$passed $$s"; else failed="$$failed $$s"; fi; \
+	done; \
+	echo "==== test suites passed:$${passed:- none}"; \
+	echo "==== test suites failed:$${failed:- none}"; \
+	test -z "$$failed"
+
+test-main: $(STAMP)
 	$(PY) -m pytest tests
-	$(MAKE) test-verl07
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

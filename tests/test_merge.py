@@ -83,11 +83,14 @@ def test_self_merge_identities():
     # the base with itself: no frame motion, c = 0, W★ = W₀
     w, c = iso_merge_matrix(w0, [w0])
     assert c.tolist() == [0.0] and float((w - w0).abs().max()) < 1e-12
-    # an expert with itself equals the expert alone: c halves, the aggregate is the same
+    # an expert with itself equals the expert alone: the merged weight is the same, and the two
+    # coefficients add up to the one expert's. How the sum splits between two identical experts
+    # is not determined (their Gram matrix is singular; the ridge leaves the split off 0.5 by
+    # rounding, 1.3e-6 on one platform), so the test asserts the sum and the weight only.
     w1, c1 = iso_merge_matrix(w0, [e])
     w2, c2 = iso_merge_matrix(w0, [e, e])
-    assert abs(c1[0] - 1.0) < 1e-9 and np.abs(c2 - 0.5).max() < 1e-9
-    assert float((w1 - w2).abs().max()) < 1e-12
+    assert abs(c1[0] - 1.0) < 1e-9 and abs(c2.sum() - c1[0]) < 1e-9
+    assert float((w1 - w2).abs().max()) < 1e-10 * float(w0.abs().max())
     # ρ_keep = 1 and an expert that moved only its frames (fixed spectrum) by a tangent step ξ:
     # the merge retracts U₀ + ξ, i.e. rebuilds the expert exactly
     u0, s0, v0t = torch.linalg.svd(w0, full_matrices=False)
