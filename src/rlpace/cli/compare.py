@@ -84,11 +84,11 @@ def _check_suites(suites) -> None:
 
 
 def _load_grid(path):
-    """`load_grid`, with any way a grid file can be malformed reported as a ValueError."""
+    """`load_grid`, with any way a grid file can be malformed reported as an InputError."""
     from rlpace.experiments import load_grid
     try:
         return load_grid(path)
-    except (ValueError, FileNotFoundError, ImportError):
+    except (InputError, FileNotFoundError, ImportError):
         raise
     except OSError as e:
         raise InputError(f"--grid {path!r}: cannot read it ({e.strerror or e}).") from None
@@ -155,6 +155,8 @@ def run(args) -> int:
     if not args.out:
         raise InputError("--out is required: the folder for run records and the report "
                          "(rerun the same command to resume).")
+    from ._paths import check_output
+    check_output(args.out, "--out", kind="dir")
     for line in lines:
         print(line)
     runs = grid.runs()
@@ -176,7 +178,7 @@ def run(args) -> int:
             out = None if len(suites) == 1 else f"{args.out}/report-{suite.replace(':', '-')}"
             try:
                 files = report_from_dir(args.out, out, baseline=args.baseline, suite=suite)
-            except ValueError as e:
+            except InputError as e:
                 print(f"rlpace compare: cannot write the report: {e}", file=sys.stderr)
                 return 1
             print_findings(files)

@@ -93,6 +93,8 @@ def run(args) -> int:
     from rlpace.train.report import (compare_runs, format_table, load_run, plot_runs, run_records,
                                      summary_lines, write_html)
 
+    from ._paths import check_output
+
     transformers.utils.logging.disable_progress_bar()
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -111,11 +113,12 @@ def run(args) -> int:
     # does not pay: 24–34 s in two processes vs ~20 s in one; and two torch threads under
     # contention made one run take 33–91 s instead of 8 s (oversubscription).
     parallel = args.parallel == "on"
-    out.mkdir(parents=True, exist_ok=True)
+    tasks = make_taskset(base.tasks, train_per_domain=base.train_per_domain,   # names a bad tasks=
+                         heldout_per_domain=base.heldout_per_domain, seed=base.seed)
+    check_output(out, "--out", kind="dir")
+    out.mkdir(parents=True, exist_ok=True)       # only now: a refused input leaves no folder behind
 
     # 1. the base policy (cached after the first run)
-    tasks = make_taskset(base.tasks, train_per_domain=base.train_per_domain,
-                         heldout_per_domain=base.heldout_per_domain, seed=base.seed)
     t_base = time.perf_counter()
     if not base.model:
         base_dir = base_policy(base, tasks, progress=True)

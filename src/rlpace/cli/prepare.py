@@ -15,6 +15,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from ..errors import InputError
 
 
 def _k(value: str):
@@ -80,9 +83,35 @@ def add_arguments(parser) -> None:
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
+#: Suffixes of file formats prepare does not write. An --out ending in one of them would
+#: become a Hugging Face dataset *directory* of that name (`y.csv/`), which no reader of
+#: `y.csv` expects: refused instead, naming the formats prepare writes.
+FOREIGN_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".xlsx", ".xls", ".arrow", ".feather", ".pq",
+                              ".orc", ".avro", ".pkl", ".pickle", ".npy", ".npz", ".pt", ".gz", ".zip",
+                              ".tar", ".bz2", ".xz", ".zst", ".ndjson", ".yaml", ".yml", ".html", ".md"})
+
+
+def check_out(out: str) -> None:
+    """Refuse an --out prepare cannot write as asked (before any model loads): a foreign
+    file suffix, or a path (or one of its sidecar files) that cannot be created."""
+    from rlpace.prepare._io import output_format
+    from rlpace.prepare._pipeline import sidecar_paths
+
+    from ._paths import check_output
+    suffix = Path(out).suffix.lower()
+    if suffix in FOREIGN_SUFFIXES:
+        raise InputError(f"--out {out!r}: prepare writes .parquet, .jsonl (or .json lines) or a Hugging Face "
+                         f"dataset directory (a path without a file suffix), not {suffix}; e.g. --out "
+                         f"{str(Path(out).with_suffix('.parquet'))!r}.")
+    check_output(out, "--out", kind="dir" if output_format(out) == "hf" else "file")
+    for side in sidecar_paths(out).values():
+        check_output(side, "--out (its sidecar file)")
+
+
 def run(args) -> int:
     from rlpace.prepare import prepare
 
+    check_out(args.out)
     res = prepare(args.input, args.out, k=args.k, k_candidates=args.k_candidates,
                   embed_model=args.embed_model, nll_model=args.nll_model, text_mode=args.text_mode,
                   question_key=args.question_key, answer_key=args.answer_key, pca_dim=args.pca_dim,

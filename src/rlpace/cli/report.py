@@ -56,13 +56,16 @@ def print_findings(files) -> None:
 
 def run(args) -> int:
     from rlpace.evaluation import report_from_dir
-    from rlpace.experiments import RecordError
+    from rlpace.errors import InputError
+
+    from ._paths import check_output
+    check_output(args.out if args.out is not None else f"{args.runs_dir}/report", "--out", kind="dir")
     try:
         files = report_from_dir(args.runs_dir, args.out, baseline=args.baseline, suite=args.suite,
                                 extra_summaries=args.summary, confidence=args.confidence,
                                 n_boot=args.n_boot, random_state=args.seed, target=args.target,
                                 title=args.title)
-    except (ValueError, RecordError, FileNotFoundError) as e:
+    except (InputError, FileNotFoundError) as e:   # RecordError is an InputError
         print(f"rlpace report: error: {e}", file=sys.stderr)
         return 2
     print_findings(files)

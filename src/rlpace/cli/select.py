@@ -71,7 +71,12 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from rlpace.select import ROUTES, replay, select
+    from rlpace.select._manifest import output_paths
 
+    from ._paths import check_output
+    paths = output_paths(args.out, args.manifest)   # every output path before any scoring
+    for key, option in (("data", "--out"), ("annotate", "--out (its .annotate file)"), ("manifest", "--manifest")):
+        check_output(paths[key], option)
     if args.data is not None and args.data_opt is not None and args.data != args.data_opt:
         raise InputError("give the data once: as the positional DATA or as --data.")
     data = args.data if args.data is not None else args.data_opt

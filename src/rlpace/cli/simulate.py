@@ -164,12 +164,16 @@ def _check_policies(names, per_policy) -> None:
         except TypeError as e:   # a value of the wrong type (temperature=abc) reaching a factory
             raise InputError(f"{name}: a hyperparameter has the wrong type ({e}); "
                              f"given {per_policy[name]} (numbers are written e.g. temperature=0.5).") from None
-        except ValueError as e:
+        except InputError as e:
             raise InputError(f"{name}: {e}") from None
 
 
 def run(args) -> int:
     from rlpace.sim import make_scenario, simulate
+
+    from ._paths import check_output
+    if args.json:
+        check_output(args.json, "--json")      # before the runs, not after them
     overrides = dict(_pairs(args.set, "--set"))
     scenario = make_scenario(args.scenario, **overrides)
     seeds = _seeds(args.seed)
@@ -204,7 +208,7 @@ def run(args) -> int:
                                group_size=args.group_size, eval_every=args.eval_every, target=target,
                                policy_kwargs=per_policy[name], progress=not args.no_progress,
                                weight_norm=args.weight_norm)
-            except ValueError as e:
+            except InputError as e:
                 raise InputError(f"{name}: {e}") from None
             results[name].append(res)
             records.append(res.to_record())

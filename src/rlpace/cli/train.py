@@ -47,6 +47,8 @@ def run(args) -> int:
         cfg = resume_config([o for o in overrides if not o.startswith("resume=")])
     else:
         cfg = from_overrides(overrides, TrainConfig())
+    from ._paths import check_output
+    check_output(cfg.out, "out=", kind="dir")
     summary = train(cfg)
     base, final = summary["base"].get("mean", math.nan), summary["final"].get("mean", math.nan)
     acc = (f"held-out mean accuracy {base:.3f} -> {final:.3f}" if math.isfinite(final) else
