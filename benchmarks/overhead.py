@@ -1,15 +1,23 @@
 """Scheduler overhead: μs per step for `propose(512)` + `observe` (G = 16) at growing pool
-sizes, for every registered proposal policy, next to a per-rollout Python loop doing the
-same bookkeeping the way the reference codes do (DUMP's `LearnabilityEstimator` and
+sizes, for every registered policy, next to a per-rollout Python loop doing the same
+bookkeeping the way the reference codes do (DUMP's `LearnabilityEstimator` and
 `CurriculumSampler`; MoPPS's dict of Beta posteriors).
 
     .venv/bin/python benchmarks/overhead.py            # N = 1e4, 1e5, 1e6, 1e7 (several minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # N = 1e4, 1e5, 1e6, fewer steps
+    RLPACE_SRC=/path/to/other/checkout/src .venv/bin/python benchmarks/overhead.py ...
+                                                       # time another checkout (before / after)
 
 What is timed, per step: `Scheduler.propose(512)`, building the `Feedback` (validation)
-and `Scheduler.observe(fb)`. Not timed: generating rewards (the stream), `admission`,
-`loss_weights` and `metrics()` (which is O(N) for `prompts_seen` and is meant for logging,
-not every step). The stream: each prompt has a fixed hidden pass rate; rewards for step t
+and `Scheduler.observe(fb)`. Policies that act after rollout only (admission, reweighting,
+supervision: `topk`, `diem`, `ttrl`, ...) run in their registered composition, i.e. with
+uniform selection, and for them the step also times the calls that use them: `admit` and
+`loss_weights`, and `targets`, `rewards` and `advantage_weights` where the method has a
+supervision place; the `Feedback` then carries the fields the method reads (lengths,
+answers, token statistics, gradient features: synthetic, built outside the timed part).
+The `oracle_*` measurement tools are left out (they need a measurement stream). Not timed:
+generating rewards (the stream) and `metrics()` (which is O(N) for `prompts_seen` and is
+meant for logging, not every step). The stream: each prompt has a fixed hidden pass rate; rewards for step t
 are `u_t < p[ids]` with u_t drawn from `default_rng([seed, t])`, so every implementation
 sees the same reward model. The loop baseline observes exactly the (ids, rewards) the
 vectorised run produced, and proposes with its own per-slot draws.
@@ -23,10 +31,12 @@ Loop baselines (what "the same bookkeeping" means here):
   * MoPPS-style (mopps): per group, dict updates of (α, β) keyed by prompt index (as
     `PosteriorSampler` does), and per step `ratio·n` candidates, a Thompson draw each with
     `random.betavariate`, sorted by distance to 0.5.
-Targets (issue 2): ≤ 1 ms/step at N = 1e6, ≥ 100× faster than the loop, cost growing
-≤ 2× from 1e4 to 1e7. The table reports medians over steps (the machine is shared and
-adds multi-ms spikes); amortised work such as a periodic buffer refresh shows in the
-mean, printed per run.
+Targets: ≤ 1 ms/step median at N = 1e6 for every policy, ≤ 0.3 ms for the domain-level
+ones (a mixture over domains with uniform prompts inside them), the mean ≤ 2× the median
+(periodic work such as a predictor refit or a buffer refresh shows in the mean and the
+max, not the median), cost growing ≤ 2× from 1e4 to 1e7, and ≥ 100× faster than the
+loop. The table prints median, mean and max over steps (the machine is shared and adds
+multi-ms spikes to the max).
 
 Quiet machine: figures are only comparable on an idle machine (`uptime` load below the
 core count). On a shared one they swing by 1.5–2× from run to run, and the footer prints
@@ -49,12 +59,57 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, os.environ.get("RLPACE_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 from rlpace import Feedback, Pool, Scheduler  # noqa: E402
+from rlpace.policies import make_method, names as registered_names  # noqa: E402
 from rlpace.sim import proposal_names  # noqa: E402
 
 B, G, K, CLUSTERS = 512, 16, 12, 64
+#: Mixtures over domains with uniform prompts inside them: the 0.3 ms target.
+DOMAIN_LEVEL = ("uniform", "fixed_mixture", "dump", "sec", "exp3", "dvc", "epiplexity")
+GRAD_DIM = 64
+
+
+def all_policy_names() -> list[str]:
+    """uniform, every proposal policy, then every other registered policy (admission,
+    reweighting, supervision: run in its registered composition with uniform selection);
+    the oracle_* measurement tools are left out."""
+    proposal = proposal_names()
+    rest = [n for n in registered_names() if n not in proposal and n != "uniform"
+            and not n.startswith("oracle_")]
+    return ["uniform"] + proposal + rest
+
+
+def reads_of(name: str) -> frozenset:
+    """The signals beyond rewards the method reads (`DataPolicy.reads`); empty on a checkout
+    whose policies do not declare them."""
+    m = make_method(name)
+    return frozenset().union(*(getattr(p, "reads", frozenset()) for p in m.policies().values()))
+
+
+def after_rollout(name: str) -> bool:
+    """True when the method acts after rollout (admission, reweighting or supervision)."""
+    m = make_method(name)
+    trivial = {"keep_all", "unit_weights", "dataset_labels", "identity_reward", "unit_advantage", None}
+    return any(getattr(getattr(m, place, None), "name", None) not in trivial
+               for place in ("admission", "reweighting", "target", "reward", "advantage"))
+
+
+def feedback_extras(reads: frozenset, t: int, seed: int = 0) -> dict:
+    """Synthetic values of the fields a method reads (not timed: the trainer produces them)."""
+    rng = np.random.default_rng([seed, t, 1])
+    out = {"lengths": rng.integers(16, 512, size=(B, G))}
+    if "answers" in reads:
+        out["answers"] = np.array([str(v) for v in rng.integers(0, 4, size=B * G)], dtype=object).reshape(B, G)
+    if "token_entropy" in reads:
+        out["token_entropy"] = rng.random((B, G))
+    if "self_certainty" in reads:
+        out["self_certainty"] = rng.random((B, G))
+    if "grads" in reads or "ref_grad" in reads:
+        out["grads"] = rng.standard_normal((B, G, GRAD_DIM)).astype(np.float32)
+        out["ref_grad"] = rng.standard_normal(GRAD_DIM).astype(np.float32)
+    return out
 
 
 def make_pool(n: int, seed: int = 0) -> tuple[Pool, np.ndarray]:
@@ -75,15 +130,30 @@ def policy_kwargs(name: str) -> dict:
 
 def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counter):
     sched = Scheduler(pool, name, seed=seed, **policy_kwargs(name))
+    reads = reads_of(name)
+    post = after_rollout(name)
+    supervised = any(getattr(sched.method, place, None) is not None and
+                     getattr(getattr(sched.method, place), "name", "") not in
+                     ("dataset_labels", "identity_reward", "unit_advantage")
+                     for place in ("target", "reward", "advantage"))
     trace, per_step = [], []
     for t in range(warmup + steps):
         u = np.random.default_rng([seed, t]).random((B, G))
+        extras = feedback_extras(reads, t, seed) if post else {}
         t0 = clock()
         ids = sched.propose(B)
         t1 = clock()
         rewards = (u < p[ids][:, None]).astype(np.float64)   # the stream: not timed
         t2 = clock()
-        sched.observe(Feedback(ids, rewards, step=t))
+        fb = Feedback(ids, rewards, step=t, **extras)
+        if supervised:
+            sched.targets(fb)
+            sched.rewards(fb)
+            sched.advantage_weights(fb)
+        sched.observe(fb)
+        if post:
+            sched.admit(fb)
+            sched.loss_weights(fb)
         t3 = clock()
         if t >= warmup:
             per_step.append((t1 - t0) + (t3 - t2))
@@ -190,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", help="comma list of pool sizes (overrides --quick)")
     ap.add_argument("--steps", type=int, help="timed steps per run (default 100; quick 30)")
     ap.add_argument("--loop-steps", type=int, help="timed steps of the loop baseline (default 10; quick 5)")
-    ap.add_argument("--policies", help="comma list (default: every registered proposal policy + uniform)")
+    ap.add_argument("--policies", help="comma list (default: every registered policy but the oracle_* tools)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the thread's CPU clock instead of the wall clock (both sides)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
@@ -201,7 +271,7 @@ def main(argv=None) -> int:
         ([10**4, 10**5, 10**6] if args.quick else [10**4, 10**5, 10**6, 10**7])
     steps = args.steps or (30 if args.quick else 100)
     loop_steps = args.loop_steps or (5 if args.quick else 10)
-    names = args.policies.split(",") if args.policies else ["uniform"] + proposal_names()
+    names = args.policies.split(",") if args.policies else all_policy_names()
     warmup = 5
 
     results: dict[tuple[str, int], dict] = {}
@@ -230,29 +300,37 @@ def main(argv=None) -> int:
 
     load_after = os.getloadavg()[0]
     contended = max(load_before, load_after) >= (os.cpu_count() or 1)
-    print(f"\nmedian μs per step, propose({B}) + Feedback + observe, G = {G}, over {steps} steps "
-          f"(loop: {loop_steps} steps); medians, because the shared machine adds multi-ms spikes.\n"
+    print(f"\nμs per step, propose({B}) + Feedback + observe (+ admit, loss_weights and the supervision "
+          f"calls for methods that act after rollout), G = {G}, over {steps} steps after {warmup} warm-up "
+          f"steps (loop: {loop_steps} steps).\n"
           f"clock: {'thread CPU time' if args.cpu_time else 'wall'}; 1-min load average "
           f"{load_before:.1f} → {load_after:.1f} on {os.cpu_count()} cores"
           f"{' (contended: figures inflated)' if contended else ''}.")
-    head = f"{'policy':26s}" + "".join(f"{f'N={n:.0e}':>12s}{'loop':>12s}{'×':>7s}" for n in sizes) + \
-        f"{'growth':>8s}  targets"
+    head = f"{'policy':26s}" + "".join(f"{f'N={n:.0e} median/mean/max':>28s}" for n in sizes) + \
+        f"{'×loop':>7s}{'growth':>8s}  targets"
     print(head)
     print("-" * len(head))
     for name in names:
         cells, verdict = "", []
         for n in sizes:
             r = results[(name, n)]
-            cells += f"{r['p50']:12.0f}{r['loop']:12.0f}{r['loop'] / r['p50']:7.0f}"
+            cells += f"{r['p50']:10.0f}{r['mean']:9.0f}{r['max']:9.0f}"
         growth = results[(name, sizes[-1])]["p50"] / results[(name, sizes[0])]["p50"]
-        if 10**6 in sizes and results[(name, 10**6)]["p50"] > 1000:
-            verdict.append(f"{results[(name, 10**6)]['p50'] / 1000:.1f} ms at 1e6 > 1 ms")
+        if 10**6 in sizes:
+            r6 = results[(name, 10**6)]
+            budget = 300 if name in DOMAIN_LEVEL else 1000
+            if r6["p50"] > budget:
+                verdict.append(f"{r6['p50'] / 1000:.2f} ms at 1e6 > {budget / 1000:g} ms")
+            if r6["mean"] > 2 * r6["p50"]:
+                verdict.append(f"mean {r6['mean'] / r6['p50']:.1f}× median at 1e6")
         worst = min(results[(name, n)]["loop"] / results[(name, n)]["p50"] for n in sizes)
         if worst < 100:
-            verdict.append(f"only {worst:.0f}× vs loop")
+            verdict.append(f"{worst:.0f}× vs loop")
         if sizes[0] == 10**4 and sizes[-1] == 10**7 and growth > 2:
             verdict.append(f"grows {growth:.1f}× 1e4→1e7")
-        print(f"{name:26s}{cells}{growth:8.2f}  {'ok' if not verdict else '; '.join(verdict)}")
+        print(f"{name:26s}{cells}{worst:7.0f}{growth:8.2f}  {'ok' if not verdict else '; '.join(verdict)}")
+    print(f"targets: ≤ 1 ms median at N = 1e6 (≤ 0.3 ms for the domain-level {', '.join(DOMAIN_LEVEL)}), "
+          f"mean ≤ 2× median, growth ≤ 2× from 1e4 to 1e7, ≥ 100× the loop.")
     if args.json:
         import json
         with open(args.json, "w", encoding="utf-8") as f:
