@@ -4,14 +4,14 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
-EXTRAS  := train,trl,verl,prepare,report,dev
+EXTRAS  := train,trl,verl,prepare,report,dev,docs
 STAMP   := $(VENV)/.rlpace-installed
 
 export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean test-main test-verl07
+.PHONY: demo test install clean test-main test-verl07 test-docs
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,7 @@ demo: $(STAMP)
 # which failed, and fails at the end if any did. A new suite is one line here plus its target.
 TEST_SUITES := test-main
 TEST_SUITES += test-verl07
+TEST_SUITES += test-docs
 
 test:
 	@passed=""; failed=""; \
@@ -43,8 +44,13 @@ test:
 test-main: $(STAMP)
 	$(PY) -m pytest tests
 
+# The documentation site (mkdocs.yml): a broken link or anchor, a page missing from the nav or a
+# docstring the API reference cannot render fails the build.
+test-docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
 
 # ---- verl 0.7 environment: rlpace.adapters.verl RlpaceSampler, tests/verl07 ---------------------
 # verl 0.5-0.7 still has the curriculum-sampler hook (data.sampler.class_path) that 0.8 removed.

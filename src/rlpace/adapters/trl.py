@@ -118,8 +118,9 @@ def lookahead_chunks(gradient_accumulation_steps: int, batches_per_chunk: int) -
     fetches an optimizer step's A batches, plus accelerate's one read-ahead, before training
     on the first; chunk j starts at batch j·R (derivation in the module docstring).
 
-    >>> [lookahead_chunks(a, r) for a, r in [(1, 1), (2, 2), (2, 1), (4, 2), (3, 2), (2, 4)]]
-    [1, 1, 2, 2, 1, 0]
+    Examples:
+        >>> [lookahead_chunks(a, r) for a, r in [(1, 1), (2, 2), (2, 1), (4, 2), (3, 2), (2, 4)]]
+        [1, 1, 2, 2, 1, 0]
     """
     a, r = int(gradient_accumulation_steps), int(batches_per_chunk)
     if a < 1 or r < 1:

@@ -257,7 +257,7 @@ def to_target_arrays(sm: ScoreMatrix, target: float | None = None) -> dict[str, 
 
     Returns:
         {"target", "source", "steps"[M, S], "rollouts"[M, S], "has_run"[M, S],
-         "budget_steps", "budget_rollouts", "own_steps"[M, S], "own_rollouts"[M, S]};
+        "budget_steps", "budget_rollouts", "own_steps"[M, S], "own_rollouts"[M, S]};
         NaN = not reached (or no run). `own_*` is each run's own budget (its steps and the
         rollouts it actually spent): a run that never reaches the target is censored at
         its own budget, never at another run's (`budget_rollouts`, the largest of any

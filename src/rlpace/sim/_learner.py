@@ -198,8 +198,9 @@ def oracle_kwargs(scenario: Scenario | str, policy: str, group_size: int) -> dic
     sorts domain labels; `World.pool_order` maps scenario order to pool codes). Empty for
     any other policy (`oracle_boundary` needs none).
 
-    >>> oracle_kwargs("ladder", "oracle_progress", 16)["transfer"][1][0]
-    0.5
+    Examples:
+        >>> oracle_kwargs("ladder", "oracle_progress", 16)["transfer"][1][0]
+        0.5
     """
     if policy != "oracle_progress":
         return {}
