@@ -346,3 +346,43 @@ def test_trl_trainer_uses_iso_and_resumes_exactly(tmp_path):
     for name in opt.managed:
         s0 = torch.linalg.svdvals(b_sd[name].double())
         assert float((torch.linalg.svdvals(r_sd[name].double()) - s0).abs().max() / s0[0]) < 1e-6
+
+
+# ---- a non-finite gradient: the step is skipped, the optimizer stays usable ---------------
+def _snapshot(net, opt):
+    """Everything a step can change: weights, frames, and the base optimizer's state."""
+    sd = opt.state_dict()
+    flat = [p.detach().clone() for p in net.parameters()]
+    flat += [x.clone() for key in ("u", "v", "sigma") for x in sd["iso"][key]]
+    flat += [v.clone() for st in sd["state"].values() for v in st.values() if isinstance(v, torch.Tensor)]
+    flat += [torch.tensor(float(v)) for st in sd["state"].values() for v in st.values()
+             if not isinstance(v, torch.Tensor)]
+    return flat
+
+
+@pytest.mark.parametrize("base,kw", [("adamw", dict(lr=1e-2)),
+                                     ("muon", dict(lr=1e-2, adjust_lr_fn="match_rms_adamw"))])
+@pytest.mark.parametrize("where,value", [("2.weight", float("nan")), ("2.weight", float("inf")),
+                                         ("4.bias", float("-inf"))])
+def test_non_finite_gradient_skips_the_step_and_the_next_step_is_the_fresh_one(base, kw, where, value):
+    net, twin = mlp(seed=5), mlp(seed=5)
+    opt, opt_twin = IsoSpectral(net, base, **kw), IsoSpectral(twin, base, **kw)
+    train(net, opt, 3)
+    train(twin, opt_twin, 3)
+    before = _snapshot(net, opt)
+    opt.zero_grad()
+    loss_at(net, 3, torch.float64).backward()
+    dict(net.named_parameters())[where].grad[1, ...].view(-1)[0] = value      # one poisoned entry
+    with pytest.warns(RuntimeWarning, match=f"gradient of '{where}' holds NaN or inf"):
+        opt.step()
+    assert opt.skipped_steps == 1
+    after = _snapshot(net, opt)
+    assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+    # the next steps with finite gradients are the steps of an optimizer that never saw it
+    train(net, opt, 2, start=3)
+    train(twin, opt_twin, 2, start=3)
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), twin.parameters()))
+    for (u, s, v), (u2, s2, v2) in zip(opt.frames().values(), opt_twin.frames().values()):
+        assert torch.equal(u, u2) and torch.equal(v, v2) and torch.isfinite(u).all()
+    assert float((net[2].weight.detach() - before[2]).abs().max()) > 1e-4   # and it did move
+    assert opt.state_dict()["iso"]["skipped_steps"] == 1

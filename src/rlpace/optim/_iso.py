@@ -19,11 +19,12 @@ puts U and V back on the manifold; then W ← U·diag(Σ₀)·Vᵀ is written in
 
 from __future__ import annotations
 
-from ..errors import InputError
+import warnings
 from typing import Callable, Iterable
 
 import torch
 
+from ..errors import InputError
 from ._chain import ChainedOptimizer, evaluate_closure
 
 __all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "default_managed"]
@@ -124,7 +125,9 @@ class IsoSpectral(torch.optim.Optimizer):
         if not named:
             raise InputError("IsoSpectral got no trainable parameters.")
         self.managed: list[str] = []
+        self.skipped_steps = 0          # steps refused for a non-finite gradient (a trainer can log it)
         self._weights, self._u, self._v, self._sigma, others = [], [], [], [], []
+        self._other_names: list[str] = []
         for name, p in named:
             if rule(name, p):
                 if p.ndim != 2:
@@ -138,6 +141,8 @@ class IsoSpectral(torch.optim.Optimizer):
                 self._sigma.append(s)
             else:
                 others.append(p)
+                self._other_names.append(name)
+        self._others = others
         if not self._weights and not isinstance(model_or_params, torch.nn.Module):
             # e.g. verl's default strategy: fsdp (FSDP1) hands over flattened 1-D shards: ISO
             # would silently be its base optimizer.
@@ -154,8 +159,21 @@ class IsoSpectral(torch.optim.Optimizer):
     # ---- the step ---------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        """Chain rule → (projection) → base step → polar retraction → W = U·Σ₀·Vᵀ."""
+        """Chain rule → (projection) → base step → polar retraction → W = U·Σ₀·Vᵀ.
+
+        A step whose gradients hold a NaN or an inf anywhere (managed or not) is skipped,
+        as torch's AMP GradScaler skips one: nothing changes (weights, frames, the base
+        optimizer's moments and step counts), a RuntimeWarning names the first such
+        parameter, and `skipped_steps` counts it. Taken, a NaN would reach the float64
+        frames and the moments, the polar SVD would fail, and so would every later step."""
         loss = evaluate_closure(closure)
+        bad = self._nonfinite_gradient()
+        if bad is not None:
+            self.skipped_steps += 1
+            warnings.warn(f"IsoSpectral skipped this step: the gradient of {bad!r} holds NaN or inf values; "
+                          f"weights, frames and optimizer state are unchanged ({self.skipped_steps} step(s) "
+                          f"skipped so far: IsoSpectral.skipped_steps).", RuntimeWarning, stacklevel=2)
+            return loss
         for w, u, v, s in zip(self._weights, self._u, self._v, self._sigma):
             if w.grad is None:
                 u.grad = v.grad = None
@@ -171,6 +189,20 @@ class IsoSpectral(torch.optim.Optimizer):
                 v.copy_(polar(v))
         self._write_weights()
         return loss
+
+    def _nonfinite_gradient(self) -> str | None:
+        """The name of the first parameter whose gradient holds a NaN or an inf, else None.
+        One host sync: a float64 sum per gradient is NaN or inf exactly when an entry is
+        (or, in float64, when the sum overflows past 1e308, itself no usable gradient)."""
+        named = [(n, p.grad) for n, p in zip(self.managed, self._weights) if p.grad is not None]
+        named += [(n, p.grad) for n, p in zip(self._other_names, self._others) if p.grad is not None]
+        if not named:
+            return None
+        sums = [g.sum(dtype=torch.float64) for _, g in named]
+        total = torch.stack([x.to(sums[0].device) for x in sums]).sum()
+        if bool(torch.isfinite(total)):
+            return None
+        return next(n for n, g in named if not bool(torch.isfinite(g).all()))
 
     def zero_grad(self, set_to_none: bool = True):
         self.base.zero_grad(set_to_none=set_to_none)
@@ -195,7 +227,8 @@ class IsoSpectral(torch.optim.Optimizer):
         (the module's W is their rounded product, so they are needed for exact resume)."""
         sd = self.base.state_dict()
         sd["iso"] = {"names": list(self.managed), "u": [u.clone() for u in self._u],
-                     "v": [v.clone() for v in self._v], "sigma": [s.clone() for s in self._sigma]}
+                     "v": [v.clone() for v in self._v], "sigma": [s.clone() for s in self._sigma],
+                     "skipped_steps": self.skipped_steps}
         return sd
 
     @torch.no_grad()
@@ -215,6 +248,7 @@ class IsoSpectral(torch.optim.Optimizer):
         for key, own in (("u", self._u), ("v", self._v), ("sigma", self._sigma)):
             for a, b in zip(iso[key], own):
                 b.copy_(a)
+        self.skipped_steps = int(iso.get("skipped_steps", 0))
         self._write_weights()
 
 
