@@ -144,6 +144,43 @@ def test_bugs_keep_their_traceback(monkeypatch):
         main(["report", "x"])
 
 
+def test_a_plain_value_error_is_a_bug_and_keeps_its_traceback(monkeypatch, capsys):
+    # Only InputError is a user error: a ValueError from a library call that nobody turned
+    # into an InputError (numpy, json, a member policy's bug) keeps its traceback.
+    import rlpace.cli.report as rep
+    from rlpace.errors import InputError
+    monkeypatch.setattr(rep, "run", lambda args: (_ for _ in ()).throw(ValueError("bug inside")))
+    with pytest.raises(ValueError, match="bug inside"):
+        main(["report", "x"])
+    monkeypatch.setattr(rep, "run", lambda args: (_ for _ in ()).throw(InputError("fix the x")))
+    assert one_line_error(capsys, ["report", "x"], "report") == "rlpace report: error: fix the x"
+
+
+@pytest.mark.parametrize("body, name", [("{not json", "g.json"), ("[{\"a\": 1}, oops", "p.jsonl")])
+def test_malformed_json_the_user_points_at_is_one_line(tmp_path, capsys, body, name):
+    # json.JSONDecodeError is a ValueError, not an InputError: the readers convert it.
+    f = tmp_path / name
+    f.write_text(body)
+    if name == "g.json":
+        err = one_line_error(capsys, ["compare", "--grid", str(f), "--out", str(tmp_path / "o")], "compare")
+    else:
+        from rlpace.errors import InputError
+        from rlpace.prepare._io import _read_jsonl
+        with pytest.raises(InputError, match="not valid JSON"):
+            _read_jsonl(f)
+        return
+    assert "not valid" in err and not (tmp_path / "o").exists()
+
+
+def test_pool_from_jsonl_names_the_bad_line(tmp_path):
+    from rlpace import Pool
+    from rlpace.errors import InputError
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"data_source": "a"}\n{oops\n')
+    with pytest.raises(InputError, match="line 2 is not valid JSON"):
+        Pool.from_jsonl(f)
+
+
 def test_subprocess_prints_one_line_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rlpace", "simulate", "--seed", ""], capture_output=True,
                        text=True, cwd=tmp_path, timeout=120)

@@ -89,12 +89,25 @@ def test_token_weights_rejects_bad_input(probs, mask, match):
     assert s.state_dict().keys() == before.keys()
 
 
-def test_token_level_reweighter_cannot_be_chained_yet():
+def test_token_level_reweighter_chains_with_a_rollout_level_one():
+    # Chained, the rollout weight multiplies each of its tokens' ar weight (it used to fail
+    # with "cannot yet be chained").
     s = Scheduler(POOL, "ar+per_advantage")
     fb = Feedback([0, 2], [[1.0, 0.0], [0.0, 1.0]])
-    assert s.loss_weights(fb).shape == (2, 2)                         # rollout level still works
-    with pytest.raises(RuntimeError, match="cannot yet be chained"):
-        s.token_weights(fb, np.full((2, 2, 3), 0.5), np.ones((2, 2, 3), bool))
+    rollout = s.loss_weights(fb)                                       # ar alone gives 1 here
+    assert rollout.shape == (2, 2)
+    probs = np.array([[[0.2, 1.0, 0.6], [0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0], [0.0, 0.4, 0.8]]])
+    mask = np.ones((2, 2, 3), bool); mask[0, 0, 2] = False
+    ar = Scheduler(POOL, "ar").token_weights(fb, probs, mask)
+    w = s.token_weights(fb, probs, mask)
+    ref = np.zeros((2, 2, 3))
+    for b in range(2):
+        for g in range(2):
+            for t in range(3):
+                ref[b, g, t] = ar[b, g, t] * rollout[b, g] if mask[b, g, t] else 0.0
+    np.testing.assert_allclose(w, ref, rtol=1e-12)
+    # ar's own numbers: 0.5π + 0.5 over the 11 real tokens, scaled to mean 1 (sum 8.95 -> 11/8.95)
+    assert ar[0, 0, 0] == pytest.approx(0.6 * 11 / 8.95) and ar[0, 0, 2] == 0.0
 
 
 # ---- Feedback.lengths ------------------------------------------------------------------------

@@ -53,11 +53,11 @@ import numpy as np
 
 from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method, supervising_places
 from .policies._registry import hyperparameters, make_method
-from .policies._state_checks import bad, check_tree
+from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._window import window_init, window_mean, window_push
 from .types import Batch, Feedback, LossFeedback, Pool, _batch_and_counts
 
-__all__ = ["Scheduler", "STATE_VERSION"]
+__all__ = ["Scheduler", "STATE_VERSION", "COUNT_MAX", "count_limit"]
 
 # 2: the pool fingerprint covers ranks and difficulty; meta/pool_parts, meta/success_threshold
 # and meta/hyperparameters are recorded and checked; values are validated on load.
@@ -135,6 +135,10 @@ class Scheduler:
             # numpy's PCG64 rejects negatives only at the first propose(), with a message that
             # does not name the argument; ≥ 2**63 would not round-trip through an npz.
             raise InputError(f"seed must be an int in [0, 2**63); got {seed!r}.")
+        if isinstance(metrics_window, bool) or not isinstance(metrics_window, (int, np.integer)) \
+                or metrics_window < 1:
+            raise InputError(f"metrics_window must be an int ≥ 1 (rollouts per domain in the "
+                             f"domain_success/* window; default 256); got {metrics_window!r}.")
         self.pool = pool
         self.method: Method = make_method(policy, **policy_kwargs)
         # Recorded in state_dict and compared on load (None for a prebuilt policy object).
@@ -400,8 +404,8 @@ class Scheduler:
         one returns float64[B, G], broadcast here over each rollout's tokens — so for a method
         without a token-level reweighter this equals `loss_weights(feedback)` on every real
         token, and a trainer can always call this one entry. Without token statistics
-        (`loss_weights`), a token-level policy returns weights 1. A token-level reweighter
-        cannot yet be `chain`ed with a rollout-level one (chain multiplies same-shaped outputs).
+        (`loss_weights`), a token-level policy returns weights 1. In a `chain` of a token-level
+        and a rollout-level reweighter, the rollout weight multiplies each of its tokens'.
 
         Validation: ValueError naming `token_probs` / `token_mask` for a wrong shape, values
         outside [0, 1] or NaN, or a mask that is not boolean; nothing changes (this call never
@@ -432,14 +436,7 @@ class Scheduler:
         mask = mask_in.astype(bool)
         tb = batch._replace(token_probs=probs, token_mask=mask)
         policy = self.method.reweighting
-        try:
-            w = np.asarray(policy.apply(self.states["reweighting"], self.pool, tb), dtype=np.float64)
-        except ValueError as e:
-            if ">" not in policy.name:
-                raise
-            raise RuntimeError(f"reweighting chain {policy.name!r} failed on token statistics ({e}); a "
-                               f"token-level reweighter (ar) cannot yet be chained with a rollout-level "
-                               f"one. Use one reweighter.") from e
+        w = np.asarray(policy.apply(self.states["reweighting"], self.pool, tb), dtype=np.float64)
         if w.shape == shape:
             w = np.broadcast_to(w[:, :, None], probs.shape)
         if w.shape != probs.shape or not np.isfinite(w).all() or (w < 0).any():
@@ -521,6 +518,11 @@ class Scheduler:
 
     def _validated(self, state: dict) -> tuple[int, dict]:
         """(seed, state tree) from a state dict, after every check; nothing changes here."""
+        if not (hasattr(state, "keys") and hasattr(state, "__getitem__")) or isinstance(state, (str, bytes)):
+            hint = (f" Load the file first: load_state_dict(np.load({state!r}))."
+                    if isinstance(state, (str, bytes)) else "")
+            raise InputError(f"state must be the mapping Scheduler.state_dict() returned (or np.load of the .npz "
+                             f"it was saved to); got {type(state).__name__} {str(state)[:60]!r}.{hint}")
         state = dict(state)
         for key in ("meta/version", "meta/pool", "meta/method"):
             if key not in state:
@@ -533,12 +535,17 @@ class Scheduler:
             if key not in state:
                 raise InputError(f"not a Scheduler state of version {STATE_VERSION}: key {key!r} is missing.")
         fp = str(np.asarray(state["meta/pool"]))
+        try:
+            saved = json.loads(str(np.asarray(state["meta/pool_parts"])))
+        except ValueError:
+            saved = {}
+        now = self.pool.fingerprint_parts()
+        if fp == self.pool.fingerprint() and saved != now:
+            # meta/pool is a hash of meta/pool_parts: parts that do not hash to it were edited
+            raise InputError("state['meta/pool_parts'] does not match state['meta/pool'] (this pool's "
+                             "fingerprint): the state is corrupt or was edited; restore one written by "
+                             "Scheduler.state_dict().")
         if fp != self.pool.fingerprint():
-            try:
-                saved = json.loads(str(np.asarray(state["meta/pool_parts"])))
-            except ValueError:
-                saved = {}
-            now = self.pool.fingerprint_parts()
             differ = [k for k in now if saved.get(k) != now[k]] or ["fingerprint"]
             raise InputError(f"the state belongs to a different pool (its {', '.join(differ)} differ; "
                              f"fingerprint {fp}, this pool {self.pool.fingerprint()}); restore it with "

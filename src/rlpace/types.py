@@ -31,7 +31,11 @@ __all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "group_advantages", "kep
 
 
 def _as_1d(name: str, values: Any, n: int | None, dtype=None) -> np.ndarray:
-    arr = np.asarray(values) if dtype is None else np.asarray(values, dtype=dtype)
+    try:
+        arr = np.asarray(values) if dtype is None else np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError) as e:     # e.g. difficulty=["x"]: name the field, not numpy's cast
+        raise InputError(f"Pool.{name} must hold {np.dtype(dtype).name} numbers (one per prompt); "
+                         f"{e}. Convert the values, or leave {name} out.") from None
     if arr.ndim != 1:
         raise InputError(f"Pool.{name} must be 1-D (one entry per prompt); got shape {arr.shape}. "
                          f"Pass a flat list or array.")
@@ -461,8 +465,15 @@ class Pool:
     @classmethod
     def from_jsonl(cls, path, **keys) -> "Pool":
         """Build from a JSON-lines file in the verl schema (see `from_records`)."""
+        rows = []
         with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise InputError(f"{path}: line {lineno} is not valid JSON ({e.msg}); fix or "
+                                         f"remove that line.") from None
         return cls.from_records(rows, **keys)
 
     @classmethod

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
-from ..policies._base import _is_default
+from ..policies import is_neutral
 from ..types import Feedback, group_advantages
 from ._supervision import (TOKEN_SIGNALS, extract_answer, needs, pool_labeled, row_targets, supervises,
                            supervises_places, token_stats)
@@ -54,12 +54,12 @@ class TrlSupervision:
             raise InputError(f"train_dataset has no {target_column!r} column; target_column names the column "
                              f"your reward functions read the label from (e.g. 'solution').")
         target = getattr(sched.method, "target", None)
-        if target_column is None and target is not None and not _is_default(target):
+        if target_column is None and target is not None and not is_neutral(target):
             raise InputError(f"method {sched.name!r} sets targets (target place {target.name!r}) that TRL's reward "
                              f"functions must verify against: pass target_column='solution', the dataset column "
                              f"your reward functions read the label from.")
         reward = getattr(sched.method, "reward", None)
-        if (reward is not None and not _is_default(reward) and len(self.reward_funcs) > 1
+        if (reward is not None and not is_neutral(reward) and len(self.reward_funcs) > 1
                 and getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize"):
             # the reward place returns one reward per rollout, r' = place(Σ_k w_k r_k): it has no
             # per-function parts for normalize_then_sum to normalise separately

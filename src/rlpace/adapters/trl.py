@@ -261,7 +261,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                     f"({len(ds)} rows, column {id_column!r}); build it with pool_from_dataset(ds)")
         try:
             pos = scheduler.pool.index_of(ds[id_column])
-        except ValueError as e:
+        except InputError as e:
             raise InputError(f"{mismatch}: {e}") from None
         if len(pos) != len(scheduler.pool) or len(np.unique(pos)) != len(pos):
             raise InputError(mismatch + ".")

@@ -239,11 +239,11 @@ def _check_v1_feedback_channel() -> bool:
 def _refuse_v1_supervision(sched: Scheduler) -> None:
     """On V1 the supervision transforms run in the replay buffer, before the old-log-prob pass
     and without the advantage step: token-statistic rewards and advantage places cannot run."""
-    from ..policies._base import _is_default
+    from ..policies import is_neutral
     from ._supervision import TOKEN_SIGNALS, needs
     adv = getattr(sched.method, "advantage", None)
     missing = sorted(needs(sched) & TOKEN_SIGNALS) + ([f"advantage place {adv.name!r}"]
-                                                      if adv is not None and not _is_default(adv) else [])
+                                                      if adv is not None and not is_neutral(adv) else [])
     if missing:
         raise InputError(
             f"method {sched.name!r} needs {', '.join(missing)}, which rlpace provides in verl's legacy trainer but "

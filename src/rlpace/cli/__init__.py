@@ -8,17 +8,19 @@ Errors. `main` is the one error boundary. What a user typed or pointed at is wro
 one line on stderr, `rlpace <cmd>: error: <what is wrong and how to fix it>`, exit code 2,
 no traceback. Which exceptions count as user errors is a whitelist by type:
 
-- `ValueError` (and its subclasses: `json.JSONDecodeError`, `rlpace.experiments.RecordError`):
-  rlpace's contract is that invalid input raises ValueError naming the field and the fix,
-  before any work or state change (STYLE.md), so every library check reaches the user as is;
+- `rlpace.errors.InputError` (and its subclass `rlpace.experiments.RecordError`): rlpace's
+  contract is that invalid input raises InputError naming the field and the fix, before any
+  work or state change, so every library check reaches the user as is. Where a library
+  parses what the user gave (JSON of a file or a `--set` value, `int` of a CLI value, ...)
+  it turns that library's ValueError into an InputError at the spot;
 - `FileNotFoundError`, `NotADirectoryError`, `IsADirectoryError`, `PermissionError`: a path
   the user gave;
 - `ModuleNotFoundError` of an optional dependency (anywhere in the exception's cause chain):
   the line names the extra to install (and torch, which no extra installs);
 - argparse's own errors (unknown option, bad `--k`): the same one line instead of the usage.
 
-Anything else (TypeError, KeyError, IndexError, RuntimeError, an ImportError of rlpace
-itself ...) is a bug and keeps its traceback. `RLPACE_TRACEBACK=1` shows the traceback of
+Anything else (any other ValueError, TypeError, KeyError, IndexError, RuntimeError, an
+ImportError of rlpace itself ...) is a bug and keeps its traceback. `RLPACE_TRACEBACK=1` shows the traceback of
 user errors too.
 """
 
@@ -28,6 +30,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from ..errors import InputError
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -57,7 +61,7 @@ OPTIONAL = {
     "wandb": "pip install wandb",
 }
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (InputError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class UsageError(Exception):
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
+            print("rlpace: error: no COMMAND given; pick one of the commands listed above "
+                  "(e.g. `rlpace demo`, `rlpace simulate --help`).", file=sys.stderr)
             return 2
         return int(available[args.command].run(args) or 0)
     except UsageError as e:

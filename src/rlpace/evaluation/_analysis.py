@@ -249,7 +249,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
     try:
         eff = efficiency_vs_baseline(efficiency_curves(sm), baseline=baseline, fraction=gain_fraction,
                                      confidence=c, n_boot=n_boot, random_state=rng)
-    except ValueError as e:   # no evals with rollouts, or a baseline that gained nothing
+    except InputError as e:   # no evals with rollouts, or a baseline that gained nothing
         eff_note = str(e)
     return Analysis(matrix=sm, baseline=baseline, confidence=c, summaries=summaries,
                     summary_scores=scores, benchmark_means=st.benchmark_means(sm.values),
@@ -292,7 +292,7 @@ def _safe_ratio(x, y, own_x, own_y, c, n_boot, rng):
     yf = np.where(np.isnan(y), np.asarray(own_y, dtype=np.float64), y)
     try:
         r = st.ratio_to_target(xf, yf, budget=1.0, confidence=c, n_boot=n_boot, random_state=rng)
-    except ValueError:
+    except InputError:
         return None
     return r._replace(reached_method=reached_x, reached_baseline=reached_y,
                       censored=reached_x < x.size or reached_y < y.size)

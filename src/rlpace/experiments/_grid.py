@@ -223,7 +223,10 @@ def load_grid(path: str | Path) -> Grid:
             raise ImportError("reading a YAML grid needs pyyaml: pip install 'rlpace[report]'") from e
         data = yaml.safe_load(text)
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: not valid JSON ({e}); fix the grid file.") from None
     if not isinstance(data, Mapping):
         raise InputError(f"{path}: a grid file must hold a mapping at the top level.")
     return Grid.from_dict(data)

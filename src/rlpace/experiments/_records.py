@@ -110,7 +110,7 @@ _PROVENANCE_PACKAGES = ("rlpace", "numpy", "torch", "transformers", "verl", "trl
                         "matplotlib")
 
 
-class RecordError(ValueError):
+class RecordError(InputError):
     """A run record that does not follow the schema; the message names the file, the
     field and the fix."""
 

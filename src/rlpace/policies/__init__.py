@@ -12,7 +12,7 @@ True
 
 from ._base import (ADMISSION, ADVANTAGE, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET,
                     Admission, DataPolicy, EmptyState, Method, Targets, chain, compose, dataset_labels,
-                    identity_reward, keep_all, softmax, supervising_places, unit_advantage, unit_weights,
+                    identity_reward, is_neutral, keep_all, softmax, supervising_places, unit_advantage, unit_weights,
                     with_floor)
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
                          pods_max_variance, success_band, topk_advantage)
@@ -57,7 +57,7 @@ __all__ = [
     "topk_advantage", "diem", "dvc", "reward_gap", "tscl", "advantage_reweight", "gfpo", "oracle_boundary", "oracle_progress",
     "epiplexity", "criticality_is", "criticality_selection", "criticality_weights", "greso",
     "criticality_grid", "grid_proposal", "grid_weights",
-    "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "supervising_places",
+    "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "supervising_places", "is_neutral",
     "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
     "unique_majority",
 ]

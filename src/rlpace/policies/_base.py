@@ -47,7 +47,7 @@ from ..types import Batch, Pool
 __all__ = [
     "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "KINDS",
     "DataPolicy", "Method", "Admission", "Targets", "compose", "chain", "with_floor",
-    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "supervising_places",
+    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "supervising_places", "is_neutral",
 ]
 
 MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
@@ -122,6 +122,11 @@ class DataPolicy(NamedTuple):
             state; each dict is `{"row": i, "rule": str, "evidence": {name: number},
             "decision": str}` and lands in `Scheduler.supervision_log()`. Target places
             report theirs through `Targets.decisions` instead.
+        neutral: True only on the policies rlpace's own neutral factories build
+            (`keep_all`, `unit_weights`, `uniform_pool`, `dataset_labels`, `identity_reward`,
+            `unit_advantage`): the ones `compose` fills empty places with and drops when it
+            merges methods. Decided by this flag, never by name, so a policy of your own
+            named `keep_all` is kept. Test it with `is_neutral`.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
@@ -138,6 +143,7 @@ class DataPolicy(NamedTuple):
     follows_mixture: bool = False
     reads: frozenset = frozenset()
     decisions: Callable[[Any, Pool, Batch], list] | None = None
+    neutral: bool = False
 
 
 class Method(NamedTuple):
@@ -176,35 +182,35 @@ def keep_all() -> DataPolicy:
     """Admission that keeps every rollout and requests no refills (plain GRPO)."""
     def apply(state, pool, batch):
         return Admission(np.ones(batch.rewards.shape, dtype=bool), 0)
-    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="keep_all")
+    return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="keep_all", neutral=True)
 
 
 def unit_weights() -> DataPolicy:
     """Reweighting that gives every rollout weight 1 (plain GRPO)."""
     def apply(state, pool, batch):
         return np.ones(batch.rewards.shape, dtype=np.float64)
-    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="unit_weights")
+    return DataPolicy(REWEIGHTING, _empty_init, _no_update, apply, name="unit_weights", neutral=True)
 
 
 def dataset_labels() -> DataPolicy:
     """Target that keeps every prompt's dataset label (neutral: `Targets([None] * B, [])`)."""
     def apply(state, pool, batch):
         return Targets([None] * int(batch.prompt_ids.shape[0]), [])
-    return DataPolicy(TARGET, _empty_init, _no_update, apply, name="dataset_labels")
+    return DataPolicy(TARGET, _empty_init, _no_update, apply, name="dataset_labels", neutral=True)
 
 
 def identity_reward() -> DataPolicy:
     """Reward transform that returns the verified rewards unchanged (neutral)."""
     def apply(state, pool, batch):
         return np.asarray(batch.rewards, dtype=np.float64)
-    return DataPolicy(REWARD, _empty_init, _no_update, apply, name="identity_reward")
+    return DataPolicy(REWARD, _empty_init, _no_update, apply, name="identity_reward", neutral=True)
 
 
 def unit_advantage() -> DataPolicy:
     """Advantage weights w = 1 for every rollout (neutral: Ã = Â)."""
     def apply(state, pool, batch):
         return np.ones(batch.rewards.shape, dtype=np.float64)
-    return DataPolicy(ADVANTAGE, _empty_init, _no_update, apply, name="unit_advantage")
+    return DataPolicy(ADVANTAGE, _empty_init, _no_update, apply, name="unit_advantage", neutral=True)
 
 
 def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
@@ -229,7 +235,7 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     for p in policies:
         if isinstance(p, Method):
             for kind, q in p.policies().items():
-                if not _is_default(q):
+                if not is_neutral(q):
                     slots[kind].append(q)
             names.append(p.name)
         elif isinstance(p, DataPolicy):
@@ -269,12 +275,17 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
                   target=target, reward=reward, advantage=advantage)
 
 
-_DEFAULT_NAMES = {"keep_all", "unit_weights", "uniform_pool", "dataset_labels", "identity_reward",
-                  "unit_advantage"}
+def is_neutral(policy: DataPolicy | None) -> bool:
+    """True when `policy` is one of the neutral policies `compose` fills empty places with
+    (built by `keep_all`, `unit_weights`, `uniform_pool`, `dataset_labels`,
+    `identity_reward` or `unit_advantage`; see `DataPolicy.neutral`). Decided by the flag
+    those factories set, not by name: a policy of your own called "keep_all" is not neutral.
 
-
-def _is_default(p: DataPolicy) -> bool:
-    return p.name in _DEFAULT_NAMES
+    >>> from rlpace.policies import keep_all, make_policy
+    >>> is_neutral(keep_all()), is_neutral(make_policy("dapo_dynamic_sampling"))
+    (True, False)
+    """
+    return policy is not None and bool(getattr(policy, "neutral", False))
 
 
 def supervising_places(method: Method) -> frozenset:
@@ -287,12 +298,13 @@ def supervising_places(method: Method) -> frozenset:
     (['target'], frozenset())
     """
     return frozenset(k for k in (TARGET, REWARD, ADVANTAGE)
-                     if getattr(method, k, None) is not None and not _is_default(getattr(method, k)))
+                     if getattr(method, k, None) is not None and not is_neutral(getattr(method, k)))
 
 
 def chain(*policies: DataPolicy) -> DataPolicy:
     """Stack admission policies (a rollout is kept if every policy keeps it; refills add
-    up), reweighting or advantage policies (weights multiply), or reward policies (each
+    up), reweighting or advantage policies (weights multiply; a rollout weight [B, G]
+    multiplies each token of a token-level weight [B, G, T]), or reward policies (each
     transforms the rewards the previous one returned). The chained state is the tuple of
     the members' states.
 
@@ -328,7 +340,14 @@ def chain(*policies: DataPolicy) -> DataPolicy:
             keep = np.logical_and.reduce([o.keep for o in outs])
             return Admission(keep, int(sum(o.refill for o in outs)),
                              any(o.full_group_advantages for o in outs))
-        return np.prod(np.stack(outs), axis=0)
+        w = np.asarray(outs[0], dtype=np.float64)
+        for o in outs[1:]:
+            # A token-level reweighter (`ar`: float64[B, G, T]) times a rollout-level one
+            # ([B, G]): the rollout's weight multiplies each of its tokens'.
+            o = np.asarray(o, dtype=np.float64)
+            w, o = (w, o[..., None]) if o.ndim < w.ndim else (w[..., None] if w.ndim < o.ndim else w, o)
+            w = w * o
+        return w
 
     def metrics(state, pool):
         out = {}

@@ -78,8 +78,8 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _refuse(spec: str, why: str) -> ValueError:
-    return ValueError(f"policy {spec!r} {why}: a policy string may only name a registered policy "
+def _refuse(spec: str, why: str) -> InputError:
+    return InputError(f"policy {spec!r} {why}: a policy string may only name a registered policy "
                       f"(`rlpace policies`) or a factory marked with @rlpace.policy_factory. Mark "
                       f"your factory, register it (rlpace.policies.register(name, factory)), or pass "
                       f"the policy object itself from Python.")

@@ -32,16 +32,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_tree", "check_finite", "bad"]
+__all__ = ["check_tree", "check_finite", "bad", "COUNT_MAX", "count_limit"]
 
 
-def bad(key: str, what: str, arr: np.ndarray, mask: np.ndarray) -> ValueError:
-    """The ValueError for state[key] whose entries under `mask` break a rule."""
+def bad(key: str, what: str, arr: np.ndarray, mask: np.ndarray) -> InputError:
+    """The InputError for state[key] whose entries under `mask` break a rule."""
     where = np.argwhere(np.atleast_1d(mask))[0]
     val = np.atleast_1d(arr)[tuple(where)]
     val = val.item() if hasattr(val, "item") else val
     index = tuple(int(i) for i in where) if np.ndim(arr) else ()
-    return ValueError(f"state[{key!r}] {what} (first: {val!r} at index {index}); the state is corrupt "
+    return InputError(f"state[{key!r}] {what} (first: {val!r} at index {index}); the state is corrupt "
                       f"or was edited: restore one written by Scheduler.state_dict().")
 
 
@@ -80,6 +80,19 @@ def _distribution(key: str, arr) -> None:
 # ---- rules by field, for the state records rlpace defines ----------------------------------
 NONNEG, POS, UNIT, PROB, IDS, STEP = "nonneg", "pos", "unit", "prob", "ids", "step"
 _STEP_MAX = 2**62
+#: Counts and steps in a loaded state are < COUNT_MAX = 2**62 (2**62 rollouts is ~10**18: no
+#: run reaches it), far enough below int64's 2**63 − 1 that later increments cannot wrap a
+#: count or turn it into uint64; a narrower integer counter gets half its dtype's range.
+COUNT_MAX = 2**62
+
+
+def count_limit(dtype) -> int:
+    """The bound on a count of `dtype` in a loaded state: COUNT_MAX for int64, half the
+    range of a narrower integer dtype (int32: 2**30); COUNT_MAX for float counts too."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iu":
+        return COUNT_MAX
+    return min(COUNT_MAX, (int(np.iinfo(dtype).max) + 1) // 2)
 
 _FIELD_RULES: dict[str, dict[str, str]] = {
     "History": {"attempts": NONNEG, "successes": NONNEG, "last_step": STEP},
@@ -115,7 +128,7 @@ _FIELD_RULES: dict[str, dict[str, str]] = {
 
 def _field_rule(key: str, arr, rule: str, n: int | None) -> None:
     if rule == NONNEG:
-        _range(key, arr, 0)
+        _range(key, arr, 0, count_limit(np.asarray(arr).dtype))
     elif rule == POS:
         _range(key, arr, 0, low_open=True)
     elif rule == UNIT:
@@ -123,7 +136,7 @@ def _field_rule(key: str, arr, rule: str, n: int | None) -> None:
     elif rule == PROB:
         _distribution(key, arr)
     elif rule == STEP:
-        _range(key, arr, -1, _STEP_MAX)                   # −1 = never observed
+        _range(key, arr, -1, min(_STEP_MAX, count_limit(np.asarray(arr).dtype)))   # −1 = never observed
     elif rule == IDS and n is not None:
         _range(key, arr, -1, n)                           # −1 = empty slot
 

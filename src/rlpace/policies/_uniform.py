@@ -31,7 +31,7 @@ def uniform_pool() -> DataPolicy:
     """
     def apply(state, pool, n, probs, arms, rng):
         return rng.integers(0, len(pool), size=n, dtype=np.int64)
-    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_pool")
+    return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_pool", neutral=True)
 
 
 def uniform_within_arm() -> DataPolicy:

@@ -80,7 +80,11 @@ def read_table(path: str | Path, *, split: str | None = None) -> pa.Table:
 def _read_jsonl(p: Path) -> pa.Table:
     text = p.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{p}: a file starting with '[' must be one JSON array of objects; it is "
+                             f"not valid JSON ({e}).") from None
     else:
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):

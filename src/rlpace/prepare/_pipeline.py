@@ -204,7 +204,11 @@ def prepare(input: str | Path, out: str | Path, *, k: int | str | None = None,
                              f"has {n} rows; recompute (drop reuse_embeddings).")
         meta_path = Path(str(reuse)[:-4] + ".json") if str(reuse).endswith(".npy") else None
         if meta_path is not None and meta_path.is_file():
-            meta = json.loads(meta_path.read_text())
+            try:
+                meta = json.loads(meta_path.read_text())
+            except json.JSONDecodeError as e:
+                raise InputError(f"reuse_embeddings metadata {str(meta_path)!r} is not valid JSON ({e}); "
+                                 f"recompute (drop reuse_embeddings) or restore the file.") from None
             if meta.get("texts_sha256") not in (None, fingerprint):
                 raise InputError(f"reuse_embeddings {str(reuse)!r} was computed from different "
                                  f"texts (text_mode {meta.get('text_mode')!r}, other rows or keys); "

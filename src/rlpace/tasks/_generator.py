@@ -14,7 +14,8 @@ sizes: `generated:last` → last2 … last10). The generator is a categorical di
     R = L_buf(before) − L_buf(after)              teacher-forced NLL on a buffer of previously
                                                   generated items, before vs after training on
                                                   the batch: the prequential loss (epiplexity) gain
-    A = clip((R − b) / max(σ, 1e-8), ±5)         b, σ²: EMAs of R and of (R − b)² (baseline)
+    A = clip((R − b) / s, ±5),  s = max(σ, 0.1·|b|)   b, σ²: EMAs of R and of (R − b)² (baseline);
+                                                  A = 0 when s = 0
     φ ← φ + lr · (A · Σ_j (e_{c_j} − π) + β · ∇_φ H(π))
     ∇_φ H(π) = −π ⊙ (log π + H)                  entropy bonus keeps every setting alive
 
@@ -22,6 +23,18 @@ A · Σ_j (e_{c_j} − π) is the score-function (REINFORCE) estimate of ∇_φ 
 as one action (log P(batch) = Σ_j log π(c_j)): unbiased for any baseline b that does not
 depend on this batch (`reinforce_gradient`; tested against the exact gradient of a toy).
 The first update only sets b (A = 0).
+
+The scale s. σ alone is 0 after the first update (one reward, no spread yet) and stays tiny
+while the rewards barely differ; dividing by it (the rule once divided by max(σ, 1e-8))
+made a difference of 1e-4 nats a full ±5 advantage. The floor 0.1·|b| ties the scale to the
+rewards' own size: |A| ≤ |R − b| / (0.1·|b|), so a difference that is small next to the rewards
+gives a small move (σ = 0, b = 0.1, R = 0.1001: A = 0.01, not 5). It binds only while the
+rewards' spread is under a tenth of their size (σ < 0.1·|b|); rewards that do vary are
+standardised by σ as before. With b = 0 as well (every reward so far exactly 0) there is no
+scale at all and A = 0. We chose a floor over waiting for two distinct rewards because waiting
+only moves the problem: after rewards 0.1 and 0.1001, σ = 4.5e-5, and a third reward of
+0.1002 would again be a +4 advantage (+0.018 with the floor). The floor reads only b and σ², already in the state, so the
+checkpoint format and exact resume are unchanged.
 
 Fresh items. Each drawn configuration c_j gets a *new* item of the family at that size,
 generated from the key (c_j, step, round, j): `fresh_items` runs the family's own generator
@@ -59,6 +72,7 @@ __all__ = ["GeneratorState", "generator_init", "generator_probs", "generator_sam
 
 ADV_CLIP = 5.0
 _LOGIT_MAX = 50.0       # |φ| bound: π stays a finite distribution whatever the rewards were
+_SCALE_FLOOR = 0.1      # the advantage's scale is at least this fraction of |baseline| (module doc)
 KEY_FIELDS = ("cell", "step", "round", "slot")   # one generated item's key (a buffer row)
 _ITEM_STREAM = 7        # random stream of fresh items, apart from the trainer's streams 0–3
 _REDRAWS = 100          # redraws of a fresh item that hit a held-out prompt before the fallback
@@ -131,7 +145,8 @@ def generator_update(state: GeneratorState, choices: np.ndarray, reward: float, 
     r = float(np.clip(r, -1e6, 1e6))
     first = int(state.updates) == 0
     b, var = (r, 0.0) if first else (float(state.baseline), float(state.reward_var))
-    adv = 0.0 if first else float(np.clip((r - b) / max(np.sqrt(var), 1e-8), -ADV_CLIP, ADV_CLIP))
+    scale = max(np.sqrt(var), _SCALE_FLOOR * abs(b))                # σ = 0 after one reward: floor on |b|
+    adv = 0.0 if first or scale == 0.0 else float(np.clip((r - b) / scale, -ADV_CLIP, ADV_CLIP))
     grad = reinforce_gradient(state.logits, choices, adv) + entropy_coef * entropy_gradient(state.logits)
     logits = np.clip(state.logits + lr * grad, -_LOGIT_MAX, _LOGIT_MAX)
     new_var = (1 - baseline_decay) * var + baseline_decay * (r - b) ** 2
@@ -213,7 +228,7 @@ def generator_to_json(state: GeneratorState) -> dict:
 def generator_from_json(raw, n_configs: int, buffer_size: int) -> GeneratorState:
     """The state `generator_to_json` wrote, validated (ValueError naming the field)."""
     def fail(field, why):
-        return ValueError(f"state.json counters['generator'][{field!r}] {why}; the checkpoint is corrupt "
+        return InputError(f"state.json counters['generator'][{field!r}] {why}; the checkpoint is corrupt "
                           f"or was written with other settings.")
     if not isinstance(raw, dict) or set(raw) != set(GeneratorState._fields):
         raise fail("*", f"must hold exactly {list(GeneratorState._fields)}")
