@@ -292,7 +292,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
              group_size: int = 16, eval_every: int = 10, target: float | None = None,
              policy_kwargs: dict | None = None, progress: bool = False, max_gen_batches: int = 10,
              stop_at_target: bool = False, weight_norm: str = "informative", measure_every: int = 0,
-             measure_rollouts: int = 64, measure_exact: bool = True) -> SimResult:
+             measure_rollouts: int = 64, measure_exact: bool = True, world: World | None = None,
+             record: Any = None) -> SimResult:
     """Run `policy` on the synthetic learner of `scenario` for `steps` training steps.
 
     Args:
@@ -323,6 +324,13 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         measure_exact: True: each row holds exactly round(p·m) successes (the true p,
             quantised to 1/m, no sampling noise); False: m Bernoulli(p) draws, as a trainer
             measures.
+        world: the pool and latent truth to run on instead of `build_world(scenario)` (the
+            scenario then gives K, lr, forgetting and the target; `rlpace.advise` runs fitted
+            learners this way). Its arrays must match: difficulty and domain [N] over the pool,
+            heldout [K, H], transfer [K, K].
+        record: an object with `write(fb, rollouts=n, eval=acc_or_None)` (e.g.
+            `rlpace.advise.PilotRecorder`) given every generated batch, refills included, with
+            the held-out mean accuracy evaluated just before the step on its first batch.
 
     Returns:
         A `SimResult`.
@@ -350,7 +358,13 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     if not 0.0 < target <= 1.0:
         raise InputError(f"simulate target must be in (0, 1]; got {target}.")
     t0 = time.perf_counter()
-    world: World = build_world(scenario)
+    if world is None:
+        world = build_world(scenario)
+    elif (world.difficulty.shape != (len(world.pool),) or world.domain.shape != (len(world.pool),)
+          or world.heldout.ndim != 2 or world.heldout.shape[0] != scenario.n_domains
+          or world.transfer.shape != (scenario.n_domains,) * 2 or world.pool_order.shape != (scenario.n_domains,)):
+        raise InputError(f"simulate world does not match the scenario's {scenario.n_domains} domains or its own "
+                         f"pool of {len(world.pool)} prompts; build it with one entry per prompt and domain.")
     kwargs = batch_dependent_kwargs(policy, batch_size, policy_kwargs or {})
     sched = Scheduler(world.pool, policy, seed=seed, **kwargs)
     k, b, g = scenario.n_domains, int(batch_size), int(group_size)
@@ -401,6 +415,9 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             rewards = (rng.random((ids.shape[0], g)) < p[:, None]).astype(np.float64)  # [n, G]
             fb = Feedback(ids, rewards, step=t)
             sched.observe(fb)
+            if record is not None:
+                fresh = batches == 0 and ev_step[-1] == t
+                record.write(fb, rollouts=int(ids.shape[0] * g), eval=float(ev_acc[-1].mean()) if fresh else None)
             adm = sched.admission(fb)
             w = sched.loss_weights(fb)
             batches += 1

@@ -1,0 +1,299 @@
+"""The simulator's learner fitted to a pilot by maximum a posteriori, with a Laplace posterior.
+
+The family is `rlpace.sim`'s learner (docs/advise.md says why, with the measurements):
+
+    prompt i of domain k:   d_i = −6 + 0.5·ε      with probability π_k   (solved by the base)
+                            d_i ~ N(μ_k, σ_k²)    otherwise
+    success of a rollout:   Bernoulli(σ(s_k(t) − d_i))
+    skill:                  s(t) = lr · M(τ) @ Σ_{t' < t} gain(t'),   s(0) = 0
+    gain_k(t')              = Σ_{groups of domain k at t'} mean|A| / B   (GRPO advantages)
+
+`gain` is computed from the pilot's own rewards (the signal every group gave), so the
+skill path is a deterministic function of (lr, τ) and the likelihood of the pilot is a
+product over groups of a binomial integrated over the difficulty prior:
+
+    P(w | k, t) = π_k·Bin(w; G, σ(s_k(t) + 6)) + (1 − π_k)·E_z[Bin(w; G, σ(s_k(t) − μ_k − σ_k z))]
+
+(Q equal-probability quantile nodes for z). M(τ)[k, j] = τ^(r_k − r_j) for r_j < r_k, where r
+ranks the domains from the easiest (highest pilot pass rate): practice transfers to harder
+domains, the simulator's `transfer_forward`. Forgetting is fixed at 0 (a 50-step pilot
+cannot identify it). Weak priors make the MAP finite where the data say nothing (a domain
+the pilot never sampled gets the prior; a one-step profile cannot identify lr and τ, so
+their draws come from the prior — a weaker pilot, and the advice says so).
+
+Uncertainty: a Laplace approximation, θ ~ N(θ̂, H⁻¹) with H the finite-difference Hessian
+of the negative log posterior at θ̂; `draw_params` samples it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InputError
+from ..sim import group_signal
+from ..types import Pool
+from ._record import Pilot
+
+__all__ = ["LearnerFit", "fit_learner", "draw_params", "transfer_matrix", "LearnerParams", "prompt_difficulties"]
+
+SOLVED_D = -6.0
+_Q = 24
+# quantile nodes of N(0, 1): z_q = Φ⁻¹((q + ½)/Q), each of weight 1/Q
+_Z = None
+
+# weak priors (mean, sd) on the unconstrained parameters
+PRIOR = {"mu": (0.0, 4.0), "log_sd": (0.0, 0.75), "logit_pi": (-1.5, 2.0), "log_lr": (math.log(0.1), 2.0),
+         "logit_tau": (-1.0, 1.5)}
+
+
+def _nodes() -> np.ndarray:
+    global _Z
+    if _Z is None:
+        from scipy.special import ndtri
+        _Z = ndtri((np.arange(_Q) + 0.5) / _Q)
+    return _Z
+
+
+class LearnerParams(NamedTuple):
+    """One learner: per-domain difficulty prior and the learning dynamics."""
+
+    mu: np.ndarray       # float64[K] mean difficulty of the unsolved prompts, logits
+    sd: np.ndarray       # float64[K] their spread
+    solved: np.ndarray   # float64[K] π_k share of prompts the base already solves
+    lr: float            # skill per unit of batch-normalised GRPO signal
+    tau: float           # transfer to the next harder domain
+
+
+class LearnerFit(NamedTuple):
+    """The fit: MAP parameters, Laplace covariance, and what the predictions need."""
+
+    domains: tuple            # K pool domain names (pool code order)
+    params: LearnerParams     # MAP
+    theta: np.ndarray         # float64[P] MAP on the unconstrained scale
+    cov: np.ndarray           # float64[P, P] Laplace covariance
+    rank: np.ndarray          # int64[K] curriculum rank of each domain (0 = easiest)
+    log_lik: float            # log likelihood of the pilot at the MAP
+    n_groups: int
+    n_steps: int
+    group_size: int
+    batch_size: int
+    observed: np.ndarray      # bool[K] domains the pilot sampled
+    identifiable_dynamics: bool   # False for a one-step profile: lr, τ come from the prior
+    data: dict                # arrays for per-prompt posteriors (positions, wins, step index, gains)
+
+    def skill_path(self, p: LearnerParams | None = None) -> np.ndarray:
+        """float64[T + 1, K] skill before each pilot step and after the last."""
+        p = self.params if p is None else p
+        return p.lr * self.data["cum"] @ transfer_matrix(self.rank, p.tau).T
+
+    def to_json(self) -> dict:
+        p = self.params
+        sd = np.sqrt(np.clip(np.diag(self.cov), 0, None))
+        k = len(self.domains)
+        return {"domains": list(self.domains), "mu": p.mu.tolist(), "sd": p.sd.tolist(), "solved": p.solved.tolist(),
+                "lr": p.lr, "transfer": p.tau, "curriculum_rank": self.rank.tolist(),
+                "se_unconstrained": {"mu": sd[:k].tolist(), "log_sd": sd[k:2 * k].tolist(),
+                                     "logit_solved": sd[2 * k:3 * k].tolist(), "log_lr": float(sd[3 * k]),
+                                     "logit_transfer": float(sd[3 * k + 1])},
+                "log_lik": self.log_lik, "groups": self.n_groups, "steps": self.n_steps,
+                "group_size": self.group_size, "batch_size": self.batch_size,
+                "domains_observed": self.observed.tolist(),
+                "dynamics_identifiable": self.identifiable_dynamics,
+                "skill_after_pilot": self.skill_path()[-1].tolist()}
+
+
+def transfer_matrix(rank: np.ndarray, tau: float) -> np.ndarray:
+    """float64[K, K] M with M[k, j] = τ^(r_k − r_j) when r_j < r_k, 1 on the diagonal, else 0.
+
+    >>> transfer_matrix(np.array([1, 0]), 0.5).tolist()
+    [[1.0, 0.5], [0.0, 1.0]]
+    """
+    gap = rank[:, None] - rank[None, :]
+    return np.eye(len(rank)) + np.where(gap > 0, float(tau) ** np.maximum(gap, 0), 0.0)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _unpack(theta: np.ndarray, k: int) -> LearnerParams:
+    return LearnerParams(theta[:k].copy(), np.exp(theta[k:2 * k]), _sigmoid(theta[2 * k:3 * k]),
+                         float(np.exp(theta[3 * k])), float(_sigmoid(theta[3 * k + 1])))
+
+
+def _log_prior(theta: np.ndarray, k: int) -> float:
+    out = 0.0
+    for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
+                          ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau")):
+        m, s = PRIOR[key]
+        out -= 0.5 * float(np.sum(((theta[lo:hi] - m) / s) ** 2))
+    return out
+
+
+def _log_binom_mix(w, g, skill, mu, sd, pi, lgc):
+    """float64[R] log P(w | ·) per row: the solved atom mixed with the quantile-node normal."""
+    z = _nodes()
+    x = skill[:, None] - mu[:, None] - sd[:, None] * z[None, :]                # [R, Q]
+    ll = lgc[:, None] - w[:, None] * np.logaddexp(0.0, -x) - (g - w)[:, None] * np.logaddexp(0.0, x)
+    m = ll.max(axis=1)
+    normal = m + np.log(np.exp(ll - m[:, None]).mean(axis=1))                  # [R]
+    xa = skill - SOLVED_D
+    atom = lgc - w * np.logaddexp(0.0, -xa) - (g - w) * np.logaddexp(0.0, xa)
+    return np.logaddexp(np.log(pi) + atom, np.log1p(-pi) + normal)
+
+
+def fit_learner(pilot: Pilot, pool: Pool, *, maxiter: int = 400) -> LearnerFit:
+    """Fit the learner to `pilot` on `pool` (MAP + Laplace; see the module docstring).
+
+    Args:
+        pilot: the record (`read_pilot`, `pilot_from_select`).
+        pool: the pool the pilot ran on (its domains give K; unknown ids are refused).
+
+    Returns:
+        A `LearnerFit`. O(K·T·G) per likelihood evaluation after one pass over the groups.
+    """
+    from scipy.optimize import minimize
+    from scipy.special import gammaln
+
+    pos = pilot.positions(pool)                                                  # [M]
+    g = pilot.group_size
+    if g < 2:
+        raise InputError(f"the pilot's groups have {g} rollout; the fit needs G ≥ 2 rollouts per prompt.")
+    succ = pilot.rewards >= pilot.success_threshold                              # [M, G]
+    wins = succ.sum(axis=1).astype(np.int64)                                     # [M]
+    dom = pool.domains[pos].astype(np.int64)                                     # [M]
+    k = pool.n_domains
+    steps, tix = np.unique(pilot.step, return_inverse=True)                     # [T], [M]
+    n_t = steps.shape[0]
+    b = pilot.batch_size
+    sig = group_signal(succ.astype(np.float64), np.ones_like(succ), np.ones(succ.shape))   # [M]
+    gain = np.zeros((n_t, k))
+    np.add.at(gain, (tix, dom), sig / b)
+    cum = np.vstack([np.zeros((1, k)), np.cumsum(gain, axis=0)])                # [T + 1, K] before each step
+
+    seen = np.bincount(dom, minlength=k) > 0
+    rate = np.bincount(dom, weights=wins / g, minlength=k) / np.maximum(np.bincount(dom, minlength=k), 1)
+    rate[~seen] = -1.0                                                          # never sampled: hardest
+    order = np.argsort(-rate, kind="stable")                                     # easiest first
+    rank = np.empty(k, np.int64)
+    rank[order] = np.arange(k)
+
+    # rows: unique (domain, step index, wins) with counts
+    key = (dom * n_t + tix) * (g + 1) + wins
+    uniq, count = np.unique(key, return_counts=True)
+    r_w = (uniq % (g + 1)).astype(np.float64)
+    r_t = (uniq // (g + 1)) % n_t
+    r_k = (uniq // (g + 1)) // n_t
+    lgc = gammaln(g + 1.0) - gammaln(r_w + 1.0) - gammaln(g - r_w + 1.0)
+    count = count.astype(np.float64)
+
+    def neg_log_post(theta):
+        """(−log posterior, its gradient): the gradient in closed form (module docstring's
+        mixture; responsibilities ρ of the atom and of each node)."""
+        p = _unpack(theta, k)
+        m_t = transfer_matrix(rank, p.tau)
+        base = cum[:-1] @ m_t.T                                                     # [T, K]
+        skill = p.lr * base[r_t, r_k]                                               # [R]
+        mu, sd, pi = p.mu[r_k], p.sd[r_k], p.solved[r_k]
+        z = _nodes()
+        x = skill[:, None] - mu[:, None] - sd[:, None] * z[None, :]                 # [R, Q]
+        llq = lgc[:, None] - r_w[:, None] * np.logaddexp(0.0, -x) - (g - r_w)[:, None] * np.logaddexp(0.0, x)
+        xa = skill - SOLVED_D
+        lla = lgc - r_w * np.logaddexp(0.0, -xa) - (g - r_w) * np.logaddexp(0.0, xa)
+        la = np.log(pi) + lla                                                       # [R]
+        lq = np.log1p(-pi)[:, None] - math.log(_Q) + llq                            # [R, Q]
+        top = np.maximum(la, lq.max(axis=1))
+        ea, eq = np.exp(la - top), np.exp(lq - top[:, None])
+        tot = ea + eq.sum(axis=1)
+        ll = top + np.log(tot)                                                      # [R]
+        rho_a, rho_q = ea / tot, eq / tot[:, None]                                  # responsibilities
+        sc_q = r_w[:, None] - g * _sigmoid(x)                                       # ∂llq/∂x  [R, Q]
+        sc_a = r_w - g * _sigmoid(xa)
+        c = count
+        d_mu = -(c[:, None] * rho_q * sc_q).sum(axis=1)                             # [R]
+        d_lsd = -(c[:, None] * rho_q * sc_q * z[None, :]).sum(axis=1) * sd
+        d_lpi = c * (rho_a - pi)
+        d_s = c * (rho_a * sc_a + (rho_q * sc_q).sum(axis=1))
+        gap = rank[:, None] - rank[None, :]
+        dm = np.where(gap > 0, gap * p.tau ** np.maximum(gap - 1, 0), 0.0)          # ∂M/∂τ
+        dbase = (cum[:-1] @ dm.T)[r_t, r_k]
+        grad = np.concatenate([np.bincount(r_k, d_mu, k), np.bincount(r_k, d_lsd, k), np.bincount(r_k, d_lpi, k),
+                               [float(d_s @ skill), float(d_s @ dbase) * p.lr * p.tau * (1 - p.tau)]])
+        for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
+                              ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau")):
+            mp, sp = PRIOR[key]
+            grad[lo:hi] -= (theta[lo:hi] - mp) / sp ** 2
+        return -(float(c @ ll) + _log_prior(theta, k)), -grad
+
+    # start: μ from each domain's pass rate (logit), others at their prior means
+    mean_rate = np.clip(np.where(seen, rate, 0.3), 0.02, 0.98)
+    theta0 = np.concatenate([-np.log(mean_rate / (1 - mean_rate)), np.zeros(k), np.full(k, -1.5),
+                             [math.log(0.1), -1.0]])
+    res = minimize(neg_log_post, theta0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
+    theta = res.x
+    cov = _laplace_cov(lambda th: neg_log_post(th)[1], theta)
+    p = _unpack(theta, k)
+    return LearnerFit(tuple(pool.domain_names), p, theta, cov, rank, -float(res.fun) - _log_prior(theta, k),
+                      int(pos.shape[0]), int(n_t), int(g), int(b), seen, bool(n_t >= 2),
+                      {"pos": pos, "wins": wins, "tix": tix, "dom": dom, "cum": cum})
+
+
+def _laplace_cov(grad, theta: np.ndarray, h: float = 1e-4) -> np.ndarray:
+    """H⁻¹ with H from central differences of the closed-form gradient at θ̂ (symmetrised;
+    eigenvalues floored so that a flat direction gets a wide, not an infinite, variance)."""
+    n = theta.shape[0]
+    e = np.eye(n) * h
+    hess = np.stack([(grad(theta + e[i]) - grad(theta - e[i])) / (2 * h) for i in range(n)])
+    vals, vecs = np.linalg.eigh(0.5 * (hess + hess.T))
+    vals = np.maximum(vals, 1.0 / 16.0)                 # variance ≤ 16 on the unconstrained scale
+    return (vecs / vals) @ vecs.T
+
+
+def draw_params(fit: LearnerFit, n: int, rng: np.random.Generator) -> list[LearnerParams]:
+    """n learners from the Laplace posterior (the first is the MAP when n ≥ 1)."""
+    k = len(fit.domains)
+    out = [fit.params] if n else []
+    if n > 1:
+        th = rng.multivariate_normal(fit.theta, fit.cov, size=n - 1, method="eigh")
+        out += [_unpack(t, k) for t in th]
+    return out
+
+
+def prompt_difficulties(fit: LearnerFit, p: LearnerParams, n_pool: int, domain: np.ndarray,
+                        rng: np.random.Generator) -> np.ndarray:
+    """float64[N] one draw of every prompt's difficulty under learner `p`: a prompt the pilot
+    rolled out from its posterior given its rewards (on the quantile-node grid, uniform within
+    a node's probability bin), any other from its domain's prior."""
+    from scipy.special import ndtri
+    k = len(fit.domains)
+    z = _nodes()
+    # prior draws for everyone
+    solved = rng.random(n_pool) < p.solved[domain]
+    d = p.mu[domain] + p.sd[domain] * ndtri(rng.random(n_pool).clip(1e-12, 1 - 1e-12))
+    d[solved] = SOLVED_D + 0.5 * rng.standard_normal(int(solved.sum()))
+    data = fit.data
+    if data["pos"].size:
+        skill = (p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau).T)[data["tix"], data["dom"]]   # [M]
+        w, g = data["wins"].astype(np.float64), fit.group_size
+        x = skill[:, None] - np.concatenate([np.full((skill.size, 1), SOLVED_D),
+                                             p.mu[data["dom"]][:, None] + p.sd[data["dom"]][:, None] * z[None, :]],
+                                            axis=1)                                         # [M, Q + 1]
+        ll = -w[:, None] * np.logaddexp(0.0, -x) - (g - w)[:, None] * np.logaddexp(0.0, x)
+        uniq, inv = np.unique(data["pos"], return_inverse=True)
+        tot = np.zeros((uniq.size, _Q + 1))
+        np.add.at(tot, inv, ll)
+        dk = domain[uniq]
+        prior = np.concatenate([np.log(p.solved[dk])[:, None],
+                                (np.log1p(-p.solved[dk]) - math.log(_Q))[:, None] + np.zeros((1, _Q))], axis=1)
+        lp = tot + prior
+        lp -= lp.max(axis=1, keepdims=True)
+        post = np.exp(lp)
+        post /= post.sum(axis=1, keepdims=True)
+        c = (post.cumsum(axis=1) < rng.random(uniq.size)[:, None]).sum(axis=1).clip(0, _Q)   # component
+        u = (c - 1 + rng.random(uniq.size)) / _Q                                               # inside the node's bin
+        dz = p.mu[dk] + p.sd[dk] * ndtri(u.clip(1e-12, 1 - 1e-12))
+        d[uniq] = np.where(c == 0, SOLVED_D + 0.5 * rng.standard_normal(uniq.size), dz)
+    return d

@@ -1,0 +1,195 @@
+"""Predictions: every candidate policy, uniform and the oracles run on learners drawn from the fit.
+
+For each draw j of the Laplace posterior (the first is the MAP) and each of `seeds` seeds:
+a world is built on the user's pool (every prompt's difficulty drawn: a prompt the pilot saw
+from its posterior, any other from its domain's prior; held-out sets at the domain's
+quantiles, solved share included), then `rlpace.sim.simulate` runs each policy for the rest
+of the budget from the state after the pilot (difficulties shifted by the fitted skill, so
+the simulator's skill starts at 0 there). Every curve starts at the pilot's start
+(rollouts 0, the base accuracy) and counts the pilot's rollouts.
+
+Per draw: target = base + 0.8·(uniform's final − base); each policy's cost to reach it
+(linear interpolation; a run that never gets there costs its budget and is marked) and its
+ratio to uniform's (mean over the draw's seeds, the headroom tables' estimator). Per policy:
+the ratio at the MAP draw pooled with the others (median over draws), a 90 % interval
+(5th–95th percentile over draws: the fit's uncertainty and the seeds' spread), and
+P(saving > 10 %) = share of draws with ratio < 0.9. Headroom = the better oracle per draw;
+captured share = (1 − ratio)/(1 − oracle ratio) at the medians.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InputError
+from ..evaluation import captured_share, cost_to_reach, gain_target
+from ..sim import Scenario, World, heldout_accuracy, simulate
+from ..types import Pool
+from ._fit import SOLVED_D, LearnerFit, LearnerParams, draw_params, prompt_difficulties, transfer_matrix
+
+__all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES"]
+
+ORACLES = ("oracle_boundary", "oracle_progress")
+_HELDOUT = 256
+
+
+class PolicyPrediction(NamedTuple):
+    policy: str
+    ratio: float             # median over draws of rollouts-to-target / uniform's
+    low: float               # 5th percentile over draws
+    high: float              # 95th percentile
+    p_saving: float          # P(ratio < 0.9)
+    reached: float           # share of (draw, seed) runs that reached the target
+    captured: float          # (1 − ratio)/(1 − oracle ratio)
+    final_diff: float        # median final accuracy − uniform's
+    ratios: np.ndarray       # float64[D] per draw
+
+
+class Prediction(NamedTuple):
+    policies: list           # [PolicyPrediction] candidates, best ratio first
+    oracle: PolicyPrediction  # the better oracle per draw
+    uniform_final: float     # median final accuracy of uniform
+    base: float              # accuracy before the pilot
+    curves: dict             # policy -> (rollouts float64[E], accuracy float64[D, E]) on a common grid
+    budget_rollouts: int
+    pilot_rollouts: int
+    steps: int               # simulated steps after the pilot
+    batch_size: int
+    group_size: int
+    draws: int
+    seeds: int
+    seconds: float
+
+
+def default_candidates() -> list[str]:
+    """`recommended`, then every registered proposal policy and every admission policy (as
+    benchmarks/headroom.py compares them), without uniform and the oracles."""
+    from ..policies import make_method, names
+    from ..sim import proposal_names
+    adm = [n for n in names() if not n.startswith("oracle_") and make_method(n).admission.name != "keep_all"]
+    out = ["recommended", *proposal_names(), *adm]
+    return [p for p in dict.fromkeys(out) if p != "uniform"]
+
+
+def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng: np.random.Generator) -> World:
+    from scipy.special import ndtri
+    k = pool.n_domains
+    dom = pool.domains.astype(np.int64)
+    d = prompt_difficulties(fit, p, len(pool), dom, rng) - shift[dom]
+    n_sol = np.rint(p.solved * _HELDOUT).astype(int)
+    q = ndtri((np.arange(_HELDOUT) + 0.5) / _HELDOUT)
+    held = p.mu[:, None] + p.sd[:, None] * q[None, :]
+    for j in range(k):
+        held[j, : n_sol[j]] = SOLVED_D                   # the solved share, as the pool has it
+    held -= shift[:, None]
+    for a in (d, dom, held):
+        a.setflags(write=False)
+    return World(pool, d, dom, np.arange(k, dtype=np.int64), held, transfer_matrix(fit.rank, p.tau))
+
+
+def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure):
+    k = world.transfer.shape[0]
+    sc = Scenario(name="fitted", description="a learner fitted to a pilot", domains=world.pool.domain_names,
+                  base_accuracy=(0.5,) * k, lr=params.lr, forgetting=0.0, target=0.999)
+    oracle = policy.startswith("oracle_")
+    kw = {"group_size": g, "transfer": world.transfer.tolist()} if policy == "oracle_progress" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                   # e.g. gfpo: the simulator has no lengths
+        res = simulate(sc, policy, steps=steps, seed=seed, batch_size=b, group_size=g, eval_every=eval_every,
+                       world=world, policy_kwargs=kw, measure_every=measure if oracle else 0, measure_rollouts=16)
+    return res.eval_rollouts.astype(np.float64), res.mean_accuracy
+
+
+def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts: int,
+            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
+            from_start: bool = False, fraction: float = 0.8, progress=None) -> Prediction:
+    """Simulate uniform, the oracles and `policies` on `draws` learners from the fit.
+
+    Args:
+        fit: `fit_learner`'s result on `pool`.
+        budget_rollouts: the whole run's budget, the pilot's rollouts included.
+        pilot_rollouts: what the pilot cost (counted in every policy's cost).
+        policies: candidates (default `default_candidates()`).
+        draws: learners drawn from the fit (the first is the MAP); seeds: runs per draw.
+        from_start: simulate every policy from the pilot's start (no pilot counted) instead
+            of after it — what a headroom table measures.
+        progress: a callable(str) told each finished draw.
+
+    Returns:
+        A `Prediction`. Cost: (2 + len(policies)) · draws · seeds simulator runs.
+    """
+    t0 = time.perf_counter()
+    b, g = fit.batch_size, fit.group_size
+    if budget_rollouts <= pilot_rollouts and not from_start:
+        raise InputError(f"--budget-rollouts {budget_rollouts} is not larger than the pilot's {pilot_rollouts} "
+                         f"rollouts; give the whole run's budget, pilot included.")
+    left = budget_rollouts if from_start else budget_rollouts - pilot_rollouts
+    steps = int(left // (b * g))
+    if steps < 2:
+        raise InputError(f"the budget leaves {left} rollouts after the pilot, fewer than two steps of "
+                         f"{b}×{g}; raise --budget-rollouts.")
+    policies = default_candidates() if policies is None else list(policies)
+    eval_every = max(1, steps // 25)
+    measure = max(1, steps // 50)
+    run_names = ["uniform", *ORACLES, *[p for p in policies if p not in ("uniform", *ORACLES)]]
+    rng_draw = np.random.default_rng([seed, 0xAD715E])
+    params = draw_params(fit, draws, rng_draw)
+    offset = 0.0 if from_start else float(pilot_rollouts)
+    grid = None
+    acc_grid = {p: [] for p in run_names}
+    cost = {p: np.zeros((draws, seeds)) for p in run_names}
+    hit = {p: np.zeros((draws, seeds), bool) for p in run_names}
+    final = {p: np.zeros((draws, seeds)) for p in run_names}
+    base_acc = np.zeros(draws)
+    for j, pj in enumerate(params):
+        k = pool.n_domains
+        shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau).T)
+        curves_j = {p: [] for p in run_names}
+        for s in range(seeds):
+            world = _world(fit, pj, pool, shift, np.random.default_rng([seed, j, s, 0xD1FF]))
+            base = float(heldout_accuracy(-shift, world.heldout).mean())  # accuracy at the pilot's start
+            base_acc[j] = base
+            for p in run_names:
+                x, a = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
+                            eval_every=eval_every, measure=measure)
+                if not from_start:
+                    x = np.concatenate([[0.0], x + offset])
+                    a = np.concatenate([[base], a])
+                curves_j[p].append((x, a))
+            u_final = curves_j["uniform"][-1][1][-1]
+            tgt = gain_target(base, u_final, fraction)
+            for p in run_names:
+                x, a = curves_j[p][-1]
+                cost[p][j, s], hit[p][j, s] = cost_to_reach(x, a, tgt)
+                final[p][j, s] = a[-1]
+        if grid is None:
+            grid = np.linspace(0.0, float(budget_rollouts if not from_start else left), 60)
+        for p in run_names:
+            acc_grid[p].append(np.mean([np.interp(grid, x, a) for x, a in curves_j[p]], axis=0))
+        if progress is not None:
+            progress(f"draw {j + 1}/{draws} done ({time.perf_counter() - t0:.0f} s)")
+
+    def summary(p, ratios):
+        fd = np.median(final[p].mean(axis=1) - final["uniform"].mean(axis=1))
+        return PolicyPrediction(p, float(np.median(ratios)), float(np.quantile(ratios, 0.05)),
+                                float(np.quantile(ratios, 0.95)), float(np.mean(ratios < 0.9)),
+                                float(hit[p].mean()), math.nan, float(fd), ratios)
+
+    u_cost = np.maximum(cost["uniform"].mean(axis=1), 1e-9)
+    ratio = {p: cost[p].mean(axis=1) / u_cost for p in run_names}                     # [D] per draw
+    orc = np.minimum(ratio[ORACLES[0]], ratio[ORACLES[1]])
+    oracle = summary(min(ORACLES, key=lambda o: np.median(ratio[o])), orc)._replace(policy="oracle")
+    preds = []
+    for p in run_names[3:]:
+        pp = summary(p, ratio[p])
+        preds.append(pp._replace(captured=captured_share(pp.ratio, oracle.ratio)))
+    preds.sort(key=lambda x: x.ratio)
+    curves = {p: (grid, np.asarray(acc_grid[p])) for p in run_names}
+    return Prediction(preds, oracle, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
+                      int(budget_rollouts), int(pilot_rollouts), steps, b, g, draws, seeds,
+                      time.perf_counter() - t0)
