@@ -246,3 +246,38 @@ def test_bad_input_fails_before_writing_anything(ckpts, tmp_path, capsys, case, 
     else:
         assert not out.exists()
     assert not list(tmp_path.glob("*.tmp-merge"))
+
+
+def _poisoned_copy(src, dst, name, value):
+    """A copy of checkpoint `src` with one entry of tensor `name` set to `value`."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        if name in tensors:
+            tensors[name].view(-1)[3] = value
+            save_file(tensors, str(f), metadata={"format": "pt"})
+            return f
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("method", ["iso", "task_arithmetic", "ties"])
+@pytest.mark.parametrize("who,name,value", [
+    ("expert", "model.layers.1.mlp.down_proj.weight", float("nan")),
+    ("expert", "model.norm.weight", float("inf")),
+    ("base", "model.layers.0.self_attn.q_proj.weight", float("-inf")),
+])
+def test_non_finite_input_is_refused_for_every_method(ckpts, tmp_path, capsys, method, who, name, value):
+    base, e0, e1, out = ckpts["sharded"], ckpts["e0"], ckpts["e1"], tmp_path / "out"
+    if who == "expert":
+        bad_file = _poisoned_copy(e1, tmp_path / "bad", name, value)
+        e1 = tmp_path / "bad"
+    else:
+        bad_file = _poisoned_copy(base, tmp_path / "bad", name, value)
+        base = tmp_path / "bad"
+    rc = main(["merge", "--base", str(base), "--experts", str(e0), str(e1), "--out", str(out),
+               "--method", method, "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("rlpace merge: error:") and "\n" not in err
+    assert f"tensor {name!r} in {str(bad_file)!r} holds NaN or inf" in err
+    assert not out.exists() and not list(tmp_path.glob("*.tmp-merge"))

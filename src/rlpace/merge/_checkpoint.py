@@ -85,6 +85,15 @@ def _load(layout: dict, name: str, device) -> torch.Tensor:
         return h.get_tensor(name).to(device)
 
 
+def _refuse_non_finite(w: torch.Tensor, name: str, path: str) -> None:
+    """A NaN or inf weight would make ISO's SVD fail, task arithmetic write NaN, and TIES
+    silently put the base's value in its place: refuse the input instead (the caller's
+    temporary output is then removed, so nothing is written)."""
+    if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+        raise InputError(f"tensor {name!r} in {path!r} holds NaN or inf values; rlpace merge refuses non-finite "
+                         f"weights: re-export that checkpoint, or leave it out of --base/--experts.")
+
+
 def _rule(method: str, shape, dtype: str) -> str:
     """How a tensor is merged: 'frames' (ISO, ≥ 2 dims), 'mean' (ISO, 1-D task-vector mean),
     'delta' (task arithmetic / TIES, any floating tensor) or 'copy' (from the base)."""
@@ -190,6 +199,8 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
                 w0 = _load(base_layout, n, device)
                 kind = kinds[n]
                 ws = [] if kind == "copy" else [_load(lay, n, device) for lay in layouts]
+                for lay, w in zip([base_layout, *layouts], [w0, *ws]):
+                    _refuse_non_finite(w, n, lay[n][0])
                 if kind == "copy":
                     merged = w0
                 elif method == "task_arithmetic":
