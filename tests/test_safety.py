@@ -463,3 +463,34 @@ def test_good_checkpoint_restores_everything(tmp_path):
         assert torch.equal(v, m2.state_dict()[k])
     assert torch.equal(o2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
     assert_same_state(s2.state_dict(), sched.state_dict())
+
+
+# ---- a state whose recorded pool parts were edited never loads (every policy) ---------------
+@pytest.mark.parametrize("name", rlpace.policies.names())
+def test_tampered_pool_parts_refused_with_intact_fingerprint(name):
+    good = drive(Scheduler(POOL, name, seed=3), steps=2).state_dict()
+    parts = json.loads(str(good["meta/pool_parts"]))
+    parts["ranks"] = "0" * 16                        # meta/pool (their hash) left as it was
+    dst = Scheduler(POOL, name, seed=5)
+    before = dst.state_dict()
+    with pytest.raises(ValueError, match=r"meta/pool_parts.*does not match"):
+        dst.load_state_dict(_edit(good, "meta/pool_parts", lambda a: np.array(json.dumps(parts, sort_keys=True))))
+    assert_same_state(dst.state_dict(), before)
+    dst.load_state_dict(good)
+
+
+# ---- messages name the argument -------------------------------------------------------------
+@pytest.mark.parametrize("state, needle", [(None, "got NoneType"), ([1, 2], "got list"),
+                                           ("x.npz", r"np\.load\('x\.npz'\)")])
+def test_load_state_dict_names_a_non_mapping(state, needle):
+    s = Scheduler(POOL, "dump")
+    with pytest.raises(ValueError, match=rf"state must be the mapping Scheduler\.state_dict\(\).*{needle}"):
+        s.load_state_dict(state)
+
+
+def test_pool_and_scheduler_messages_name_the_argument():
+    with pytest.raises(ValueError, match=r"Pool\.difficulty must hold float64 numbers"):
+        Pool(["a"], difficulty=["x"])
+    for bad_window in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match=r"metrics_window must be an int ≥ 1"):
+            Scheduler(POOL, "dump", metrics_window=bad_window)
