@@ -174,3 +174,67 @@ def test_refuses_a_mixture_and_bad_hyperparameters():
         make_policy("criticality_is", weight_floor=2.0, weight_clamp=1.0)
     with pytest.raises(ValueError, match="unbiased must be True or False"):
         make_policy("criticality_is", unbiased=1)
+
+
+# ---- the stage's pass over the pool: exact against the plain formulas, done once -----------------
+def _stage_pool(n, seed, features=False):
+    rng = np.random.default_rng(seed)
+    dom = rng.integers(0, 5, size=n)
+    return Pool(dom, clusters=dom * 3 + rng.integers(0, 3, size=n),
+                difficulty=rng.normal(size=n), features=rng.normal(size=(n, 2)) if features else None)
+
+
+@pytest.mark.parametrize("target", ["learnability", "failure"])
+@pytest.mark.parametrize("wt", [0.0, 0.01, 0.9])
+def test_stage_proposal_equals_the_plain_formulas(target, wt):
+    """The chunked pass (`_stage_proposal`, pieces of 2¹⁶ prompts) against the whole-array
+    formulas: c = 4π(1 − π) or 1 − π from σ, `proposal`, cumsum(q)/sum(q); N spans several
+    pieces, and τ = 0.9 makes the fallback pass run (M > 0)."""
+    from rlpace.policies._criticality import _stage_proposal
+    from rlpace.predict._logistic import dim, logits
+    n = 150_001
+    pool = _stage_pool(n, 1, features=True)
+    theta = np.random.default_rng(2).normal(0.0, 1.5, size=dim(pool))
+    norm, cdf = _stage_proposal(theta, pool, target, 3.0, 0.1, 0.0, wt)
+    pi = _sig(logits(theta, pool))
+    c = 1.0 - pi if target == "failure" else 4.0 * pi * (1.0 - pi)
+    q, ref = proposal(c, 3.0, 0.1, 0.0, wt)
+    np.testing.assert_allclose(norm, ref, rtol=1e-9, atol=1e-12)
+    ref_cdf = np.cumsum(q)
+    np.testing.assert_allclose(cdf, ref_cdf / ref_cdf[-1], rtol=1e-9, atol=1e-15)
+    assert cdf[-1] == 1.0 and (np.diff(cdf) >= 0).all()
+    if wt == 0.9:
+        assert ref[3] > 0            # the fallback pass did run
+    # below the threshold: q = p, its CDF (i + 1)/N
+    norm0, cdf0 = _stage_proposal(theta, pool, target, 3.0, 0.1, 1.0, wt)
+    assert norm0[0] == 0.0 and norm0[2] == n
+    np.testing.assert_allclose(cdf0, np.arange(1, n + 1) / n, rtol=1e-15)
+
+
+def test_a_stage_switch_scores_the_pool_once_and_refits_once(monkeypatch):
+    """Selection and reweighting of criticality_is keep one predictor each and update it alike:
+    at a stage switch the pool is scored once (N rows), not once per policy (2N), and the Newton
+    refit runs once; the second policy reads the first's result, bit for bit."""
+    import rlpace.policies._criticality as crit_mod
+    n, b = 20_000, 64
+    pool = _stage_pool(n, 3)
+    s = Scheduler(pool, "criticality_is", seed=0, stage_steps=3)
+    rng = np.random.default_rng(4)
+    for t in range(2):
+        ids = s.propose(b)
+        s.observe(Feedback(ids, (rng.random((b, 8)) < 0.4).astype(float), step=t))
+    scored = []
+    real = crit_mod.logits
+    monkeypatch.setattr(crit_mod, "logits", lambda th, pl, ids=None: scored.append(real(th, pl, ids)) or scored[-1])
+    solves = []
+    real_solve = np.linalg.solve
+    monkeypatch.setattr(np.linalg, "solve", lambda a, v: solves.append(1) or real_solve(a, v))
+    ids = s.propose(b)
+    s.observe(Feedback(ids, (rng.random((b, 8)) < 0.4).astype(float), step=2))   # the third update: a switch
+    sel, rew = s.states["selection"], s.states["reweighting"]
+    assert int(sel.predictor.stage) == int(rew.predictor.stage) == 1
+    rows = sum(x.shape[0] for x in scored)
+    assert n <= rows <= n + 8 * b, rows              # the pool once, plus the batch's own prompts
+    assert len(solves) == 5                          # newton_steps = 5, once
+    np.testing.assert_array_equal(sel.predictor.stage_theta, rew.predictor.stage_theta)
+    np.testing.assert_array_equal(sel.norm, rew.norm)

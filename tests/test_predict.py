@@ -229,3 +229,48 @@ def test_mopps_prior_steers_unseen_prompts_by_the_prediction():
     # Without the prior, unseen prompts sit at Beta(1, 1): both domains alike (≈ 0.5).
     assert 0.35 < counts[0.0] < 0.65
     assert counts[50.0] > 0.9
+
+
+# ---- the block-form design products: exact against the dense design -----------------------------
+@pytest.mark.parametrize("kind", ["plain", "clusters", "features+difficulty"])
+def test_refit_and_sgd_in_block_form_equal_the_dense_design(kind):
+    """The SGD step and the Newton refit use Xᵀv and XᵀWX by blocks (bincounts for the one-hot
+    columns); an independent loop over the dense `design` rows gives the same θ."""
+    rng = np.random.default_rng(7)
+    n = 300
+    dom = rng.integers(0, 4, size=n)
+    kw = {}
+    if kind != "plain":
+        kw["clusters"] = dom * 2 + rng.integers(0, 2, size=n)
+    if kind == "features+difficulty":
+        kw["features"] = rng.normal(size=(n, 3))
+        diff = rng.normal(size=n)
+        diff[::7] = np.nan
+        kw["difficulty"] = diff
+    pool = Pool(dom, **kw)
+    b = 200
+    ids = rng.integers(0, n, size=b)
+    wins = rng.integers(0, 9, size=b).astype(float)
+    nn = np.full(b, 8.0)
+    wt = rng.uniform(0.2, 3.0, size=b)
+    lr, l2, steps = 0.3, 0.01, 4
+    pr = predictor(lr=lr, l2=l2, stage_steps=1, newton_steps=steps)
+    st = pr.update(pr.init(pool), pool, ids, wins, nn, wt)
+    # reference: the SGD step, then Newton steps, each written over the dense rows one by one
+    x = design(pool, ids)
+    d = x.shape[1]
+    total = float((wt * nn).sum())
+    theta = np.zeros(d)
+    g = np.zeros(d)
+    for j in range(b):
+        g += wt[j] * (wins[j] - nn[j] * _sig(x[j] @ theta)) * x[j]
+    theta = theta + lr * (g / total - l2 * theta)
+    for _ in range(steps):
+        g, h = -l2 * theta * total, l2 * np.eye(d) * total
+        for j in range(b):
+            s = _sig(x[j] @ theta)
+            g += wt[j] * (wins[j] - nn[j] * s) * x[j]
+            h += wt[j] * nn[j] * s * (1 - s) * np.outer(x[j], x[j])
+        theta = theta + np.linalg.solve(h, g)
+    np.testing.assert_allclose(st.stage_theta, theta, rtol=1e-9, atol=1e-12)
+    assert int(st.stage) == 1

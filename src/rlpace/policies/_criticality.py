@@ -40,9 +40,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..predict._logistic import PredictorState, check_predictor_state, logits, predictor, _sigmoid
+from ..predict._logistic import PredictorState, check_predictor_state, logits, predictor
 from ..types import _success_counts
-from ._base import REWEIGHTING, SELECTION, DataPolicy, compose
+from ._base import REWEIGHTING, SELECTION, DataPolicy
+from ._compose import compose
 from ._checks import check_choice, check_real
 
 __all__ = ["criticality_is", "criticality_selection", "criticality_weights", "proposal", "shape_weights"]
@@ -115,6 +116,59 @@ def weight_metrics(state, pool) -> dict:
     ess, b = float(state.ess[0]), float(state.ess[1])
     return {"criticality/ess": ess, "criticality/ess_fraction": ess / b if b else 1.0}
 
+def _criticality(z: np.ndarray, target: str) -> np.ndarray:
+    """c of logits z: with π = σ(z) = (1 + t)/2, t = tanh(z/2), 4π(1 − π) = 1 − t² (learnability)
+    and 1 − π = (1 − t)/2 (failure), two operations fewer per prompt than through π."""
+    t = np.tanh(0.5 * z)
+    if target == "failure":
+        return 0.5 * (1.0 - t)
+    t *= t
+    return np.subtract(1.0, t, out=t)
+
+
+_CHUNK = 1 << 16        # prompts per piece of the stage's pass over the pool (cache-sized)
+
+
+def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, threshold: float,
+                    weight_threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(norm float64[4], cdf float64[N]) of the stage with weights θ: `proposal` over the
+    criticalities of the whole pool and the CDF of q, computed in cache-sized pieces (one pass
+    for c and max c, one for the cumulative exp, one affine map), without the N-sized
+    temporaries of the plain formula. The fallback mass M needs a further pass only when
+    some prompt can fall back, i.e. when the largest q, (1 − ε)/Z + ε/N, exceeds 1/(Nτ).
+    Equal to `proposal` and `cumsum(q) / sum(q)` up to rounding (test_methods_criticality)."""
+    n = len(pool)
+    c = np.empty(n)
+    for s in range(0, n, _CHUNK):
+        c[s:s + _CHUNK] = _criticality(logits(theta, pool, slice(s, s + _CHUNK)), target)
+    cmax = float(c.max())
+    if not cmax > threshold:
+        return np.array([0.0, cmax, float(n), 0.0]), np.arange(1, n + 1, dtype=np.float64) / n
+    cdf = c                                       # reused: c[s:] is read before cdf[s:] is written
+    z, run = 0.0, 0.0
+    for s in range(0, n, _CHUNK):
+        e = c[s:s + _CHUNK] - cmax
+        e *= alpha
+        np.exp(e, out=e)
+        z += float(e.sum())
+        np.cumsum(e, out=cdf[s:s + _CHUNK])
+        cdf[s:s + _CHUNK] += run
+        run = float(cdf[min(s + _CHUNK, n) - 1])
+    # cdf_i = Σ_{j ≤ i} q_j = (1 − ε)·E_i/Z + ε·(i + 1)/N, E the cumulative exp
+    cdf *= (1.0 - epsilon) / run
+    if epsilon:
+        cdf += np.arange(1, n + 1, dtype=np.float64) * (epsilon / n)
+    cdf /= cdf[-1]
+    m = 0.0
+    if weight_threshold > 0 and ((1.0 - epsilon) / z + epsilon / n) * (n * weight_threshold) > 1.0:
+        norm = np.array([1.0, cmax, z, 0.0])
+        for s in range(0, n, _CHUNK):
+            cc = _criticality(logits(theta, pool, slice(s, s + _CHUNK)), target)
+            q, _, fb = _q_of(cc, norm, n, alpha, epsilon, weight_threshold)
+            m += float(q[fb].sum())
+    return np.array([1.0, cmax, z, m]), cdf
+
+
 def _q_of(c: np.ndarray, norm: np.ndarray, n: int, alpha: float, epsilon: float,
           weight_threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q_i, q'_i, in_fallback_i) for criticalities c of some prompts, from a stage's norm."""
@@ -137,16 +191,19 @@ def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clam
                    owner=owner)
 
     def crit(theta, pool, ids=None):
-        pi = _sigmoid(logits(theta, pool, ids))
-        return 1.0 - pi if target == "failure" else 4.0 * pi * (1.0 - pi)
+        return _criticality(logits(theta, pool, ids), target)
 
     def stage_proposal(theta, pool):
-        q, norm = proposal(crit(theta, pool), alpha, epsilon, threshold, weight_threshold)
-        if not with_cdf:
-            return norm, np.zeros(0)
-        cdf = np.cumsum(q)
-        cdf /= cdf[-1]
-        return norm, cdf
+        # The selection and the reweighting each keep a predictor and update it identically,
+        # so at a stage switch both ask for the proposal of the same θ: a pure function of
+        # (θ, hyperparameters, pool), computed once and read by the second.
+        key = (theta.tobytes(), alpha, epsilon, threshold, weight_threshold, target)
+        memo = pool._cache.get("criticality/last_stage")
+        if memo is None or memo[0] != key:
+            memo = (key, _stage_proposal(theta, pool, target, alpha, epsilon, threshold, weight_threshold))
+            pool._cache["criticality/last_stage"] = memo
+        norm, cdf = memo[1]
+        return norm.copy(), (cdf if with_cdf else np.zeros(0))
 
     def init(pool):
         ps = pr.init(pool)
@@ -252,7 +309,12 @@ def criticality_selection(**kw) -> DataPolicy:
                              "mixture (a mixture's p changes every step, the stage proposal does not).")
         size = len(pool)
         cdf = state.cdf
-        ids = np.minimum(cdf.searchsorted(rng.random(n), side="right"), size - 1).astype(np.int64)
+        u = rng.random(n)
+        # Sorted keys: numpy's binary search starts from the previous key's answer, so the
+        # search walks the N-entry CDF in order (half the cache misses); the same answers.
+        order = np.argsort(u)
+        ids = np.empty(n, dtype=np.int64)
+        ids[order] = np.minimum(cdf.searchsorted(u[order], side="right"), size - 1)
         alt = rng.integers(0, size, size=n, dtype=np.int64)       # drawn always: same RNG use
         if n_fb and state.norm[0] and state.norm[3] > 0 and n:
             _, _, fb = _q_of(crit(state.predictor.stage_theta, pool, ids), state.norm, size,

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..policies._checks import check_int, check_real
+from .._checks import check_int, check_real
 from ..types import Pool
 
 __all__ = ["Predictor", "PredictorState", "predictor", "design", "dim"]
@@ -168,8 +168,79 @@ def design(pool: Pool, ids: np.ndarray) -> np.ndarray:
     return x
 
 
+def _dense(pool: Pool, ids: np.ndarray) -> np.ndarray:
+    """float64[m, e] the dense columns of the design rows, [1, z(f), difficulty columns]: what
+    `design` holds left of the one-hot blocks, built the same way."""
+    f = 0 if pool.features is None else pool.features.shape[1]
+    dcols = _difficulty_columns(pool)
+    x = np.empty((ids.shape[0], 1 + f + len(dcols)))
+    x[:, 0] = 1.0
+    if f:
+        mean, inv = _feature_stats(pool)
+        x[:, 1:1 + f] = (np.asarray(pool.features[ids], dtype=np.float64) - mean) * inv
+    for j, c in enumerate(dcols):
+        x[:, 1 + f + j] = c[ids]
+    return x
+
+
+class _Rows(NamedTuple):
+    """Design rows of some prompts in block form: `design(pool, ids)` is
+    [dense, onehot(dom), onehot(cl)] (the cluster block only when `cl` is not None)."""
+
+    dense: np.ndarray          # float64[m, e]
+    dom: np.ndarray            # int64[m] domain code
+    cl: np.ndarray | None      # int64[m] cluster code, or None without a cluster block
+    k: int                     # domains
+    c: int                     # clusters (0 without a cluster block)
+
+
+def _rows(pool: Pool, ids: np.ndarray) -> _Rows:
+    use_cl = _use_clusters(pool)
+    return _Rows(_dense(pool, ids), pool.domains[ids], pool.clusters[ids] if use_cl else None,
+                 pool.n_domains, pool.n_clusters if use_cl else 0)
+
+
+def _x_theta(rows: _Rows, theta: np.ndarray) -> np.ndarray:
+    """float64[m] X·θ without the one-hot columns (= design(pool, ids) @ θ up to rounding)."""
+    e = rows.dense.shape[1]
+    z = rows.dense @ theta[:e] + theta[e:e + rows.k][rows.dom]
+    if rows.cl is not None:
+        z += theta[e + rows.k:][rows.cl]
+    return z
+
+
+def _xt_v(rows: _Rows, v: np.ndarray) -> np.ndarray:
+    """float64[d] Xᵀ·v: the one-hot blocks as bincounts (O(m·e + K + C), not O(m·d))."""
+    parts = [rows.dense.T @ v, np.bincount(rows.dom, weights=v, minlength=rows.k)]
+    if rows.cl is not None:
+        parts.append(np.bincount(rows.cl, weights=v, minlength=rows.c))
+    return np.concatenate(parts)
+
+
+def _xt_w_x(rows: _Rows, w: np.ndarray) -> np.ndarray:
+    """float64[d, d] Xᵀ·diag(w)·X block by block: dense×dense a product, dense×one-hot and
+    one-hot×one-hot bincounts (O(m·e² + m·e + K·C) instead of O(m·d²))."""
+    x, dom, cl, k, c = rows
+    e = x.shape[1]
+    d = e + k + c
+    h = np.zeros((d, d))
+    wx = x * w[:, None]
+    h[:e, :e] = x.T @ wx
+    h[:e, e:e + k] = np.stack([np.bincount(dom, weights=wx[:, j], minlength=k) for j in range(e)])
+    h[e:e + k, e:e + k] = np.diag(np.bincount(dom, weights=w, minlength=k))
+    if cl is not None:
+        h[:e, e + k:] = np.stack([np.bincount(cl, weights=wx[:, j], minlength=c) for j in range(e)])
+        h[e + k:, e + k:] = np.diag(np.bincount(cl, weights=w, minlength=c))
+        h[e:e + k, e + k:] = np.bincount(dom * c + cl, weights=w, minlength=k * c).reshape(k, c)
+    # the lower triangle mirrors the upper one (H is symmetric)
+    iu = np.triu_indices(d, 1)
+    h[iu[1], iu[0]] = h[iu]
+    return h
+
+
 def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None) -> np.ndarray:
-    """float64[m] θ·x_i for the prompts `ids` (None: the whole pool, in chunks of 65536 rows),
+    """float64[m] θ·x_i for the prompts `ids` (None: the whole pool, in chunks of 65536 rows;
+    a slice: that range of pool positions),
     computed without building the one-hot columns: θ_0 + z(f_i)·θ_f + θ_diff·(difficulty
     columns) + θ_dom[d_i] + θ_cl[c_i]."""
     f = 0 if pool.features is None else pool.features.shape[1]
@@ -199,6 +270,8 @@ def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None) -> np.n
             z += t_cl[pool.clusters[sel]]
         return z
 
+    if isinstance(ids, slice):                 # a contiguous range of the pool (chunked scoring)
+        return part(ids)
     if ids is not None:
         return part(np.asarray(ids, dtype=np.int64))
     n = len(pool)
@@ -237,6 +310,17 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
                               np.zeros(buffer), np.zeros(buffer), np.zeros(buffer),
                               np.array(0, np.int64), np.array(0, np.int64), np.array(0, np.int64))
 
+    def _newton(pool, ids, wt, k, n, total, theta):
+        """`newton_steps` Newton steps on L(θ) (module docstring), the design in block form."""
+        rows = _rows(pool, ids)
+        ridge = l2 * np.eye(theta.shape[0])
+        for _ in range(newton_steps):
+            s = _sigmoid(_x_theta(rows, theta))
+            g = _xt_v(rows, wt * (k - n * s)) / total - l2 * theta
+            h = _xt_w_x(rows, wt * n * s * (1.0 - s)) / total + ridge
+            theta = np.clip(theta + np.linalg.solve(h, g), -_THETA_MAX, _THETA_MAX)
+        return theta
+
     def refit(state, pool):
         used = int(min(int(state.buf_len), buffer))
         theta = state.theta.copy()
@@ -246,13 +330,17 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
             k, n = state.buf_wins[:used], state.buf_n[:used]
             total = float((wt * n).sum())
             if total > 0:
-                x = design(pool, ids)
-                eye = np.eye(x.shape[1])
-                for _ in range(newton_steps):
-                    s = _sigmoid(x @ theta)
-                    g = x.T @ (wt * (k - n * s)) / total - l2 * theta
-                    h = (x * (wt * n * s * (1.0 - s))[:, None]).T @ x / total + l2 * eye
-                    theta = np.clip(theta + np.linalg.solve(h, g), -_THETA_MAX, _THETA_MAX)
+                key = (theta.tobytes(), ids.tobytes(), wt.tobytes(), k.tobytes(), n.tobytes(), l2,
+                       newton_steps)
+                memo = pool._cache.get("predict/last_refit")
+                if memo is not None and memo[0] == key:
+                    # The same fit on the same data: the two policies of a criticality method
+                    # each keep a predictor and update it identically (a pure function, so
+                    # the second one reads the first one's result).
+                    theta = memo[1].copy()
+                else:
+                    theta = _newton(pool, ids, wt, k, n, total, theta)
+                    pool._cache["predict/last_refit"] = (key, theta.copy())
         state.theta[:] = theta
         state.stage_theta[:] = theta
         state.buf_ids[:] = -1
@@ -273,9 +361,9 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
         # online SGD step on the batch's mean log-likelihood
         total = float((wt * n).sum())
         if total > 0 and lr > 0:
-            x = design(pool, ids)
-            s = _sigmoid(x @ state.theta)
-            g = x.T @ (wt * (wins - n * s)) / total
+            rows = _rows(pool, ids)
+            s = _sigmoid(_x_theta(rows, state.theta))
+            g = _xt_v(rows, wt * (wins - n * s)) / total
             state.theta[:] = np.clip(state.theta + lr * (g - l2 * state.theta), -_THETA_MAX, _THETA_MAX)
         # the stage's ring buffer (only the newest `buffer` groups of an oversized batch)
         b = ids.shape[0]
