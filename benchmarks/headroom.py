@@ -26,6 +26,10 @@ Usage:
     python benchmarks/headroom.py                                   # simulator suites, 8 seeds
     python benchmarks/headroom.py --suites embedded,ladder,mostly_solved --quick   # trainer, 2 seeds
     python benchmarks/headroom.py --policies dump,mopps --seeds 4
+    python benchmarks/headroom.py --suite embedded:add1,rev3,rev4 --suite ladder   # a suite with commas, whole
+
+A uniform run that gains nothing on some seed leaves that suite without a fraction-of-gain
+target: its table says "no gain, no target" and the other suites are measured as usual.
 
 Writes `headroom.csv` and `headroom.md` to --out.
 """
@@ -161,9 +165,13 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
     """One row per policy: ratios to uniform, the oracle's headroom and the captured share;
     `ess` (policy -> mean ESS / B of its loss weights, NaN or absent = none) fills the ESS column."""
     ess = ess or {}
+    from rlpace.errors import InputError
     from rlpace.evaluation import captured_share, efficiency_vs_baseline
-    eff = efficiency_vs_baseline(curves, baseline="uniform", fraction=fraction, tail=tail,
-                                 n_boot=10_000, random_state=0)
+    try:
+        eff = efficiency_vs_baseline(curves, baseline="uniform", fraction=fraction, tail=tail,
+                                     n_boot=10_000, random_state=0)
+    except InputError as e:     # uniform gained nothing on a seed: no fraction-of-gain target
+        return [no_target_row(suite, curves, inform, str(e))]
     oracle_r = [eff[o].rollouts.estimate for o in ORACLES if o in eff and eff[o].rollouts is not None]
     best_oracle = min(oracle_r) if oracle_r else math.nan
     u_final = np.mean([c.accuracy[-1] for c in curves["uniform"].values()])
@@ -172,7 +180,7 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
              "ratio_high": 1.0, "bound": "", "reached": len(curves["uniform"]), "captured": 0.0,
              "final": float(u_final), "final_diff": 0.0, "final_low": 0.0, "final_high": 0.0,
              "informative": inform["uniform"], "auc_ratio": 1.0, "steps_ratio": 1.0,
-             "base": float(u_base), "headroom": best_oracle, "ess": ess.get("uniform", math.nan)}]
+             "base": float(u_base), "headroom": best_oracle, "ess": ess.get("uniform", math.nan), "note": ""}]
     for p, e in eff.items():
         r, d = e.rollouts, e.final_diff
         rows.append({"suite": suite, "policy": p, "seeds": len(e.seeds), "ratio": r.estimate, "ratio_low": r.low,
@@ -183,10 +191,26 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
                      "final_high": d.high if d else math.nan, "informative": inform[p],
                      "auc_ratio": e.auc.estimate if e.auc else math.nan,
                      "steps_ratio": e.steps.estimate if e.steps else math.nan,
-                     "base": float(u_base), "headroom": best_oracle, "ess": ess.get(p, math.nan)})
+                     "base": float(u_base), "headroom": best_oracle, "ess": ess.get(p, math.nan), "note": ""})
     order = {p: i for i, p in enumerate(["uniform", *ORACLES])}
     rows.sort(key=lambda x: (order.get(x["policy"], 9), x["ratio"] if math.isfinite(x["ratio"]) else 9e9))
     return rows
+
+
+NO_TARGET = "no gain, no target"
+
+
+def no_target_row(suite: str, curves: dict, inform: dict, why: str) -> dict:
+    """The suite's one row when uniform gained nothing on a seed: no ratios (there is no
+    fraction-of-gain target to reach), uniform's accuracies and the reason in `note`."""
+    u = curves["uniform"]
+    nan = math.nan
+    return {"suite": suite, "policy": "uniform", "seeds": len(u), "ratio": nan, "ratio_low": nan,
+            "ratio_high": nan, "bound": "", "reached": 0, "captured": nan,
+            "final": float(np.mean([c.accuracy[-1] for c in u.values()])), "final_diff": nan, "final_low": nan,
+            "final_high": nan, "informative": inform.get("uniform", nan), "auc_ratio": nan, "steps_ratio": nan,
+            "base": float(np.mean([c.accuracy[0] for c in u.values()])), "headroom": nan, "ess": nan,
+            "note": f"{NO_TARGET}: {why}"}
 
 
 def _f(x, fmt="{:.2f}"):
@@ -201,6 +225,9 @@ def markdown(rows: list[dict], fraction: float) -> str:
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         rs = [r for r in rows if r["suite"] == suite]
+        if rs[0].get("note", "").startswith(NO_TARGET):
+            out.append(f"\n### {suite}: {rs[0]['note']}\n")
+            continue
         h = rs[0]["headroom"]
         out.append(f"\n### {suite}: headroom (best oracle ratio) {_f(h)}; uniform {rs[0]['base']:.3f} → "
                    f"{rs[0]['final']:.3f}, {rs[0]['seeds']} seeds\n")
@@ -217,6 +244,37 @@ def markdown(rows: list[dict], fraction: float) -> str:
     return "\n".join(out) + "\n"
 
 
+#: How a suite starts: a part of a comma list that starts none of these continues the suite
+#: before it ('embedded:add1,rev3' is one suite; 'sim:ladder,embedded' two).
+_SUITE_STARTS = ("sim:", "embedded", "grid:", "rg:", "knights_knaves", "ladder", "mostly_solved",
+                 "sort_ladder", "generated:", "/", "./", "~")
+
+
+def split_suites(text: str | None) -> list[str]:
+    """--suites as a list: split on ';' when it has one, else on ',' keeping a part that starts
+    no suite (`_SUITE_STARTS`, or a .parquet/.jsonl path) with the suite before it.
+
+    >>> split_suites("sim:ladder,embedded:add1,rev3,mostly_solved")
+    ['sim:ladder', 'embedded:add1,rev3', 'mostly_solved']
+    >>> split_suites("embedded:a,b;sim:ladder")
+    ['embedded:a,b', 'sim:ladder']
+    """
+    if not text:
+        return []
+    if ";" in text:
+        return [x.strip() for x in text.split(";") if x.strip()]
+    out: list[str] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        starts = part.startswith(_SUITE_STARTS) or part.endswith((".parquet", ".jsonl"))
+        if out and not starts and ":" in out[-1]:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def _policy_map(ap, flag: str, text: str, what: str) -> dict:
     """A --flag's JSON object mapping policy names (or labels) to JSON objects; argparse error otherwise."""
     try:
@@ -230,8 +288,12 @@ def _policy_map(ap, flag: str, text: str, what: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suites", default=",".join(SIM_SUITES),
-                    help="comma list: sim:<scenario> and/or trainer task sets (embedded, ladder, mostly_solved)")
+    ap.add_argument("--suites", default=None,
+                    help="suites separated by ';' (or by ',' where unambiguous: a part that does not start a "
+                         "suite continues the one before, so 'embedded:a,b,c' stays one suite): sim:<scenario> "
+                         "and/or trainer task sets (embedded, ladder, mostly_solved, embedded:<names>, ...)")
+    ap.add_argument("--suite", action="append", default=[],
+                    help="one suite, taken whole (repeatable); added to --suites")
     ap.add_argument("--policies", default="", help="comma list (default: every proposal and admission policy); "
                                                    "uniform and the oracles are always run")
     ap.add_argument("--seeds", type=int, default=8)
@@ -279,7 +341,10 @@ def main(argv=None) -> int:
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
     rows: list[dict] = []
-    for suite in [x.strip() for x in args.suites.split(",") if x.strip()]:
+    suites = split_suites(args.suites) + [x.strip() for x in args.suite if x.strip()]
+    if args.suites is None and not args.suite:
+        suites = list(SIM_SUITES)
+    for suite in suites:
         sim = suite.startswith("sim:")
         if args.policies:
             pols = ["uniform", *args.oracles] + [p for p in args.policies.split(",") if p and p not in ("uniform", *ORACLES)]
