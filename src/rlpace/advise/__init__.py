@@ -8,7 +8,10 @@ See docs/advise.md.
 """
 
 from ._fit import LearnerFit, LearnerParams, draw_params, fit_learner, prompt_difficulties, transfer_matrix
+from ._advice import Advice, advise, write_advice
+from ._predict import Prediction, PolicyPrediction, default_candidates, predict
 from ._record import Pilot, PilotRecorder, load_pilot, pilot_from_run_dir, pilot_from_select, read_pilot
 
 __all__ = ["PilotRecorder", "Pilot", "read_pilot", "pilot_from_select", "pilot_from_run_dir", "load_pilot",
-           "LearnerFit", "LearnerParams", "fit_learner", "draw_params", "prompt_difficulties", "transfer_matrix"]
+           "LearnerFit", "LearnerParams", "fit_learner", "draw_params", "prompt_difficulties", "transfer_matrix",
+           "Prediction", "PolicyPrediction", "predict", "default_candidates", "Advice", "advise", "write_advice"]

@@ -44,6 +44,7 @@ COMMANDS = {
     "policies": ("rlpace.cli.policies", "list the registered policies"),
     "merge": ("rlpace.cli.merge", "merge RL specialists of one base without data (ISO-Merger, TIES, ...)"),
     "select": ("rlpace.cli.select", "budgeted offline data selection: generate, score, route, manifest"),
+    "advise": ("rlpace.cli.advise", "predict the saving and the best policy from a short pilot"),
 }
 
 _TORCH = "pip install torch==2.13.0 (or your CUDA build) first, then pip install 'rlpace[train]'"

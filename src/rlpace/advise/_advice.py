@@ -1,0 +1,203 @@
+"""The advice: checks, fit, prediction, and what `rlpace advise` prints and writes.
+
+`advise(...)` checks every input before any work (a pilot of another pool, a pilot too
+short, rewards outside the declared range, a budget not larger than the pilot: each an
+`InputError` naming the fix, nothing written), fits the learner, predicts, and returns an
+`Advice` whose `to_json()` is advice.json and `html()` advice.html.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import math
+import platform
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InputError
+from ..types import Pool
+from ._fit import LearnerFit, fit_learner
+from ._predict import Prediction, predict
+from ._record import Pilot, load_pilot
+
+__all__ = ["Advice", "advise", "MIN_PILOT_STEPS", "SAVING_BAR", "usage_lines", "load_pool"]
+
+#: a training pilot needs this many steps: lr and transfer are read from how pass rates move
+MIN_PILOT_STEPS = 10
+#: a saving below this share is "no expected saving"
+SAVING_BAR = 0.10
+
+
+class Advice(NamedTuple):
+    fit: LearnerFit
+    prediction: Prediction
+    recommended: str | None      # None: keep uniform
+    sentence: str
+    pilot: dict                  # what the pilot was: kind, steps, groups, rollouts
+
+    def table(self) -> str:
+        pr = self.prediction
+        rows = [("policy", "rollouts to 80% of uniform's gain / uniform [90% interval]", "P(saving>10%)",
+                 "captured", "reached")]
+        o = pr.oracle
+        rows.append(("oracle (headroom)", f"{o.ratio:.2f}× [{o.low:.2f}, {o.high:.2f}]", f"{o.p_saving:.0%}", "", ""))
+        for p in pr.policies:
+            cap = "" if not math.isfinite(p.captured) else f"{p.captured:.0%}"
+            rows.append((p.policy, f"{p.ratio:.2f}× [{p.low:.2f}, {p.high:.2f}]", f"{p.p_saving:.0%}", cap,
+                         f"{p.reached:.0%}"))
+        w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
+
+    def to_json(self) -> dict:
+        from .. import __version__
+        pr = self.prediction
+
+        def row(p):
+            return {"policy": p.policy, "ratio": p.ratio, "ratio_90": [p.low, p.high], "p_saving_gt_10pct": p.p_saving,
+                    "reached": p.reached, "captured_share": None if not math.isfinite(p.captured) else p.captured,
+                    "final_diff_vs_uniform": p.final_diff, "ratio_per_draw": p.ratios.tolist()}
+        import scipy
+        return {"recommended": self.recommended, "sentence": self.sentence,
+                "usage": usage_lines(self.recommended or "uniform"),
+                "oracle": row(pr.oracle), "policies": [row(p) for p in pr.policies],
+                "uniform": {"base": pr.base, "final": pr.uniform_final},
+                "budget_rollouts": pr.budget_rollouts, "pilot_rollouts": pr.pilot_rollouts,
+                "simulated_steps": pr.steps, "batch_size": pr.batch_size, "group_size": pr.group_size,
+                "draws": pr.draws, "seeds": pr.seeds, "seconds": pr.seconds, "pilot": self.pilot,
+                "fit": self.fit.to_json(),
+                "curves": {p: {"rollouts": x.tolist(), "accuracy_median": np.median(a, axis=0).tolist(),
+                               "accuracy_05": np.quantile(a, 0.05, axis=0).tolist(),
+                               "accuracy_95": np.quantile(a, 0.95, axis=0).tolist()}
+                           for p, (x, a) in pr.curves.items()},
+                "versions": {"rlpace": __version__, "numpy": np.__version__, "scipy": scipy.__version__,
+                             "python": platform.python_version()}}
+
+    def html(self) -> str:
+        """A self-contained page: the table and predicted accuracy-vs-rollouts curves (median
+        over draws, 5–95 % band) for uniform, the oracle and the three best candidates."""
+        pr = self.prediction
+        shown = ["uniform", min(("oracle_boundary", "oracle_progress"),
+                                key=lambda o: np.median(pr.curves[o][1][:, -1]) * -1)]
+        shown += [p.policy for p in pr.policies[:3]]
+        w, h, pad = 720, 360, 48
+        xs = pr.curves["uniform"][0]
+        lo_y = min(float(np.quantile(pr.curves[p][1], 0.05, axis=0).min()) for p in shown)
+        hi_y = max(float(np.quantile(pr.curves[p][1], 0.95, axis=0).max()) for p in shown)
+        span = max(hi_y - lo_y, 1e-6)
+
+        def px(x, y):
+            return pad + (w - 2 * pad) * x / max(xs[-1], 1), h - pad - (h - 2 * pad) * (y - lo_y) / span
+        colors = ["#555", "#999", "#1f77b4", "#d62728", "#2ca02c"]
+        parts = []
+        for c, p in zip(colors, shown):
+            x, a = pr.curves[p]
+            lo, md, hi = np.quantile(a, 0.05, axis=0), np.median(a, axis=0), np.quantile(a, 0.95, axis=0)
+            band = [px(xi, yi) for xi, yi in zip(x, hi)] + [px(xi, yi) for xi, yi in zip(x[::-1], lo[::-1])]
+            parts.append(f'<polygon points="{" ".join(f"{u:.1f},{v:.1f}" for u, v in band)}" fill="{c}" '
+                         f'fill-opacity="0.15" stroke="none"/>')
+            parts.append(f'<polyline points="{" ".join(f"{u:.1f},{v:.1f}" for u, v in (px(xi, yi) for xi, yi in zip(x, md)))}" '
+                         f'fill="none" stroke="{c}" stroke-width="2"><title>{_html.escape(p)}</title></polyline>')
+        legend = "".join(f'<span style="color:{c}">■ {_html.escape(p)}</span> ' for c, p in zip(colors, shown))
+        axes = (f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#000"/>'
+                f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#000"/>'
+                f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">rollouts (pilot included), 0 … {int(xs[-1]):,}</text>'
+                f'<text x="12" y="{pad - 10}">held-out accuracy {lo_y:.3f} … {hi_y:.3f}</text>')
+        usage = "\n".join(f"<h3>{k}</h3><pre>{_html.escape(v)}</pre>" for k, v in usage_lines(self.recommended or "uniform").items())
+        return (f"<!doctype html><meta charset='utf-8'><title>rlpace advise</title>"
+                f"<h1>rlpace advise</h1><p><b>{_html.escape(self.sentence)}</b></p>"
+                f"<pre>{_html.escape(self.table())}</pre>"
+                f"<p>Predicted held-out accuracy vs rollouts: median over {pr.draws} learners drawn from the fit, "
+                f"band 5–95 %.</p><svg width='{w}' height='{h}'>{axes}{''.join(parts)}</svg><p>{legend}</p>"
+                f"<h2>Use it</h2>{usage}")
+
+
+def usage_lines(policy: str) -> dict:
+    """The lines that run `policy` in verl, TRL and the built-in trainer (docs/engines.md)."""
+    return {"verl": ("python -m verl.trainer.main_ppo data.custom_cls.path=pkg://rlpace.adapters.verl "
+                     f"data.custom_cls.name=RlpaceDataset data.shuffle=False data.dataloader_num_workers=0 "
+                     f"+data.rlpace.policy={policy} ...your usual overrides..."),
+            "trl": f"RlpaceGRPOTrainer(..., scheduler=Scheduler(pool, \"{policy}\", seed=0))",
+            "built-in": f"rlpace train policy={policy} ..."}
+
+
+def load_pool(path) -> Pool:
+    """The pool a pilot ran on: verl-schema parquet (needs pyarrow) or JSON Lines."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(2, "No such file", str(p))
+    return Pool.from_jsonl(p) if p.suffix in (".jsonl", ".json") else Pool.from_parquet(p)
+
+
+def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
+    """Every input check before any work (see the module docstring)."""
+    pilot.positions(pool)
+    n = len(pilot.steps)
+    if pilot.kind == "training" and n < MIN_PILOT_STEPS:
+        raise InputError(f"the pilot has {n} training step{'s' if n != 1 else ''}; the fit reads the learning rate "
+                         f"from how pass rates move and needs {MIN_PILOT_STEPS}: run {MIN_PILOT_STEPS - n} more "
+                         f"step{'s' if MIN_PILOT_STEPS - n != 1 else ''} (or pass a zero-training profile).")
+    if int(budget_rollouts) <= pilot.rollouts:
+        raise InputError(f"--budget-rollouts {budget_rollouts} is not larger than the pilot's {pilot.rollouts} "
+                         f"rollouts; give the whole run's budget, pilot included.")
+
+
+def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
+           policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
+           from_start: bool = False, progress=None) -> Advice:
+    """Fit the learner to the pilot and predict every candidate's saving.
+
+    Example:
+        >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
+        >>> print(adv.sentence)                                                     # doctest: +SKIP
+        expected saving 38 % [22, 51] with `recommended`; the oracle's 55 %
+    """
+    pilot = load_pilot(pilot) if not isinstance(pilot, Pilot) else pilot
+    pool = load_pool(pool) if not isinstance(pool, Pool) else pool
+    if isinstance(budget_rollouts, bool) or int(budget_rollouts) != budget_rollouts or budget_rollouts < 1:
+        raise InputError(f"--budget-rollouts must be a positive integer; got {budget_rollouts!r}.")
+    check_pilot(pilot, pool, int(budget_rollouts))
+    fit = fit_learner(pilot, pool)
+    pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
+                 draws=draws, seeds=seeds, seed=seed, from_start=from_start, progress=progress)
+    best = pr.policies[0] if pr.policies else None
+    o = pr.oracle
+    if 1 - o.ratio <= SAVING_BAR:
+        rec, sentence = None, f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×); keep uniform"
+    elif best is None or 1 - best.ratio <= SAVING_BAR:
+        rec, sentence = None, (f"no expected saving: no candidate saves more than 10 % (the oracle's "
+                               f"{1 - o.ratio:.0%}); keep uniform")
+    else:
+        rec = best.policy
+        sentence = (f"expected saving {1 - best.ratio:.0%} [{1 - best.high:.0%}, {1 - best.low:.0%}] with "
+                    f"`{rec}`; the oracle's {1 - o.ratio:.0%}")
+    if not fit.identifiable_dynamics:
+        sentence += " (zero-training profile: learning rate and transfer from the prior; a training pilot is sharper)"
+    info = {"kind": pilot.kind, "steps": int(len(pilot.steps)), "groups": int(pilot.rewards.shape[0]),
+            "rollouts": pilot.rollouts, "evals": len(pilot.evals)}
+    return Advice(fit, pr, rec, sentence, info)
+
+
+def write_advice(adv: Advice, out) -> tuple[Path, Path]:
+    """advice.json and advice.html into `out` (created)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    j, h = out / "advice.json", out / "advice.html"
+    j.write_text(json.dumps(_finite(adv.to_json()), indent=1, allow_nan=False), encoding="utf-8")
+    h.write_text(adv.html(), encoding="utf-8")
+    return j, h
+
+
+def _finite(v):
+    """NaN and ±inf as null, recursively (JSON has neither)."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, (np.integer, np.bool_)):
+        return v.item()
+    return v
