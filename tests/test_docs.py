@@ -124,3 +124,16 @@ def test_every_method_page_rlpace_policies_prints_exists():
     pages = set(re.findall(r"docs/methods/[\w.-]+\.md", out.getvalue()))
     assert len(pages) >= 30
     assert sorted(p for p in pages if not (ROOT / p).is_file()) == []
+
+
+def test_api_reference_fences_bare_doctests_and_leaves_examples_sections():
+    pytest.importorskip("griffe")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("doctest_blocks", DOCS / "hooks" / "doctest_blocks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = ("Sum.\n\n>>> f(1)\n2\n>>> f(2)\n3\n\nArgs:\n    x: a number.\n\n"
+           "Examples:\n    >>> f(3)\n    4\n\n```\n>>> in a fence\n```")
+    assert mod.fence_doctests(doc).split("\n") == [
+        "Sum.", "", "```pycon", ">>> f(1)", "2", ">>> f(2)", "3", "```", "", "Args:", "    x: a number.",
+        "", "Examples:", "    >>> f(3)", "    4", "", "```", ">>> in a fence", "```"]
