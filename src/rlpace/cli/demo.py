@@ -38,7 +38,7 @@ from pathlib import Path
 
 #: The registry's `recommended` (DUMP's domain mixture with MoPPS inside each domain): the
 #: composition the headroom evidence supports. Its figures against uniform and the oracle,
-#: 8 seeds per suite, are in the README's headroom table (benchmarks/headroom.py); the demo
+#: 8 seeds per suite, are in docs/headroom.md (benchmarks/headroom.py); the demo
 #: shows one seed of it.
 RECOMMENDED = "recommended"
 

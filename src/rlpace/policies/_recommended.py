@@ -8,7 +8,7 @@ UCB chooses how many prompts each domain gets, MoPPS chooses which prompts insid
     keep the n_d candidates with γ_i closest to 1/2                          boundary prompts
 
 Why this one (measured with `benchmarks/headroom.py`, 8 seeds, 16 on `embedded`, paired 95 %
-CIs; the README's headroom table has every figure): the two signals are complementary. A
+CIs; docs/headroom.md has every figure): the two signals are complementary. A
 domain mixture can only capture the part of the headroom that lies *between* domains (a
 curriculum: which size of a ladder is learnable now) — DUMP captures most of it on the
 simulator's and the trainer's `ladder`; a prompt selection captures the part *inside* domains
@@ -30,7 +30,7 @@ Two settings differ from DUMP's code, both chosen on the trainer's suites:
   on `ladder` it keeps 83 % of the oracle's saving (92 % at T = 0.1) and on `mostly_solved`
   75 % (77 %).
 
-Where it stands on every suite is in the README; it is not a universal winner
+Where it stands on every suite is in docs/headroom.md; it is not a universal winner
 (docs/methods/recommended.md says where it falls short). The other hyperparameters are each
 paper's defaults (DUMP, arXiv 2504.09710: c = 1, window 300 rollouts; MoPPS, arXiv
 2507.04632: 16 candidates per slot, target 0.5, λ = 1); any of them can be overridden by
