@@ -1,0 +1,172 @@
+"""rlpace.advise: the pilot record, the fitted learner, the prediction, the CLI's bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlpace import Feedback
+from rlpace.advise import (LearnerParams, PilotRecorder, fit_learner, pilot_from_run_dir, pilot_from_select,
+                           predict, read_pilot)
+from rlpace.errors import InputError
+from rlpace.evaluation import cost_to_reach, gain_target
+from rlpace.sim import build_world, make_scenario, simulate
+
+pytest.importorskip("scipy")
+
+# a 6-rung ladder: small enough for tests, the same learner family as the fit
+SC = make_scenario("ladder", domains=tuple(f"L{i}" for i in range(6)),
+                   base_accuracy=(0.9, 0.7, 0.45, 0.25, 0.1, 0.04), prompts_per_domain=300, lr=0.15,
+                   transfer_forward=0.5)
+
+
+def _pilot(tmp_path, steps=40, b=64, g=8, name="pilot.jsonl"):
+    w = build_world(SC)
+    path = tmp_path / name
+    simulate(SC, "uniform", steps=steps, seed=0, batch_size=b, group_size=g, record=PilotRecorder(path, pool=w.pool))
+    return path, w
+
+
+def _pool_file(tmp_path, w, offset=0):
+    path = tmp_path / f"pool{offset}.jsonl"
+    with open(path, "w") as f:
+        for i in range(len(w.pool)):
+            f.write(json.dumps({"data_source": w.pool.domain_names[w.pool.domains[i]],
+                                "extra_info": {"index": int(w.pool.ids[i]) + offset}}) + "\n")
+    return path
+
+
+def test_record_round_trip(tmp_path):
+    w = build_world(SC)
+    rec = PilotRecorder(tmp_path / "p.jsonl", pool=w.pool)
+    r0 = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    r1 = np.array([[1.0, 1.0, 0.5]])
+    rec.write(Feedback([3, 5], r0, step=0), eval=0.25)
+    rec.write(Feedback([7], r1, step=0), rollouts=9)            # a refill whose probes cost 6 more
+    rec.write(Feedback([3], r1, step=1))
+    p = read_pilot(tmp_path / "p.jsonl")
+    assert p.prompt_ids.tolist() == [int(w.pool.ids[i]) for i in (3, 5, 7, 3)]
+    assert p.step.tolist() == [0, 0, 0, 1]
+    np.testing.assert_array_equal(p.rewards, np.vstack([r0, r1, r1]))
+    assert p.step_rollouts == {0: 6 + 9, 1: 3} and p.rollouts == 18
+    assert p.evals == [(0, 0, 0.25)]
+    assert p.positions(w.pool).tolist() == [3, 5, 7, 3]
+    assert p.batch_size == 2 and p.group_size == 3           # median groups per step: (3 + 1) / 2
+
+
+def test_record_refuses_rewards_outside_range(tmp_path):
+    rec = PilotRecorder(tmp_path / "p.jsonl", reward_range=(0.0, 1.0))
+    with pytest.raises(InputError, match="reward_range"):
+        rec.write(Feedback([0], [[1.0, 2.0]], step=0))
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 1       # header only: nothing appended
+    with open(tmp_path / "p.jsonl", "a") as f:                             # a hand-edited record
+        f.write(json.dumps({"step": 0, "prompt_ids": [0], "rewards": [[1.0, -1.0]]}) + "\n")
+    with pytest.raises(InputError, match="outside the declared reward_range"):
+        read_pilot(tmp_path / "p.jsonl")
+
+
+def test_select_manifest_is_a_profile(tmp_path):
+    man = {"prompts": [{"id": 4, "pass_rate": 0.25, "n_samples": 8}, {"id": 9, "pass_rate": 1.0, "n_samples": 8},
+                       {"id": 2, "pass_rate": None, "n_samples": 8}]}
+    (tmp_path / "m.json").write_text(json.dumps(man))
+    p = pilot_from_select(tmp_path / "m.json")
+    assert p.kind == "profile" and p.prompt_ids.tolist() == [4, 9]
+    assert p.rewards.sum(axis=1).tolist() == [2.0, 8.0] and p.rollouts == 16
+
+
+def test_run_dir_without_group_rewards_is_refused(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "prompt_ids": [1, 2], "reward_mean": 0.5}) + "\n")
+    with pytest.raises(InputError, match="not one reward per rollout"):
+        pilot_from_run_dir(tmp_path)
+
+
+def test_fit_recovers_a_simulated_learner(tmp_path):
+    path, w = _pilot(tmp_path, steps=60, b=128, g=16)
+    fit = fit_learner(read_pilot(path), w.pool)
+    mu = fit.params.mu[w.pool_order]                     # pool code order -> scenario order
+    sd = fit.params.sd[w.pool_order]
+    # tolerances: 3-4 Laplace standard errors at this pilot size (60 steps × 128 × 16)
+    assert abs(fit.params.lr - SC.lr) / SC.lr < 0.25, fit.params.lr
+    assert abs(fit.params.tau - SC.transfer_forward) < 0.2, fit.params.tau
+    np.testing.assert_allclose(mu, SC.difficulty_means(), atol=0.3)
+    np.testing.assert_allclose(sd, 1.0, atol=0.3)
+    assert fit.params.solved.max() < 0.1                 # no solved share in this scenario
+    assert fit.rank[w.pool_order].tolist() == list(range(6))       # the curriculum order: easiest first
+    assert fit.identifiable_dynamics
+
+
+def test_prediction_on_the_true_learner_matches_direct_simulation(tmp_path):
+    """Given the true parameters (one draw, no fit noise), the predicted ratio of dump to
+    uniform equals the one measured on the scenario's own world within seed noise."""
+    path, w = _pilot(tmp_path, steps=20, b=64, g=8)
+    fit = fit_learner(read_pilot(path), w.pool)
+    k = len(SC.domains)
+    inv = np.argsort(w.pool_order)                       # scenario index of each pool code
+    truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
+    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))  # code -> rung
+    steps, b, g = 150, 64, 8
+    pr = predict(fit, w.pool, budget_rollouts=steps * b * g, pilot_rollouts=0, policies=["dump"], draws=1,
+                 seeds=3, from_start=True)
+    direct = []
+    for s in range(3):
+        cu = simulate(SC, "uniform", steps=steps, seed=s, batch_size=b, group_size=g, eval_every=6)
+        cd = simulate(SC, "dump", steps=steps, seed=s, batch_size=b, group_size=g, eval_every=6)
+        tgt = gain_target(cu.mean_accuracy[0], cu.mean_accuracy[-1])
+        direct.append((cost_to_reach(cd.eval_rollouts, cd.mean_accuracy, tgt)[0],
+                       cost_to_reach(cu.eval_rollouts, cu.mean_accuracy, tgt)[0]))
+    direct_ratio = np.mean([a for a, _ in direct]) / np.mean([u for _, u in direct])
+    dump = pr.policies[0]
+    assert dump.policy == "dump"
+    assert abs(dump.ratio - direct_ratio) < 0.08, (dump.ratio, direct_ratio)
+    assert direct_ratio < 0.9                            # the scenario has a saving to predict
+
+
+def _cli(argv, capsys):
+    from rlpace.cli import main
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, [ln for ln in err if not ln.startswith("rlpace advise: draw")]
+
+
+def test_cli_bad_inputs(tmp_path, capsys):
+    path, w = _pilot(tmp_path, steps=12, b=32, g=4)
+    pool = _pool_file(tmp_path, w)
+    out = tmp_path / "out"
+    base = ["advise", "--pilot", str(path), "--pool", str(pool), "--out", str(out), "--policies", "dump"]
+    # a pilot of another pool
+    rc, err = _cli(base[:4] + [str(_pool_file(tmp_path, w, offset=10_000))] + base[5:] + ["--budget-rollouts", "99999"],
+                   capsys)
+    assert rc == 2 and len(err) == 1 and "another pool" in err[0]
+    # too short: 5 steps of the required 10 → "5 more steps"
+    short, _ = _pilot(tmp_path, steps=5, b=32, g=4, name="short.jsonl")
+    rc, err = _cli(["advise", "--pilot", str(short)] + base[3:] + ["--budget-rollouts", "99999"], capsys)
+    assert rc == 2 and len(err) == 1 and "run 5 more steps" in err[0]
+    # rewards outside the declared range
+    bad = tmp_path / "bad.jsonl"
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[3])
+    rec["rewards"][0][0] = 1.5
+    bad.write_text("\n".join(lines[:3] + [json.dumps(rec)] + lines[4:]) + "\n")
+    rc, err = _cli(["advise", "--pilot", str(bad)] + base[3:] + ["--budget-rollouts", "99999"], capsys)
+    assert rc == 2 and len(err) == 1 and "reward_range" in err[0] and "line 4" in err[0]
+    # a budget not larger than the pilot (12 steps × 32 × 4 = 1536 rollouts)
+    rc, err = _cli(base + ["--budget-rollouts", "1536"], capsys)
+    assert rc == 2 and len(err) == 1 and "1536" in err[0] and "not larger" in err[0]
+    assert not out.exists()                              # nothing written on any bad input
+
+
+def test_cli_writes_advice(tmp_path, capsys):
+    path, w = _pilot(tmp_path, steps=12, b=32, g=4)
+    pool = _pool_file(tmp_path, w)
+    from rlpace.cli import main
+    rc = main(["advise", "--pilot", str(path), "--pool", str(pool), "--budget-rollouts", str(12 * 128 * 6),
+               "--policies", "dump", "--draws", "2", "--out", str(tmp_path / "o")])
+    text = capsys.readouterr().out
+    assert rc == 0
+    adv = json.loads((tmp_path / "o" / "advice.json").read_text())
+    assert adv["pilot_rollouts"] == 12 * 128 and adv["simulated_steps"] == 5 * 12 * 128 // 128
+    assert [p["policy"] for p in adv["policies"]] == ["dump"] and len(adv["policies"][0]["ratio_per_draw"]) == 2
+    assert adv["sentence"] in text and "rlpace train policy=" in text
+    assert "<svg" in (tmp_path / "o" / "advice.html").read_text()
