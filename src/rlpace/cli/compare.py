@@ -17,7 +17,6 @@ Examples:
 from __future__ import annotations
 
 from ..errors import InputError
-import json
 import sys
 from pathlib import Path
 
@@ -55,9 +54,10 @@ def _parse_sets(items) -> dict:
         key, eq, val = item.partition("=")
         if not eq or not key:
             raise InputError(f"--set {item!r} must be KEY=VALUE, e.g. --set batch_size=32.")
+        from rlpace._flow import parse_value   # JSON or Hydra flow style, as every policy argument
         try:
-            out[key] = json.loads(val)
-        except json.JSONDecodeError:
+            out[key] = parse_value(val, f"--set {key}")
+        except InputError:
             out[key] = val
     return out
 
@@ -171,7 +171,7 @@ def run(args) -> int:
         last = [x for x in err.strip().splitlines() if x.strip()]
         print(f"  FAILED {rid}: {last[-1] if last else err}", file=sys.stderr)
     if not args.no_report:
-        from rlpace.evaluation import report_from_dir
+        from rlpace.experiments import report_from_dir
         from .report import print_findings
         suites = list(grid.suites)
         for suite in suites:

@@ -14,7 +14,6 @@ every policy's steps-to-target is shown next to uniform's.
 from __future__ import annotations
 
 from ..errors import InputError
-import ast
 import json
 import sys
 import time
@@ -54,9 +53,12 @@ def add_arguments(parser) -> None:
 
 
 def _value(text: str):
+    """A KEY=VALUE value: JSON or Hydra's flow style (rlpace._flow, the one parser of policy
+    arguments), else the text itself (temperature=0.5, floors=[0.05,0.1], base=pool)."""
+    from rlpace._flow import parse_value
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+        return parse_value(text)
+    except InputError:
         return text
 
 

@@ -32,29 +32,30 @@ class TrainConfig:
     # ---- data scheduling
     policy: str = _f("uniform", "Scheduler policy: a name from `rlpace policies`, several joined by '+', "
                                 "or 'pkg.module:factory'")
-    policy_kwargs: str = _f("{}", "JSON object of the policy's hyperparameters, e.g. '{\"c\": 0.5}'")
+    policy_kwargs: str = _f("{}", "the policy's hyperparameters: a JSON object, e.g. '{\"c\": 0.5}', or Hydra's "
+                                  "flow style as verl's docs write it, e.g. '{c: 0.5, base: pool}'")
     success_threshold: float = _f(0.5, "a rollout succeeds when its reward ≥ this")
     max_refill_rounds: int = _f(4, "cap on extra generation rounds when admission requests refills (DAPO dynamic sampling)")
     lilo_candidates: int = _f(0, "LILO probe (arXiv 2502.12272): propose k·B candidates, probe each, keep the top-B by p(1−p); "
                                  "k here, 0 = off")
     lilo_probes: int = _f(4, "LILO: probe rollouts per candidate (counted in the rollout budget)")
-    # oracle measurement (issue 10): only with an oracle_* policy, which is a measurement tool, not a method
+    # oracle measurement: only with an oracle_* policy, which is a measurement tool, not a method
     oracle_every: int = _f(10, "oracle_* policies: measure every training prompt's pass rate every k steps "
                                "(and at step 0) and feed it to the Scheduler")
     oracle_rollouts: int = _f(8, "oracle_* policies: m rollouts per prompt per measurement; logged as "
                                  "oracle_rollouts, NOT counted in rollouts / max_rollouts")
-    # held-out loss probe (issue 15): only with a policy that reads loss curves (epiplexity)
+    # held-out loss probe: only with a policy that reads loss curves (epiplexity)
     loss_probe_every: int = _f(5, "loss-curve policies (epiplexity): every k steps (and at step 0) measure the "
                                   "teacher-forced NLL of reference answers on a fixed probe set per domain, "
                                   "in one batched forward, and feed it to Scheduler.observe_losses")
     loss_probe_per_domain: int = _f(16, "loss-curve policies: probe items per domain (its first held-out items; "
                                         "training items where a domain has none)")
-    # epiplexity-guided generator (issue 15): only with tasks=generated:<family>
+    # epiplexity-guided generator: only with tasks=generated:<family>
     gen_lr: float = _f(0.1, "tasks=generated:<family>: REINFORCE step size of the generator over the family's sizes "
                                   "(0: the generator stays uniform — the fixed uniform size mix)")
     gen_entropy: float = _f(0.01, "tasks=generated:<family>: entropy bonus β of the generator")
     gen_buffer: int = _f(32, "tasks=generated:<family>: previously generated items whose NLL drop is the reward")
-    # per-rollout gradient features (issue 11): Feedback.grads / ref_grad for diem and dvc
+    # per-rollout gradient features: Feedback.grads / ref_grad for diem and dvc
     grad_features: str = _f("auto", "compute per-rollout gradient features: auto (when a policy reads them: "
                                     "diem, dvc) | on | off")
     grad_params: str = _f("lm_head", "parameters the features cover: lm_head | last_block | all (nn.Linear "
@@ -78,7 +79,7 @@ class TrainConfig:
                                 "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet")
     train_per_domain: int = _f(256, "training prompts per distribution (the Scheduler's pool)")
     heldout_per_domain: int = _f(64, "held-out prompts per distribution (greedy evaluation)")
-    # ---- supervision (issue 14): partial and noisy labels, drawn from `seed`
+    # ---- supervision: partial and noisy labels, drawn from `seed`
     labeled_fraction: float = _f(1.0, "share of each distribution's training prompts that keep their ground "
                                       "truth for training (the rest are unlabelled); with a policy that "
                                       "supervises them (a target or reward place: ttrl, trapo, self_certainty, "
@@ -184,6 +185,9 @@ def from_overrides(overrides, base: TrainConfig | None = None) -> TrainConfig:
             raise InputError(f"unknown config field {key!r}; valid fields: {', '.join(types)} "
                              f"(see `rlpace train --help`).")
         changes[key] = _convert(key, types[key], val) if isinstance(val, str) else val
+        if key == "policy_kwargs":      # JSON or Hydra's '{temperature:0.1}', kept as canonical JSON
+            from .._flow import parse_mapping
+            changes[key] = json.dumps(val if isinstance(val, dict) else parse_mapping(val, "policy_kwargs"))
     return dataclasses.replace(base, **changes)
 
 
