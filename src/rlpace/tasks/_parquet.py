@@ -96,9 +96,27 @@ def read_parquet(path) -> list[Item]:
     return rows_to_items(pq.read_table(path).to_pylist())
 
 
+def read_jsonl(path) -> list[Item]:
+    """Items from a verl-schema JSON-lines file (what `rlpace prepare --out x.jsonl` writes)."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"JSON-lines file {str(path)!r} does not exist.")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{str(path)!r} line {lineno} is not valid JSON ({e.msg}).") from None
+    return rows_to_items(rows)
+
+
 def _read_named(path, what: str) -> list[Item]:
     try:
-        return read_parquet(path)
+        return read_jsonl(path) if str(path).endswith((".jsonl", ".json")) else read_parquet(path)
     except ValueError as e:
         raise InputError(f"{what} file {str(path)!r}: {e}") from None
 

@@ -24,8 +24,8 @@ SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostl
              "distribution per value of its config field FIELD, the other items fixed, e.g. "
              "grid:rg:knights_knaves:n_people=3,4,5,6), 'knights_knaves' (DUMP's 3…14 people via reasoning-gym), "
              "'rg:NAME[:key=value;key=value]|rg:NAME2...' (reasoning-gym datasets, one "
-             "distribution each), or a path to a verl train .parquet (test.parquet beside it "
-             "is the held-out set)")
+             "distribution each), or a path to a verl train .parquet or .jsonl (as `rlpace prepare` writes; "
+             "test.parquet or test.jsonl beside it is the held-out set)")
 
 
 def _value(text: str):
@@ -82,11 +82,13 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
                                     heldout_per_domain=heldout_per_domain, seed=seed)
     if s.startswith("rg:"):
         return reasoning_gym_suite(parse_rg(s), train_per_domain, heldout_per_domain, seed, name=s)
-    if s.endswith(".parquet"):
+    if s.endswith((".parquet", ".jsonl")):      # verl's parquet, or the .jsonl `rlpace prepare` writes
         path = Path(s)
         if not path.is_file():
-            raise InputError(f"tasks={s!r}: no such parquet file.")
-        test = path.with_name("test.parquet")
+            raise InputError(f"tasks={s!r}: no such {'parquet' if s.endswith('.parquet') else 'JSON-lines'} file.")
+        # the held-out set: test<same suffix> beside it, else verl's test.parquet
+        test = next((t for t in (path.with_name("test" + path.suffix), path.with_name("test.parquet"))
+                     if t.is_file() and t != path), path.with_name("test.parquet"))
         has_test = test.is_file() and test != path
         ts = read_taskset(path, test if has_test else None, name=s)
         if not has_test:
@@ -95,4 +97,6 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
                           f"is not measured (reported as NaN). Write the held-out prompts there in the "
                           f"same schema (verl's test.parquet).", UserWarning, stacklevel=2)
         return ts
-    raise InputError(f"unknown task set {spec!r}; use {SPEC_HELP}.")
+    raise InputError(f"unknown task set {spec[:80]!r}: give a suite name (embedded, ladder, mostly_solved), "
+                     f"embedded:<names>, grid:..., rg:..., or a verl .parquet / .jsonl file; "
+                     f"`rlpace train --help` lists every form (field tasks).")

@@ -76,7 +76,8 @@ class TrainConfig:
                                 "'generated:<family>' (an epiplexity-guided generator over the family's sizes), "
                                 "'grid:<family>' or 'grid:rg:NAME:FIELD=v1,v2,...[;k=v]' (a parameter grid for "
                                 "criticality_grid: fresh items of the proposed cells), 'knights_knaves', "
-                                "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet")
+                                "'rg:NAME[:k=v;k=v]|rg:...', or a verl train .parquet or .jsonl (what `rlpace "
+                                "prepare` writes; test.parquet / test.jsonl beside it = held-out)")
     train_per_domain: int = _f(256, "training prompts per distribution (the Scheduler's pool)")
     heldout_per_domain: int = _f(64, "held-out prompts per distribution (greedy evaluation)")
     # ---- supervision: partial and noisy labels, drawn from `seed`
