@@ -49,10 +49,48 @@ def test_first_update_only_sets_the_baseline_then_follows_the_advantage():
     np.testing.assert_array_equal(st1.logits, [0.0, 0.0, 0.0])          # A = 0 on the first reward
     assert float(st1.baseline) == 2.0 and int(st1.updates) == 1
     st2 = generator_update(st1, np.array([0, 0]), 3.0, lr=1.0, entropy_coef=0.0)
-    # var = 0 → A = clip((3 − 2) / 1e-8, ±5) = 5; Σ(e_c − π) = [2 − 2/3, −2/3, −2/3]
+    # var = 0 → scale = 0.1·|b| = 0.2, A = clip((3 − 2) / 0.2, ±5) = 5; Σ(e_c − π) = [2 − 2/3, −2/3, −2/3]
     np.testing.assert_allclose(st2.logits, 5 * np.array([4 / 3, -2 / 3, -2 / 3]))
     assert float(st2.baseline) == pytest.approx(0.8 * 2 + 0.2 * 3)
     assert float(st2.reward_var) == pytest.approx(0.2 * 1.0)
+
+
+def test_a_tiny_reward_difference_gives_a_tiny_move_when_the_variance_is_zero():
+    # After one reward the variance EMA is 0. The second reward differs by 1e-4 nats: the
+    # scale is max(σ, 0.1·|b|) = max(0, 0.01), so A = 1e-4 / 0.01 = 0.01 (dividing by σ = 1e-8
+    # instead saturated A at 5 and moved the logits by 1.1). Σ_j (e_c − π) for [0, 0, 0, 1]
+    # under uniform π over 5 = [3, 1, 0, 0, 0] − 4·0.2; the entropy gradient is 0 at uniform.
+    st = generator_update(generator_init(5), np.array([0, 1, 2, 3]), 0.1, lr=0.1)
+    assert float(st.reward_var) == 0.0
+    st = generator_update(st, np.array([0, 0, 0, 1]), 0.1001, lr=0.1)
+    step = np.array([2.2, 0.2, -0.8, -0.8, -0.8])
+    np.testing.assert_allclose(st.logits, 0.1 * 0.01 * step, rtol=1e-9)
+    # a third reward 1e-4 higher: σ² = 0.2·(1e-4)² (σ = 4.47e-5) is still under 0.1·|b|, so
+    # A = (0.1002 − b) / (0.1·b) with b = 0.8·0.1 + 0.2·0.1001 = 0.10002
+    b, var = 0.10002, 0.2 * 1e-8
+    assert float(st.baseline) == pytest.approx(b, rel=1e-12) and float(st.reward_var) == pytest.approx(var, rel=1e-6)
+    p = generator_probs(st)
+    want = st.logits + 0.1 * ((0.1002 - b) / (0.1 * b) * (np.array([0, 4, 0, 0, 0]) - 4 * p)
+                              + 0.01 * entropy_gradient(st.logits))
+    st3 = generator_update(st, np.array([1, 1, 1, 1]), 0.1002, lr=0.1)
+    np.testing.assert_allclose(st3.logits, want, rtol=1e-9)
+    assert np.abs(st3.logits).max() < 0.01
+
+
+def test_rewards_that_vary_are_standardised_by_sigma_and_all_zero_rewards_give_no_advantage():
+    # σ ≥ 0.1·|b|: the floor does not bind; A = (R − b)/σ with hand-computed b, σ²
+    st = generator_update(generator_init(2), np.array([0]), 1.0, entropy_coef=0.0)          # b = 1
+    st = generator_update(st, np.array([0]), 2.0, lr=0.0, entropy_coef=0.0)                 # A = 5; lr 0
+    b, var = 0.8 * 1.0 + 0.2 * 2.0, 0.2 * 1.0 ** 2                                            # 1.2, 0.2
+    assert (float(st.baseline), float(st.reward_var)) == pytest.approx((b, var))
+    st = generator_update(st, np.array([1]), 1.5, lr=1.0, entropy_coef=0.0)
+    a = (1.5 - b) / np.sqrt(var)                                      # 0.6708; 0.1·|b| = 0.12 < σ = 0.447
+    np.testing.assert_allclose(st.logits, a * np.array([-0.5, 0.5]), rtol=1e-12)
+    # every reward so far exactly 0 (b = 0, σ = 0): no scale, A = 0 (it was ±5 for any R ≠ 0)
+    st = generator_update(generator_init(3), np.array([0]), 0.0, entropy_coef=0.0)
+    st = generator_update(st, np.array([0, 0]), 1e-4, entropy_coef=0.0)
+    np.testing.assert_array_equal(st.logits, np.zeros(3))
+    assert float(st.reward_var) == pytest.approx(0.2 * 1e-8)        # the spread is recorded
 
 
 def test_generator_moves_to_the_parameter_region_of_largest_gain():
