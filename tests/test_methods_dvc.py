@@ -39,6 +39,49 @@ def test_exp3s_round_matches_the_weight_form():
     np.testing.assert_allclose(np.exp(got_n), e2 / e2.sum(), rtol=1e-12)
 
 
+def test_exp3s_step_is_bounded_by_gamma_over_k_q_not_gamma_over_k():
+    # One round, K = 12, γ = 0.589 (T = 1000, 4 switches), n = 16 draws, uniform p = 1/12:
+    # q = 1 − (11/12)^16 = 0.75147. Arm 0 gains 1, arm 1 is absent. With a negligible fixed
+    # share, log(w_0/w_1) grows by exactly γ/(K·q) = 0.06532 — more than γ/K = 0.04909.
+    k, n = 12, 16
+    gamma, alpha = exp3s_parameters(k, 1000, 4)
+    p = np.full(k, 1 / k)
+    q = 1 - (11 / 12) ** 16
+    assert (round(q, 5), round(gamma / (k * q), 5), round(gamma / k, 5)) == (0.75147, 0.06532, 0.04909)
+    present = np.zeros(k, bool)
+    present[0] = True
+    gains = np.zeros(k)
+    gains[0] = 1.0
+    new = exp3s_update(np.full(k, -math.log(k)), p, gains, present, n, gamma, 1e-300)
+    assert new[0] - new[1] == pytest.approx(gamma / (k * q), rel=1e-12)
+    assert new[0] - new[1] > gamma / k
+    # at the floor p_0 = γ/K (the rest spread evenly): q = 1 − (1 − γ/K)^16 = 0.55305, step 0.08876
+    log_w = np.log(np.r_[1e-9, np.ones(k - 1)])
+    log_w -= np.log(np.exp(log_w).sum())
+    p = exp3s_probs(log_w, gamma)
+    assert p[0] == pytest.approx(gamma / k, rel=1e-6)
+    new = exp3s_update(log_w, p, gains, present, n, gamma, 1e-300)
+    q0 = 1 - (1 - p[0]) ** n
+    assert q0 == pytest.approx(0.55305, abs=1e-5)
+    assert (new[0] - new[1]) - (log_w[0] - log_w[1]) == pytest.approx(gamma / (k * q0), rel=1e-6)
+    # with the real fixed share, on random states: log(w_i/w_j) grows by at most
+    # γ·x_i/(K·q_i) + log(1 + e·α·Σw/(K·w_i)) for every pair (i, j)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        log_w = rng.normal(0, 2, k)
+        log_w -= np.log(np.exp(log_w).sum())
+        p = exp3s_probs(log_w, gamma)
+        present = rng.random(k) < 0.6
+        gains = np.where(present, rng.random(k), 0.0)
+        new = exp3s_update(log_w, p, gains, present, n, gamma, alpha)
+        q = 1 - (1 - p) ** n
+        w = np.exp(log_w)
+        bound = gamma * gains / (k * q) + np.log1p(math.e * alpha * w.sum() / (k * w))
+        grow = (new[:, None] - new[None, :]) - (log_w[:, None] - log_w[None, :])    # [i, j]
+        assert (grow <= bound[:, None] + 1e-12).all()
+        assert (gamma * gains / (k * q) <= 1 + 1e-12).all()
+
+
 def _pseudo_regret(t_total: int, seed: int, switches: int = 3) -> tuple[float, float]:
     """(E-regret against the best arm of each segment, Corollary 8.3 bound): K = 3 Bernoulli
     arms whose best arm changes at T/4, T/2, 3T/4; one pull per round."""
