@@ -132,6 +132,17 @@ def _first_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def more_seeds_hint(records) -> str:
+    """How to get the seeds a paired CI needs, for the producer of these records: demo runs
+    gain seeds from `rlpace demo --seed N` into the same folder (or the headroom benchmark's
+    8 seeds); any other records from `rlpace compare --seeds 8`."""
+    producers = {str((r.get("config") or {}).get("producer", "")) for r in records}
+    if producers == {"rlpace demo"}:
+        return ("Add demo seeds to the same folder (rlpace demo --seed 1 --out <this folder>, then --seed 2, "
+                "...), or measure 8 seeds with python benchmarks/headroom.py --suite mostly_solved.")
+    return "Run more seeds (rlpace compare --seeds 8)."
+
+
 def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
             suite: str | None = None, summaries: Mapping[str, np.ndarray] | None = None,
             extra_summaries: Sequence[str] = (), label_order: Sequence[str] | None = None,
@@ -214,7 +225,7 @@ def analyze(records: Sequence[Mapping[str, Any]], *, baseline: str = "uniform",
     if others and not tested:
         raise InputError(f"no method has ≥ 2 seeds paired with the baseline {baseline!r} (paired "
                          f"seeds: {[cp.n_pairs for cp in comps]}); a paired CI needs at least 2. "
-                         f"Run more seeds (rlpace compare --seeds 8).")
+                         f"{more_seeds_hint(records)}")
     if tested:
         adj = st.holm_adjust(np.array([comps[k].t.p_value for k in tested]))
         for k, p in zip(tested, adj):
