@@ -111,15 +111,20 @@ def check_out(out: str) -> None:
 def run(args) -> int:
     from rlpace.prepare import prepare
 
+    from ._notes import notes, quiet_transformers
+
     check_out(args.out)
-    res = prepare(args.input, args.out, k=args.k, k_candidates=args.k_candidates,
-                  embed_model=args.embed_model, nll_model=args.nll_model, text_mode=args.text_mode,
-                  question_key=args.question_key, answer_key=args.answer_key, pca_dim=args.pca_dim,
-                  cluster_method=args.cluster_method, seed=args.seed, n_init=args.n_init,
-                  batch_size=args.batch_size,
-                  nll_batch_size=args.nll_batch_size, max_length=args.max_length, device=args.device,
-                  dtype=args.dtype, split=args.split, reuse_embeddings=args.reuse_embeddings,
-                  on_missing=args.on_missing, plot=not args.no_plot, progress=not args.no_progress)
+    if args.no_progress:
+        quiet_transformers()
+    with notes("prepare"):
+        res = prepare(args.input, args.out, k=args.k, k_candidates=args.k_candidates,
+                      embed_model=args.embed_model, nll_model=args.nll_model, text_mode=args.text_mode,
+                      question_key=args.question_key, answer_key=args.answer_key, pca_dim=args.pca_dim,
+                      cluster_method=args.cluster_method, seed=args.seed, n_init=args.n_init,
+                      batch_size=args.batch_size,
+                      nll_batch_size=args.nll_batch_size, max_length=args.max_length, device=args.device,
+                      dtype=args.dtype, split=args.split, reuse_embeddings=args.reuse_embeddings,
+                      on_missing=args.on_missing, plot=not args.no_plot, progress=not args.no_progress)
     s = res.summary
     sizes = s["cluster_sizes"]
     print(f"wrote {res.output}: {s['n_rows']} rows, {s['n_clusters']} clusters "

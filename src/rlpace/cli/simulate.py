@@ -202,21 +202,23 @@ def run(args) -> int:
     results: dict[str, list] = {}
     records = []
     t0 = time.perf_counter()
-    for name in names:
-        results[name] = []
-        for seed in seeds:
-            try:
-                res = simulate(scenario, name, steps=args.steps, seed=seed, batch_size=args.batch_size,
-                               group_size=args.group_size, eval_every=args.eval_every, target=target,
-                               policy_kwargs=per_policy[name], progress=not args.no_progress,
-                               weight_norm=args.weight_norm)
-            except InputError as e:
-                raise InputError(f"{name}: {e}") from None
-            results[name].append(res)
-            records.append(res.to_record())
-            if not args.no_progress:
-                print(f"  {name} seed {seed}: steps→target {res.steps_to_target}, final accuracy "
-                      f"{res.final_accuracy:.3f} ({res.wall_s:.1f}s)", file=sys.stderr)
+    from ._notes import notes
+    with notes("simulate"):   # a policy's warning (gfpo without lengths): one line, once
+        for name in names:
+            results[name] = []
+            for seed in seeds:
+                try:
+                    res = simulate(scenario, name, steps=args.steps, seed=seed, batch_size=args.batch_size,
+                                   group_size=args.group_size, eval_every=args.eval_every, target=target,
+                                   policy_kwargs=per_policy[name], progress=not args.no_progress,
+                                   weight_norm=args.weight_norm)
+                except InputError as e:
+                    raise InputError(f"{name}: {e}") from None
+                results[name].append(res)
+                records.append(res.to_record())
+                if not args.no_progress:
+                    print(f"  {name} seed {seed}: steps→target {res.steps_to_target}, final accuracy "
+                          f"{res.final_accuracy:.3f} ({res.wall_s:.1f}s)", file=sys.stderr)
     rows = summarize(results, target)
     print_summary(rows, scenario, args, target)
     print(f"({len(records)} runs in {time.perf_counter() - t0:.1f}s)")
