@@ -59,10 +59,11 @@ def test_readme_quick_start_runs_and_moves_the_mass_to_the_domain_with_signal(tm
 
 
 # ---- tracker references -------------------------------------------------------------------------
-# Public projects a `#N` or "issue N" may follow ("verl #2791", "verl-recipe PR #125", "AReaL#450").
+# Public projects a `#N` or "issue N" may follow ("verl #2791", "verl-recipe PR #125", "AReaL#450");
+# a `#N` inside quotes or after ':' or '=' is a colour (`color:#222`, `"#555"`), not a reference.
 PUBLIC = r"(?:[\w.-]+/[\w.-]+|verl|verl-recipe|trl|TRL|AReaL|transformers|accelerate|vllm|vLLM|pytorch|torch|deepspeed|DeepSpeed|OpenRLHF|datasets|reasoning-gym)"
 _PUBLIC_BEFORE = re.compile(PUBLIC + r"(?:\s+(?:PR|pull|issue))?\s*$")
-_TRACKER = re.compile(r"\bissues?\s+#?\d+|(?<![\w:&/#])#\d+\b|\bitems? \d+(?:,\s*\d+)*\)", re.I)
+_TRACKER = re.compile(r"\bissues?\s+#?\d+|(?<![\w:&/#"'=])#\d+\b|\bitems? \d+(?:,\s*\d+)*\)", re.I)
 
 
 def tracker_references(text):
@@ -80,7 +81,7 @@ def test_tracker_pattern_on_hand_written_lines():
     bad = ["the headroom suites (issue 10)", "see #23 for why", "(item 8)", "issues 11, 12",
            "Issue #4 says so", "# per-rollout features (issue 11): only when"]
     good = ["huggingface/trl#3708", "verl PR #6302", "AReaL#450", "(verl #2791)",
-            "verl-recipe PR #125", "color:#222", "an issue with 3 rows", "12 items 3 times"]
+            "verl-recipe PR #125", "color:#222", 'stroke="#000"', "an issue with 3 rows", "12 items 3 times"]
     assert [s for s in bad if not tracker_references(s)] == []
     assert [s for s in good if tracker_references(s)] == []
 
