@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..predict._logistic import PredictorState, check_predictor_state, logits, predictor
+from ..predict._logistic import PredictorState, check_predictor_state, last_result, logits, predictor
 from ..types import _success_counts
 from ._base import REWEIGHTING, SELECTION, DataPolicy
 from ._compose import compose
@@ -203,7 +203,7 @@ def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clam
             memo = (key, _stage_proposal(theta, pool, target, alpha, epsilon, threshold, weight_threshold))
             pool._cache["criticality/last_stage"] = memo
         norm, cdf = memo[1]
-        return norm.copy(), (cdf if with_cdf else np.zeros(0))
+        return norm.copy(), (cdf if with_cdf else np.zeros(0))   # cdf: read-only use, never written
 
     def init(pool):
         ps = pr.init(pool)
@@ -221,12 +221,18 @@ def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clam
         """(exact p/q' float64[B], shaped float64[B]) for the prompts of one batch."""
         n = len(pool)
         theta, norm = version(state, step)
-        q, q_eff, fb = _q_of(crit(theta, pool, ids), norm, n, alpha, epsilon, weight_threshold)
-        exact = (1.0 / n) / q_eff
-        if unbiased:
-            return exact, exact
-        return exact, shape_weights(np.where(fb, 1.0, (1.0 / n) / q), weight_floor, normalize,
-                                    weight_clamp)
+
+        def compute():
+            q, q_eff, fb = _q_of(crit(theta, pool, ids), norm, n, alpha, epsilon, weight_threshold)
+            exact = (1.0 / n) / q_eff
+            if unbiased:
+                return exact, exact
+            return exact, shape_weights(np.where(fb, 1.0, (1.0 / n) / q), weight_floor, normalize,
+                                        weight_clamp)
+        # the selection's and the reweighting's update both weigh the same batch
+        return last_result(pool, "criticality/last_weights", (theta.tobytes(), norm.tobytes(), ids.tobytes(),
+                           alpha, epsilon, weight_threshold, target, unbiased, weight_floor, normalize,
+                           weight_clamp), compute)
 
     def update(state, pool, batch):
         ids = batch.prompt_ids

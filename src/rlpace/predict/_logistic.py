@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._checks import check_int, check_real
+from .._checks import bad, check_int, check_real
 from ..types import Pool
 
 __all__ = ["Predictor", "PredictorState", "predictor", "design", "dim"]
@@ -166,6 +166,22 @@ def design(pool: Pool, ids: np.ndarray) -> np.ndarray:
     if _use_clusters(pool):
         x[np.arange(m), col + pool.clusters[ids]] = 1.0
     return x
+
+
+def last_result(pool: Pool, name: str, key: tuple, compute):
+    """`compute()`, or a copy of its last result when the call named `name` last ran on this
+    pool with the same `key` (every input of the pure computation, arrays as bytes).
+
+    Why: the two policies of a criticality method (`criticality_is`, `criticality_grid`: a
+    selection and a reweighting) each keep their own predictor, as a policy sees only its own
+    state, and update it identically; the second one reads the first one's SGD step, refit
+    and stage proposal instead of computing them again. Only the last result is kept."""
+    memo = pool._cache.get(name)
+    if memo is None or memo[0] != key:
+        memo = (key, compute())
+        pool._cache[name] = memo
+    out = memo[1]
+    return tuple(np.array(v, copy=True) for v in out) if isinstance(out, tuple) else np.array(out, copy=True)
 
 
 def _dense(pool: Pool, ids: np.ndarray) -> np.ndarray:
@@ -330,17 +346,9 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
             k, n = state.buf_wins[:used], state.buf_n[:used]
             total = float((wt * n).sum())
             if total > 0:
-                key = (theta.tobytes(), ids.tobytes(), wt.tobytes(), k.tobytes(), n.tobytes(), l2,
-                       newton_steps)
-                memo = pool._cache.get("predict/last_refit")
-                if memo is not None and memo[0] == key:
-                    # The same fit on the same data: the two policies of a criticality method
-                    # each keep a predictor and update it identically (a pure function, so
-                    # the second one reads the first one's result).
-                    theta = memo[1].copy()
-                else:
-                    theta = _newton(pool, ids, wt, k, n, total, theta)
-                    pool._cache["predict/last_refit"] = (key, theta.copy())
+                theta = last_result(pool, "predict/last_refit", (theta.tobytes(), ids.tobytes(), wt.tobytes(),
+                                    k.tobytes(), n.tobytes(), l2, newton_steps),
+                                    lambda: _newton(pool, ids, wt, k, n, total, theta))
         state.theta[:] = theta
         state.stage_theta[:] = theta
         state.buf_ids[:] = -1
@@ -361,10 +369,13 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
         # online SGD step on the batch's mean log-likelihood
         total = float((wt * n).sum())
         if total > 0 and lr > 0:
-            rows = _rows(pool, ids)
-            s = _sigmoid(_x_theta(rows, state.theta))
-            g = _xt_v(rows, wt * (wins - n * s)) / total
-            state.theta[:] = np.clip(state.theta + lr * (g - l2 * state.theta), -_THETA_MAX, _THETA_MAX)
+            def sgd():
+                rows = _rows(pool, ids)
+                s = _sigmoid(_x_theta(rows, state.theta))
+                g = _xt_v(rows, wt * (wins - n * s)) / total
+                return np.clip(state.theta + lr * (g - l2 * state.theta), -_THETA_MAX, _THETA_MAX)
+            state.theta[:] = last_result(pool, "predict/last_sgd", (state.theta.tobytes(), ids.tobytes(),
+                                         wins.tobytes(), n.tobytes(), wt.tobytes(), lr, l2), sgd)
         # the stage's ring buffer (only the newest `buffer` groups of an oversized batch)
         b = ids.shape[0]
         keep = slice(max(0, b - buffer), b)
@@ -389,7 +400,6 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
 def check_predictor_state(state: PredictorState, key: str) -> None:
     """ValueError naming the key when a restored predictor state breaks its own rules
     (a group with more successes than rollouts)."""
-    from ..policies._state_checks import bad
     over = state.buf_wins > state.buf_n
     if over.any():
         raise bad(f"{key}/buf_wins", "exceeds buf_n", state.buf_wins, over)
