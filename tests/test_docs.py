@@ -63,7 +63,7 @@ def test_readme_quick_start_runs_and_moves_the_mass_to_the_domain_with_signal(tm
 # a `#N` inside quotes or after ':' or '=' is a colour (`color:#222`, `"#555"`), not a reference.
 PUBLIC = r"(?:[\w.-]+/[\w.-]+|verl|verl-recipe|trl|TRL|AReaL|transformers|accelerate|vllm|vLLM|pytorch|torch|deepspeed|DeepSpeed|OpenRLHF|datasets|reasoning-gym)"
 _PUBLIC_BEFORE = re.compile(PUBLIC + r"(?:\s+(?:PR|pull|issue))?\s*$")
-_TRACKER = re.compile(r"\bissues?\s+#?\d+|(?<![\w:&/#"'=])#\d+\b|\bitems? \d+(?:,\s*\d+)*\)", re.I)
+_TRACKER = re.compile(r"""\bissues?\s+#?\d+|(?<![\w:&/#"'=])#\d+\b|\bitems? \d+(?:,\s*\d+)*\)""", re.I)
 
 
 def tracker_references(text):
