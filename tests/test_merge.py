@@ -19,6 +19,7 @@ pytest.importorskip("safetensors")
 from rlpace.cli import main  # noqa: E402
 from rlpace.merge import iso_merge_matrix, merge_checkpoints, task_arithmetic, ties  # noqa: E402
 from rlpace.merge._checkpoint import _iso_stack  # noqa: E402
+from rlpace.merge._methods import iso_merge_matrix_gram  # noqa: E402
 
 
 def numpy_iso(w0, ws, rho=0.9, ridge=1e-12):
@@ -114,8 +115,28 @@ def test_stacked_matrices_merge_one_by_one():
     ws = [w0 + 0.05 * torch.from_numpy(g.standard_normal((3, 5, 4))) for _ in range(2)]
     got, cs = _iso_stack(w0, ws, 0.9)
     for i in range(3):
-        want, c = iso_merge_matrix(w0[i], [w[i] for w in ws])
+        want, c = iso_merge_matrix_gram(w0[i], [w[i] for w in ws])
         assert torch.equal(got[i], want) and cs[i] == [float(x) for x in c]
+        exact, c_exact = iso_merge_matrix(w0[i], [w[i] for w in ws])
+        assert float((got[i] - exact).abs().max()) < 1e-12 and np.abs(c - c_exact).max() < 1e-10
+
+
+@pytest.mark.parametrize("shape,k,eps", [((9, 6), 1, 0.05), ((9, 6), 3, 0.05), ((5, 8), 2, 0.05),
+                                         ((64, 64), 2, 0.01), ((300, 40), 2, 0.01), ((40, 300), 2, 1e-3)])
+def test_gram_route_equals_the_svd_route(shape, k, eps):
+    """The streamed Gram route (what `rlpace merge` runs) against the LAPACK-SVD rule, which
+    the numpy reference above pins: tall, wide and square, 1–3 experts, row blocks of 7."""
+    g = np.random.default_rng(5)
+    w0 = torch.from_numpy(g.standard_normal(shape))
+    ws = [w0 + eps * torch.from_numpy(g.standard_normal(shape)) for _ in range(k)]
+    want, c_want = iso_merge_matrix(w0, ws)
+    got, c = iso_merge_matrix_gram(w0, ws, block_rows=7)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-12
+    assert np.abs(c - c_want).max() < 1e-10
+    # an ill-conditioned base (σ_min/σ_max = 1e-6) is left to the SVD route
+    u, s, vh = torch.linalg.svd(w0, full_matrices=False)
+    s[-1] = 1e-6 * s[0]
+    assert iso_merge_matrix_gram((u * s) @ vh, ws) is None
 
 
 # ---- checkpoints --------------------------------------------------------------------------
@@ -281,3 +302,20 @@ def test_non_finite_input_is_refused_for_every_method(ckpts, tmp_path, capsys, m
     assert rc == 2 and err.startswith("rlpace merge: error:") and "\n" not in err
     assert f"tensor {name!r} in {str(bad_file)!r} holds NaN or inf" in err
     assert not out.exists() and not list(tmp_path.glob("*.tmp-merge"))
+
+
+def test_checkpoint_merge_equals_the_svd_route_tensor_by_tensor(ckpts, tmp_path):
+    """`rlpace merge` (Gram route, streamed) against `iso_merge_matrix` (LAPACK SVDs) on every
+    matrix of the tiny checkpoint, float32 output: equal up to float32 rounding."""
+    out = tmp_path / "m"
+    merge_checkpoints(ckpts["sharded"], [ckpts["e0"], ckpts["e1"]], out, out_dtype="float32", progress=False)
+    base, e0, e1, merged = (load_all(p) for p in (ckpts["sharded"], ckpts["e0"], ckpts["e1"], out))
+    coeffs = dict((n, c) for n, c in json.loads((out / "retention_coefficients.json").read_text())["tensors"])
+    checked = 0
+    for n, w in merged.items():
+        if w.ndim == 2:
+            want, c = iso_merge_matrix(base[n], [e0[n], e1[n]])
+            assert float((w.double() - want).abs().max()) <= 2 ** -23 * float(want.abs().max()), n
+            assert np.abs(np.array(coeffs[n]) - c).max() < 1e-10
+            checked += 1
+    assert checked == 16                           # 2 layers × 7 projections, embedding, head

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ._methods import RHO_KEEP, iso_merge_matrix, task_arithmetic, task_vector_mean, ties
+from ._methods import RHO_KEEP, iso_merge_matrix, iso_merge_matrix_gram, task_arithmetic, task_vector_mean, ties
 
 __all__ = ["merge_checkpoints", "METHODS", "read_layout", "MAX_RELATIVE_DELTA"]
 
@@ -210,7 +210,7 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
                 elif kind == "mean":
                     merged = task_vector_mean(w0, ws)
                 else:
-                    merged, c = _iso_stack(w0, ws, rho_keep)
+                    merged, c = _iso_stack(w0, ws, rho_keep, DTYPES[out_dtype] if out_dtype else w0.dtype)
                     coeffs.append([n, c])
                 counts[kind] += 1
                 dt = DTYPES[out_dtype] if out_dtype and merged.is_floating_point() else w0.dtype
@@ -234,19 +234,27 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             "out": str(out)}
 
 
-def _iso_stack(w0, ws, rho_keep):
-    """ISO-merge a matrix [m, n] or a stack [..., m, n] matrix by matrix (MoE expert stacks)."""
+def _iso_stack(w0, ws, rho_keep, dtype=torch.float64):
+    """ISO-merge a matrix [m, n] or a stack [..., m, n] matrix by matrix (MoE expert stacks),
+    each by the Gram route (`iso_merge_matrix_gram`: no m × q frame is formed, memory stays at
+    a few row blocks) or, for a matrix too ill-conditioned for it, by LAPACK SVDs; in `dtype`."""
+    def one(a, bs):
+        got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype)
+        if got is None:
+            w, c = iso_merge_matrix(a, bs, rho_keep=rho_keep)
+            got = w.to(dtype), c
+        return got[0], [float(x) for x in got[1]]
+
     if w0.ndim == 2:
-        w, c = iso_merge_matrix(w0, ws, rho_keep=rho_keep)
-        return w, [float(x) for x in c]
+        return one(w0, ws)
     lead = w0.shape[:-2]
     flat0 = w0.reshape(-1, *w0.shape[-2:])
     flats = [w.reshape(-1, *w.shape[-2:]) for w in ws]
     outs, cs = [], []
     for i in range(flat0.shape[0]):
-        w, c = iso_merge_matrix(flat0[i], [f[i] for f in flats], rho_keep=rho_keep)
+        w, c = one(flat0[i], [f[i] for f in flats])
         outs.append(w)
-        cs.append([float(x) for x in c])
+        cs.append(c)
     return torch.stack(outs).reshape(*lead, *w0.shape[-2:]), cs
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["iso_merge_matrix", "task_vector_mean", "task_arithmetic", "ties", "RHO_KEEP", "RIDGE", "C_CLIP"]
+__all__ = ["iso_merge_matrix", "iso_merge_matrix_gram", "task_vector_mean", "task_arithmetic", "ties", "RHO_KEEP", "RIDGE", "C_CLIP"]
 
 RHO_KEEP = 0.9            # share of the base's singular modes whose frame motion is kept
 RIDGE = 1e-12             # absolute ridge of the Gram system (the public script's value)
@@ -70,15 +70,152 @@ def iso_merge_matrix(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KEEP, r
         xvs.append(xv)
     effects = torch.stack([((xu * s0) @ v0.T + (u0 * s0) @ xv.T).reshape(-1) for xu, xv in zip(xus, xvs)])
     gram = (effects @ effects.T).cpu().numpy()                         # [K, K]
-    try:
-        c = np.linalg.solve(gram + ridge * np.eye(len(ws)), np.diag(gram))
-    except np.linalg.LinAlgError:                 # exactly singular: every expert at unit strength
-        c = np.ones(len(ws))
-    c = np.clip(c, *clip)
+    c = _retention(gram, ridge, clip)
     ct = torch.as_tensor(c, dtype=torch.float64, device=w0.device)
     xu = _tangent(u0, sum(ci * x for ci, x in zip(ct, xus)))
     xv = _tangent(v0, sum(ci * x for ci, x in zip(ct, xvs)))
     return (_polar(u0 + xu) * s0) @ _polar(v0 + xv).T, c
+
+
+def _retention(gram: np.ndarray, ridge: float, clip: tuple) -> np.ndarray:
+    """c of (Γ + ridge·I)·c = diag Γ, clipped; a singular system gives every expert c = 1."""
+    try:
+        c = np.linalg.solve(gram + ridge * np.eye(len(gram)), np.diag(gram))
+    except np.linalg.LinAlgError:                 # exactly singular: every expert at unit strength
+        c = np.ones(len(gram))
+    return np.clip(c, *clip)
+
+
+def _eigh_descending(a: torch.Tensor):
+    lam, vec = torch.linalg.eigh((a + a.T) / 2)
+    return lam.flip(0), vec.flip(1)
+
+
+def _inv_sqrt(a: torch.Tensor) -> torch.Tensor:
+    """A^(-1/2) of a symmetric positive definite A (eigh; A is near I here)."""
+    lam, vec = torch.linalg.eigh((a + a.T) / 2)
+    return (vec * lam.rsqrt()) @ vec.T
+
+
+def _sym(m: torch.Tensor) -> torch.Tensor:
+    return (m + m.T) / 2
+
+
+MAX_GRAM_COND = 1e4       # σ_max/σ_min above this: the Gram route's eps·cond² error is too large
+
+
+def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KEEP, ridge: float = RIDGE,
+                          clip: tuple = C_CLIP, dtype=torch.float64, block_rows: int = 8192,
+                          max_cond: float = MAX_GRAM_COND):
+    """`iso_merge_matrix`'s result from n × n Gram matrices (n = the short side), streamed
+    over row blocks, or None when a matrix is too ill-conditioned for that route.
+
+    The SVDs of a tall m × n matrix are read off its Gram matrix — WᵀW = V·Σ²·Vᵀ, U = W·V·Σ⁻¹
+    kept implicit — so nothing m × q is ever formed: one pass accumulates, in float64,
+    W₀ᵀW₀, W₀ᵀΔ_i and Δ_iᵀΔ_j (Δ_i = W_i − W₀) over blocks of `block_rows` rows; every step
+    of the merge (sign alignment, tangent projections, the ρ mask, the Gram system of the
+    weight effects, both polar retractions) is then algebra on n × n matrices, since each
+    frame is a combination U★ = Σ_a U_a·γ_a of the implicit frames; a second pass writes
+    W★ = W₀·Σ_a Z_a + Σ_i Δ_i·Z_i block by block in `dtype`. A wide matrix is merged as its
+    transpose (with the sign rule still taken on its left vectors). Cost: (K+1)(K+2)/2 + K + 1
+    products of m × n by n × n and K + 3 n × n eigendecompositions, against 2K + 3 thin SVDs.
+
+    Exactness: a Gram matrix squares the condition number, so frames and Σ₀ carry a relative
+    error of about eps·cond²; above `max_cond` (σ_max/σ_min of the base or of an expert) this
+    returns None and the caller uses `iso_merge_matrix` (LAPACK SVDs). Tested against it.
+    """
+    f64 = torch.float64
+    wide = w0.shape[0] < w0.shape[1]
+    big0 = w0.T if wide else w0                                        # [M, N], M ≥ N
+    bigs = [w.T if wide else w for w in experts]
+    m, n = big0.shape
+    k = len(bigs)
+    dev = w0.device
+    c00 = torch.zeros(n, n, dtype=f64, device=dev)
+    b = torch.zeros(k, n, n, dtype=f64, device=dev)                    # W₀ᵀΔ_i
+    d = {}                                                             # (i, j), i ≤ j: Δ_iᵀΔ_j
+    for r in range(0, m, block_rows):
+        w0b = big0[r:r + block_rows].to(f64)
+        db = [w[r:r + block_rows].to(device=dev, dtype=f64) - w0b for w in bigs]
+        c00 += w0b.T @ w0b
+        for i in range(k):
+            b[i] += w0b.T @ db[i]
+            for j in range(i, k):
+                d[i, j] = d.get((i, j), 0) + db[i].T @ db[j]
+
+    def gram(a, c):                                                    # W_aᵀW_c, a, c ∈ 0..K
+        if a == 0 and c == 0:
+            return c00
+        if a == 0:
+            return c00 + b[c - 1]
+        if c == 0:
+            return (c00 + b[a - 1]).T
+        i, j = a - 1, c - 1
+        dij = d[i, j] if i <= j else d[j, i].T
+        return c00 + b[j] + b[i].T + dij
+
+    lam, vecs = [], []
+    for a in range(k + 1):
+        la, va = _eigh_descending(gram(a, a))
+        if not bool(la[-1] > 0) or float(la[0] / la[-1]) > max_cond ** 2:
+            return None
+        lam.append(la)
+        vecs.append(va)
+    sig = [la.sqrt() for la in lam]
+    qs = [va / sa for va, sa in zip(vecs, sig)]                       # U_a = W_a·Q_a
+    o = {(a, c): qs[a].T @ gram(a, c) @ qs[c] for a in range(k + 1) for c in range(k + 1)}   # U_aᵀU_c
+    s0, v0 = sig[0], vecs[0]
+    keep = max(1, int(round(rho_keep * n)))
+    mask = torch.ones(n, dtype=f64, device=dev)
+    mask[keep:] = 0.0
+    alphas, betas, a_s, xvs, b_s = [], [], [], [], []
+    for i in range(1, k + 1):
+        lead = torch.diagonal(v0.T @ vecs[i]) if wide else torch.diagonal(o[0, i])   # ⟨left vectors⟩
+        sign = torch.where(lead >= 0, 1.0, -1.0).to(f64)
+        mi = o[0, i] * sign                                            # U₀ᵀŨ_i
+        alpha = -_sym(mi) * mask                                       # ξ_u,i = U₀·α_i + U_i·diag(β_i)
+        beta = sign * mask
+        alphas.append(alpha)
+        betas.append(beta)
+        a_s.append(o[0, 0] @ alpha + o[0, i] * beta)                   # U₀ᵀξ_u,i
+        vt = vecs[i] * sign
+        xv = (vt - v0 @ _sym(v0.T @ vt)) * mask                        # ξ_v,i, explicit n × n
+        xvs.append(xv)
+        b_s.append(v0.T @ xv)
+    ss = s0[:, None] * s0[None, :]
+    s2 = s0 * s0
+    gm = np.zeros((k, k))
+    for i in range(k):
+        for j in range(k):
+            ai, bi, aj, bj = alphas[i], betas[i], alphas[j], betas[j]
+            # diag(ξ_u,iᵀ ξ_u,j) with ξ_u = U₀·α + U_i·diag(β)
+            fu = ((ai * (o[0, 0] @ aj)).sum(0) + (ai * (o[0, j + 1] * bj)).sum(0)
+                  + bi * (o[i + 1, 0] @ aj).diagonal() + bi * bj * o[i + 1, j + 1].diagonal())
+            uu = (s2 * fu).sum()
+            vv = (s2 * (xvs[i] * xvs[j]).sum(0)).sum()
+            cross = (ss * a_s[i].T * b_s[j]).sum() + (ss * a_s[j].T * b_s[i]).sum()
+            gm[i, j] = float(uu + vv + cross)
+    c = _retention(gm, ridge, clip)
+    ct = torch.as_tensor(c, dtype=f64, device=dev)
+    a_star = sum(ci * ai for ci, ai in zip(ct, a_s))                   # U₀ᵀ·Σ c_i ξ_u,i
+    gammas = [torch.eye(n, dtype=f64, device=dev) + sum(ci * al for ci, al in zip(ct, alphas)) - _sym(a_star)]
+    gammas += [torch.diag(ci * be) for ci, be in zip(ct, betas)]       # Y = Σ_a U_a·γ_a = U₀ + Π_U₀(Σ c_i ξ_u,i)
+    yty = sum(gammas[a].T @ o[a, c] @ gammas[c] for a in range(k + 1) for c in range(k + 1))
+    h = _inv_sqrt(yty)                                                 # U★ = Y·(YᵀY)^(-1/2)
+    xv = sum(ci * x for ci, x in zip(ct, xvs))
+    yv = v0 + xv - v0 @ _sym(v0.T @ xv)
+    v_star = yv @ _inv_sqrt(yv.T @ yv)
+    r = (h * s0) @ v_star.T                                            # W★ = Σ_a U_a·γ_a·R
+    zs = [qs[a] @ gammas[a] @ r for a in range(k + 1)]
+    zsum = sum(zs)
+    out = torch.empty(m, n, dtype=dtype, device=dev)
+    for r0 in range(0, m, block_rows):
+        w0b = big0[r0:r0 + block_rows].to(f64)
+        blk = w0b @ zsum
+        for i, w in enumerate(bigs):
+            blk += (w[r0:r0 + block_rows].to(device=dev, dtype=f64) - w0b) @ zs[i + 1]
+        out[r0:r0 + block_rows] = blk.to(dtype)
+    return (out.T.contiguous() if wide else out), c
 
 
 def task_vector_mean(w0: torch.Tensor, experts) -> torch.Tensor:
