@@ -47,7 +47,7 @@ test-main: $(STAMP)
 # The documentation site (mkdocs.yml): a broken link or anchor, a page missing from the nav or a
 # docstring the API reference cannot render fails the build.
 test-docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site
