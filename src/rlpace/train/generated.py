@@ -13,6 +13,18 @@ of the family and measures the generator's reward on the items it generated befo
 
 Every draw is a pure function of (seed, step, round) and the checkpointed generator state, so
 a resumed run draws the same items as an uninterrupted one.
+
+`tasks=grid:<family>` (criticality_grid) shares the fresh items: the Scheduler proposes the
+cells and each proposed cell gets a new item, keys (cell, step, round, j) (`cell_keys`).
+
+The recipe's component is `FreshItems` (built when the task spec starts with `generated:` or
+`grid:`). Its points in the loop, in order:
+
+    propose(sched, n, step, round)   the cells of the round's n prompts (round 0 starts the step)
+    sample(...)                      G rollouts on a new item of each proposed cell
+    before_update()                  generated: the buffer's NLL before the step's update
+    after_update(trained)            generated: the generator's REINFORCE step on the NLL drop,
+                                     the round's keys into the buffer; the record's gen/* fields
 """
 
 from __future__ import annotations
@@ -23,15 +35,18 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..tasks._generator import draw_keys, fresh_items, generator_from_json
+from ..tasks._generator import (GENERATED_PREFIX, buffer_push, draw_keys, fresh_items, generator_from_json,
+                                 generator_init, generator_probs, generator_to_json, generator_update)
+from ..tasks._grid import GRID_PREFIX, cell_keys
 from ..types import Pool
 from .config import TrainConfig
 from .rollout import completion_logprobs, encode_prompts
 from .sampling import answer_rollout, sample_groups
 
-__all__ = ["FreshSource", "fresh_source", "cell_pool", "draw", "sample_fresh", "buffer_nll", "generator_state"]
+__all__ = ["FreshSource", "fresh_source", "cell_pool", "draw", "sample_fresh", "buffer_nll", "generator_state",
+           "FreshItems"]
 
-_GENERATE = 3                   # the trainer's random stream of the generator's draws (issue 15)
+_GENERATE = 3                   # the trainer's random stream of the generator's draws
 
 
 class FreshSource(NamedTuple):
@@ -103,3 +118,75 @@ def buffer_nll(model, tok, src: FreshSource, gen, cfg: TrainConfig) -> float | N
 def generator_state(counters: dict, pool: Pool, cfg: TrainConfig):
     """The generator state a checkpoint's counters hold (ValueError naming the field)."""
     return generator_from_json(counters.get("generator"), pool.n_domains, cfg.gen_buffer)
+
+
+class FreshItems:
+    """Fresh items of proposed cells: `tasks=generated:<family>` (the generator draws the cells)
+    or `tasks=grid:<family>` (the Scheduler proposes them). Points in the loop: module docstring.
+
+    Attributes:
+        gen: the generator's state (`GeneratorState`; None under grid:), checkpointed as
+            counters["generator"].
+    """
+
+    def __init__(self, tasks, pool: Pool, cfg: TrainConfig, generated: bool):
+        self.pool, self.cfg = pool, cfg
+        self.src = fresh_source(tasks, pool, cfg.seed)
+        self.gen = generator_init(pool.n_domains, cfg.gen_buffer) if generated else None
+        self._keys, self._drawn, self._nll_before = None, [], None
+
+    @classmethod
+    def build(cls, tasks, pool: Pool, cfg: TrainConfig) -> FreshItems | None:
+        """The component, or None for a fixed task set."""
+        spec = cfg.tasks.strip()
+        if not spec.startswith((GENERATED_PREFIX, GRID_PREFIX)):
+            return None
+        return cls(tasks, pool, cfg, spec.startswith(GENERATED_PREFIX))
+
+    def load_counters(self, counters: dict) -> None:
+        """Restore the generator from a checkpoint's counters (InputError when corrupt)."""
+        if self.gen is not None:
+            self.gen = generator_state(counters, self.pool, self.cfg)
+
+    def generator_json(self):
+        return None if self.gen is None else generator_to_json(self.gen)
+
+    def propose(self, sched, n: int, step: int, round_: int) -> np.ndarray:
+        """int64[n] cells of the round's prompts: drawn from the generator, or proposed by `sched`
+        (grid:); their item keys are kept for `sample`. Round 0 starts the step."""
+        if round_ == 0:
+            self._drawn = []
+        if self.gen is not None:
+            self._keys = draw(self.gen, n, self.cfg, step, round_)                 # int64[n, 4]
+            return self._keys[:, 0]
+        ids = sched.propose(n)
+        self._keys = cell_keys(ids, step, round_)
+        return ids
+
+    def sample(self, model, tok, tasks, g: int, torch_gen, token_stats: bool = False):
+        """`Groups` of g rollouts on a new item of each cell `propose` returned (ids = the cells)."""
+        grp = sample_fresh(model, tok, tasks, self.src, self._keys, g, self.cfg, torch_gen, token_stats=token_stats)
+        self._drawn.append(self._keys)
+        return grp
+
+    def before_update(self, model, tok) -> None:
+        """generated: the buffer's NLL before the step's update (the reward's "before")."""
+        self._nll_before = buffer_nll(model, tok, self.src, self.gen, self.cfg) if self.gen is not None else None
+
+    def after_update(self, model, tok, trained: bool) -> dict:
+        """generated: reward = the buffer's NLL drop from this step (prequential epiplexity
+        gain) → the generator's step over every drawn prompt's cell; then the step's items
+        enter the buffer. Returns the record's gen/* fields ({} under grid:)."""
+        if self.gen is None:
+            return {}
+        rec = {}
+        if trained and self._nll_before is not None:
+            model.eval()
+            nll_after = buffer_nll(model, tok, self.src, self.gen, self.cfg)
+            configs = self.pool.domains[np.concatenate([k[:, 0] for k in self._drawn])]    # every drawn prompt
+            self.gen = generator_update(self.gen, configs, self._nll_before - nll_after, lr=self.cfg.gen_lr,
+                                        entropy_coef=self.cfg.gen_entropy)
+            rec.update({"gen/reward": self._nll_before - nll_after, "gen/buffer_nll": nll_after})
+        self.gen = buffer_push(self.gen, np.concatenate(self._drawn))             # the real items of this step
+        rec.update({f"gen/prob/{d}": float(q) for d, q in zip(self.pool.domain_names, generator_probs(self.gen))})
+        return rec

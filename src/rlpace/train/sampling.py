@@ -4,12 +4,16 @@
     lilo_select     LILO's probes: k·B candidates × m rollouts, keep the top-B by p̂(1−p̂)
                     (charged to the budget)
     oracle_measure  every training prompt's pass rate, m rollouts each, fed to the Scheduler
-                    as one Feedback (oracle_* measurement tools; never charged: issue 10)
+                    as one Feedback (oracle_* measurement tools; never charged to the budget)
     probe_losses    teacher-forced NLL of reference answers per domain (loss-curve policies:
-                    epiplexity; issue 15)
+                    epiplexity)
 
 Every random draw comes from `step_generator(cfg, step, round, stream)`, one stream per use
 (SAMPLE, PROBE, ORACLE), so a resumed run repeats the uninterrupted one exactly.
+
+These are the measurements; when the recipe runs them, and what it logs, is the business of
+its components: `rlpace.train.oracle.OracleMeasurement`, `rlpace.train.lossprobe.LossCurves`
+(LILO has no state: the recipe calls `lilo_select` at its proposal).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ __all__ = ["SAMPLE", "PROBE", "ORACLE", "Groups", "step_generator", "sample_grou
            "probe_losses"]
 
 SAMPLE, PROBE = 0, 1          # random streams of the generation seed
-ORACLE = 2                    # stream of the oracle measurement (issue 10)
+ORACLE = 2                    # stream of the oracle measurement
 
 
 class Groups(NamedTuple):
@@ -91,7 +95,7 @@ def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step:
     return cand[keep], cand.size * cfg.lilo_probes, probe.tokens
 
 
-# ---- oracle measurement (issue 10) -------------------------------------------------------
+# ---- oracle measurement ------------------------------------------------------------------
 def uses_oracle(sched) -> bool:
     """Whether a policy of the Scheduler reads the pass-rate measurement of every training
     prompt (`DataPolicy.reads` holds "measurement": the oracle_* measurement tools)."""
@@ -115,7 +119,7 @@ def oracle_measure(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, st
     return n * m
 
 
-# ---- held-out loss probe (issue 15) ----------------------------------------------------------
+# ---- held-out loss probe ---------------------------------------------------------------------
 def uses_losses(sched) -> bool:
     """Whether a policy of the Scheduler learns from held-out loss curves (`epiplexity`)."""
     return any(p.update_losses is not None for p in sched.method.policies().values())

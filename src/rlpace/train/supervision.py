@@ -1,4 +1,4 @@
-"""Supervision in the built-in trainer (issue 14; DE-Venus, arXiv 2609.03324): which training
+"""Supervision in the built-in trainer (partial and noisy labels; DE-Venus, arXiv 2609.03324): which training
 prompts keep their label, which labels are corrupted, each rollout's extracted answer and token
 statistics, and the Scheduler's target → reward → advantage places around the loss.
 
@@ -181,7 +181,7 @@ class Supervision:
         pool_labeled: bool[N] for `TaskSet.pool(labeled=)`, or None when every prompt is labelled.
         places: the method's non-neutral places (`supervising_places`).
         active: whether rounds go through `feedback` (labels changed or a place is non-neutral);
-            when False the recipe is exactly what it was before issue 14.
+            when False the recipe trains on the truth's rewards, as without supervision.
         token_stats: whether generation computes token entropy / self-certainty.
     """
 
@@ -203,6 +203,24 @@ class Supervision:
         self.threshold = cfg.success_threshold
         self.active = bool(self.places or self.pool_labeled is not None or labels.noisy.any())
         self._sums: dict = {}
+
+    # -- the recipe's two points: each generation round, then the trained batch
+    def round_feedback(self, sched, grp, step: int):
+        """(groups with training rewards, their Feedback) of one generation round: through
+        `feedback` when supervision is active, else the truth's rewards with GRPO group
+        advantages, as they were sampled."""
+        if self.active:
+            return self.feedback(sched, grp, step)
+        return grp, Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards), step, lengths=grp.lengths)
+
+    def trained_feedback(self, sched, fb_t: Feedback, round_fbs: list, src: list):
+        """(the trained batch's Feedback, float64[Bt, G] advantage weights or None): with
+        supervision active, `fb_t` gains its rows' answers and token statistics
+        (`batch_feedback`) and the advantage place weighs Â (Ã = w · Â)."""
+        if not self.active:
+            return fb_t, None
+        fb_t = self.batch_feedback(fb_t, round_fbs, src)
+        return fb_t, self.advantage_weights(sched, fb_t)
 
     # -- one generation round
     def feedback(self, sched, grp, step: int):
