@@ -170,3 +170,15 @@ def test_cli_writes_advice(tmp_path, capsys):
     assert [p["policy"] for p in adv["policies"]] == ["dump"] and len(adv["policies"][0]["ratio_per_draw"]) == 2
     assert adv["sentence"] in text and "rlpace train policy=" in text
     assert "<svg" in (tmp_path / "o" / "advice.html").read_text()
+
+
+def test_signal_step_norm_gives_every_informative_step_the_same_size():
+    """step_norm="signal": one domain, one step with any signal → skill = lr exactly."""
+    from rlpace.sim import heldout_accuracy
+    sc = make_scenario("homogeneous", prompts_per_domain=400, lr=0.3)
+    w = build_world(sc)
+    res = simulate(sc, "uniform", steps=1, batch_size=32, group_size=8, step_norm="signal")
+    assert res.informative_fraction[0] > 0
+    np.testing.assert_allclose(res.accuracy[-1], heldout_accuracy(np.array([0.3]), w.heldout), rtol=1e-12)
+    with pytest.raises(InputError, match="step_norm"):
+        simulate(sc, "uniform", steps=1, batch_size=8, group_size=4, step_norm="adam")

@@ -146,7 +146,7 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
 
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-           from_start: bool = False, progress=None) -> Advice:
+           from_start: bool = False, step_norm: str = "batch", progress=None) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     Example:
@@ -159,7 +159,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     if isinstance(budget_rollouts, bool) or int(budget_rollouts) != budget_rollouts or budget_rollouts < 1:
         raise InputError(f"--budget-rollouts must be a positive integer; got {budget_rollouts!r}.")
     check_pilot(pilot, pool, int(budget_rollouts))
-    fit = fit_learner(pilot, pool)
+    fit = fit_learner(pilot, pool, step_norm=step_norm)
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
                  draws=draws, seeds=seeds, seed=seed, from_start=from_start, progress=progress)
     best = pr.policies[0] if pr.policies else None

@@ -40,6 +40,9 @@ from ._record import Pilot
 __all__ = ["LearnerFit", "fit_learner", "draw_params", "transfer_matrix", "LearnerParams", "prompt_difficulties"]
 
 SOLVED_D = -6.0
+#: step_norm="auto" switches to the "signal" learner only past this log-likelihood gain (a
+#: likelihood ratio of e³ ≈ 20 between two families of equal size)
+AUTO_MARGIN = 3.0
 _Q = 24
 # quantile nodes of N(0, 1): z_q = Φ⁻¹((q + ½)/Q), each of weight 1/Q
 _Z = None
@@ -82,6 +85,8 @@ class LearnerFit(NamedTuple):
     batch_size: int
     observed: np.ndarray      # bool[K] domains the pilot sampled
     identifiable_dynamics: bool   # False for a one-step profile: lr, τ come from the prior
+    step_norm: str            # "batch" or "signal": how a step's gain is normalised (`rlpace.sim.simulate`)
+    log_lik_other: float      # log likelihood at the MAP of the other step_norm (the family choice)
     data: dict                # arrays for per-prompt posteriors (positions, wins, step index, gains)
 
     def skill_path(self, p: LearnerParams | None = None) -> np.ndarray:
@@ -102,7 +107,8 @@ class LearnerFit(NamedTuple):
                 "group_size": self.group_size, "batch_size": self.batch_size,
                 "domains_observed": self.observed.tolist(),
                 "dynamics_identifiable": self.identifiable_dynamics,
-                "skill_after_pilot": self.skill_path()[-1].tolist()}
+                "skill_after_pilot": self.skill_path()[-1].tolist(), "step_norm": self.step_norm,
+                "log_lik_other_step_norm": self.log_lik_other}
 
 
 def transfer_matrix(rank: np.ndarray, tau: float) -> np.ndarray:
@@ -145,12 +151,17 @@ def _log_binom_mix(w, g, skill, mu, sd, pi, lgc):
     return np.logaddexp(np.log(pi) + atom, np.log1p(-pi) + normal)
 
 
-def fit_learner(pilot: Pilot, pool: Pool, *, maxiter: int = 400) -> LearnerFit:
+def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: int = 400) -> LearnerFit:
     """Fit the learner to `pilot` on `pool` (MAP + Laplace; see the module docstring).
 
     Args:
         pilot: the record (`read_pilot`, `pilot_from_select`).
         pool: the pool the pilot ran on (its domains give K; unknown ids are refused).
+        step_norm: "batch" (gain / B, the simulator's default learner; the default),
+            "signal" (gain / Σ_k gain_k: an Adam-like step of fixed size), or "auto": fit both
+            (same number of parameters) and keep "signal" only when its log likelihood is
+            higher by more than `AUTO_MARGIN` nats. A uniform pilot barely tells them apart
+            (its total signal changes little from step to step; docs/advise.md).
 
     Returns:
         A `LearnerFit`. O(K·T·G) per likelihood evaluation after one pass over the groups.
@@ -170,8 +181,16 @@ def fit_learner(pilot: Pilot, pool: Pool, *, maxiter: int = 400) -> LearnerFit:
     n_t = steps.shape[0]
     b = pilot.batch_size
     sig = group_signal(succ.astype(np.float64), np.ones_like(succ), np.ones(succ.shape))   # [M]
-    gain = np.zeros((n_t, k))
-    np.add.at(gain, (tix, dom), sig / b)
+    if step_norm not in ("auto", "batch", "signal"):
+        raise InputError(f"fit_learner step_norm must be 'auto', 'batch' or 'signal'; got {step_norm!r}.")
+    raw = np.zeros((n_t, k))
+    np.add.at(raw, (tix, dom), sig)
+    if step_norm == "auto":
+        fb, fs = (fit_learner(pilot, pool, step_norm=n, maxiter=maxiter) for n in ("batch", "signal"))
+        if fs.log_lik > fb.log_lik + AUTO_MARGIN:
+            return fs._replace(log_lik_other=fb.log_lik)
+        return fb._replace(log_lik_other=fs.log_lik)
+    gain = raw / (b if step_norm == "batch" else np.maximum(raw.sum(axis=1, keepdims=True), 1e-12))
     cum = np.vstack([np.zeros((1, k)), np.cumsum(gain, axis=0)])                # [T + 1, K] before each step
 
     seen = np.bincount(dom, minlength=k) > 0
@@ -237,7 +256,7 @@ def fit_learner(pilot: Pilot, pool: Pool, *, maxiter: int = 400) -> LearnerFit:
     cov = _laplace_cov(lambda th: neg_log_post(th)[1], theta)
     p = _unpack(theta, k)
     return LearnerFit(tuple(pool.domain_names), p, theta, cov, rank, -float(res.fun) - _log_prior(theta, k),
-                      int(pos.shape[0]), int(n_t), int(g), int(b), seen, bool(n_t >= 2),
+                      int(pos.shape[0]), int(n_t), int(g), int(b), seen, bool(n_t >= 2), step_norm, math.nan,
                       {"pos": pos, "wins": wins, "tix": tix, "dom": dom, "cum": cum})
 
 

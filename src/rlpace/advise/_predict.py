@@ -92,7 +92,7 @@ def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng
     return World(pool, d, dom, np.arange(k, dtype=np.int64), held, transfer_matrix(fit.rank, p.tau))
 
 
-def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure):
+def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure, step_norm):
     k = world.transfer.shape[0]
     sc = Scenario(name="fitted", description="a learner fitted to a pilot", domains=world.pool.domain_names,
                   base_accuracy=(0.5,) * k, lr=params.lr, forgetting=0.0, target=0.999)
@@ -101,7 +101,8 @@ def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                   # e.g. gfpo: the simulator has no lengths
         res = simulate(sc, policy, steps=steps, seed=seed, batch_size=b, group_size=g, eval_every=eval_every,
-                       world=world, policy_kwargs=kw, measure_every=measure if oracle else 0, measure_rollouts=16)
+                       world=world, policy_kwargs=kw, measure_every=measure if oracle else 0, measure_rollouts=16,
+                       step_norm=step_norm)
     return res.eval_rollouts.astype(np.float64), res.mean_accuracy
 
 
@@ -156,7 +157,7 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
             base_acc[j] = base
             for p in run_names:
                 x, a = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
-                            eval_every=eval_every, measure=measure)
+                            eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
                 if not from_start:
                     x = np.concatenate([[0.0], x + offset])
                     a = np.concatenate([[base], a])

@@ -47,7 +47,7 @@ import numpy as np
 from ..policies._registry import _resolve
 from ..scheduler import Scheduler
 from ..types import Feedback, kept_group_advantages
-from ._scenarios import Scenario, World, build_world, sigmoid
+from ._scenarios import SCENARIOS, Scenario, World, build_world, sigmoid
 
 __all__ = ["SimResult", "simulate", "heldout_accuracy", "group_signal", "progress_bar", "batch_dependent_kwargs",
            "proposal_names", "oracle_kwargs"]
@@ -204,7 +204,6 @@ def oracle_kwargs(scenario: Scenario | str, policy: str, group_size: int) -> dic
     """
     if policy != "oracle_progress":
         return {}
-    from . import SCENARIOS
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     inv = np.argsort(build_world(sc).pool_order)          # pool code -> scenario index
     m = sc.transfer_matrix()[np.ix_(inv, inv)]
@@ -293,7 +292,7 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
              policy_kwargs: dict | None = None, progress: bool = False, max_gen_batches: int = 10,
              stop_at_target: bool = False, weight_norm: str = "informative", measure_every: int = 0,
              measure_rollouts: int = 64, measure_exact: bool = True, world: World | None = None,
-             record: Any = None) -> SimResult:
+             record: Any = None, step_norm: str = "batch") -> SimResult:
     """Run `policy` on the synthetic learner of `scenario` for `steps` training steps.
 
     Args:
@@ -328,6 +327,11 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             scenario then gives K, lr, forgetting and the target; `rlpace.advise` runs fitted
             learners this way). Its arrays must match: difficulty and domain [N] over the pool,
             heldout [K, H], transfer [K, K].
+        step_norm: "batch" (gain / B: a step's size grows with the signal its groups carry,
+            the module docstring's rule) or "signal" (gain / Σ_k gain_k: every step that carries
+            any signal has the same total size, spread over domains by their share of it — an
+            Adam-like step whose scale does not follow the gradient's; `rlpace.advise` fits both
+            and keeps the likelier).
         record: an object with `write(fb, rollouts=n, eval=acc_or_None)` (e.g.
             `rlpace.advise.PilotRecorder`) given every generated batch, refills included, with
             the held-out mean accuracy evaluated just before the step on its first batch.
@@ -342,7 +346,6 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         >>> res.eval_step.tolist(), int(res.rollouts[-1]) == 20 * 32 * 8
         ([0, 10, 20], True)
     """
-    from . import SCENARIOS
     if isinstance(scenario, str):
         if scenario not in SCENARIOS:
             raise InputError(f"unknown scenario {scenario!r}; valid: {', '.join(sorted(SCENARIOS))}.")
@@ -352,6 +355,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
                         ("measure_every", measure_every, 0), ("measure_rollouts", measure_rollouts, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise InputError(f"simulate {name} must be an int ≥ {lo}; got {v!r}.")
+    if step_norm not in ("batch", "signal"):
+        raise InputError(f"simulate step_norm must be 'batch' or 'signal'; got {step_norm!r}.")
     if weight_norm not in ("informative", "none"):
         raise InputError(f"simulate weight_norm must be 'informative' or 'none'; got {weight_norm!r}.")
     target = float(scenario.target if target is None else target)
@@ -437,7 +442,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             n_req = int(adm.refill)
         if weight_norm == "informative" and w_live > 0:
             gain *= n_live / w_live                  # mean weight 1 over kept informative rollouts
-        skill = skill0 + (1.0 - forget) * (skill - skill0) + lr * (world.transfer @ (gain / b))
+        norm = b if step_norm == "batch" else max(float(gain.sum()), 1e-12)
+        skill = skill0 + (1.0 - forget) * (skill - skill0) + lr * (world.transfer @ (gain / norm))
         informative[t] = n_inf / max(n_gen, 1)
         kept_frac[t] = n_kept / max(n_gen, 1)
         dshare[t] = shares / max(shares.sum(), 1)
@@ -470,7 +476,7 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
                 "steps": int(steps), "batch_size": b, "group_size": g, "eval_every": int(eval_every),
                 "max_gen_batches": int(max_gen_batches), "target": target, "weight_norm": weight_norm,
                 "measure_every": int(measure_every), "measure_rollouts": int(measure_rollouts),
-                "measure_exact": bool(measure_exact), **dict(_provenance())},
+                "measure_exact": bool(measure_exact), "step_norm": step_norm, **dict(_provenance())},
         wall_s=time.perf_counter() - t0, measurement_rollouts=int(measured))
 
 

@@ -1,0 +1,308 @@
+"""Validation of `rlpace advise`: predictions from a 20 % uniform pilot against measured ratios.
+
+Three parts (`--part`):
+
+* `trainer`: the built-in trainer's headroom suites (embedded, ladder, mostly_solved,
+  sort_ladder, mostly_solved_last). Pilot = uniform's first 20 % of the headroom budget
+  (20 of 100 steps, 16 prompts × 8 rollouts, seed 0), recorded through a uniform selection
+  whose update appends each batch to a `PilotRecorder` (the recipe has no recorder call
+  yet). Predicted ratios (every policy from step 0, as the headroom tables measure them)
+  against the measured 8-seed tables of docs/headroom.md, pair by pair (suite × policy).
+* `sim`: the simulator's scenarios, the truth measured directly (S seeds per policy), and two
+  learners outside the fitted family (misspecified): forgetting plus backward transfer, and a
+  uniform (not normal) spread of difficulty inside each domain.
+* `speed`: fit + prediction on a 10⁵-prompt pool after a 50-step pilot, default candidates.
+
+Criteria (each printed as met / missed, with the numbers): Spearman(predicted, measured) ≥
+0.7 over the policy pairs; measured inside the predicted 90 % interval for ≥ 80 % of pairs;
+the recommended policy's measured ratio within 0.1 of the best measured; "no expected saving"
+wherever the measured oracle ratio ≥ 0.85×.
+
+Usage:
+    python benchmarks/advise.py --part trainer      # ≈ 10 min on 1 core
+    python benchmarks/advise.py --part sim          # ≈ 15 min
+    python benchmarks/advise.py --part speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import rlpace
+from rlpace.advise import PilotRecorder
+
+# Measured 8-seed ratios (rollouts to 80 % of uniform's gain / uniform's), docs/headroom.md:
+# the suite table and the every-method table. "≥" bounds are taken at their value.
+MEASURED = {
+    "ladder": {"oracle": 0.35, "recommended": 0.46, "dump": 0.41, "mopps": 0.79, "criticality_is": 0.63,
+               "greso": 0.79, "epiplexity": 0.98, "dapo_dynamic_sampling": 0.95},
+    "mostly_solved": {"oracle": 0.36, "recommended": 0.52, "dump": 0.42, "mopps": 0.98, "criticality_is": 0.89,
+                      "greso": 1.09, "epiplexity": 0.82, "dapo_dynamic_sampling": 1.78},
+    "embedded": {"oracle": 0.92, "recommended": 1.02, "mopps": 1.11},
+    # recommended's rows on these two were measured with its earlier defaults (DUMP's T = 0.1)
+    "mostly_solved_last": {"oracle": 0.56, "recommended": 0.64, "dump": 0.76},
+    "sort_ladder": {"oracle": 0.81, "recommended": 1.02},
+}
+TRAINER_POLICIES = ["recommended", "dump", "mopps", "criticality_is", "greso", "epiplexity", "dapo_dynamic_sampling"]
+SIM_POLICIES = ["recommended", "dump", "mopps", "learnability_buffer", "dapo_dynamic_sampling", "success_band"]
+
+_RECORD_TO = "RLPACE_ADVISE_PILOT"
+
+
+@rlpace.policy_factory
+def recording_uniform():
+    """`uniform` (the same draws: `uniform_pool`'s apply) whose update appends every observed
+    batch to the PilotRecorder file named by $RLPACE_ADVISE_PILOT (positions as ids). A
+    benchmark device: the built-in recipe has no recorder call yet."""
+    from rlpace.policies import compose, uniform_pool
+    from rlpace.policies._base import DataPolicy
+    from rlpace.types import Feedback
+    base = uniform_pool()
+    rec = PilotRecorder(os.environ[_RECORD_TO])
+
+    def update(state, pool, batch):
+        rec.write(Feedback(batch.prompt_ids, batch.rewards, step=batch.step))
+        return state
+    return compose(DataPolicy(base.kind, base.init, update, base.apply, name="uniform_pool"), name="uniform")
+
+
+def spearman(a, b) -> float:
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def judge(rows: list[dict], verdicts: dict) -> str:
+    """The four criteria over rows {suite, policy, pred, low, high, measured} and per-suite
+    verdicts {suite: (recommended or None, predicted oracle, measured oracle)}."""
+    pol = [r for r in rows if r["policy"] != "oracle" and r["measured"] is not None]
+    rho = spearman([r["pred"] for r in pol], [r["measured"] for r in pol])
+    inside = [r["low"] <= r["measured"] <= r["high"] for r in pol]
+    lines = [f"pairs: {len(pol)} (suite × policy, oracles apart)",
+             f"Spearman(predicted, measured) = {rho:.2f}  ({'met' if rho >= 0.7 else 'missed'}: ≥ 0.7)",
+             f"measured inside the predicted 90 % interval: {sum(inside)}/{len(inside)} = "
+             f"{np.mean(inside):.0%}  ({'met' if np.mean(inside) >= 0.8 else 'missed'}: ≥ 80 %)"]
+    for suite, (rec, pred_oracle, meas_oracle) in verdicts.items():
+        meas = {r["policy"]: r["measured"] for r in rows if r["suite"] == suite and r["measured"] is not None
+                and r["policy"] != "oracle"}
+        best = min(meas.values()) if meas else float("nan")
+        if rec is None:
+            got = "keep uniform"
+            ok_rec = min(best, 1.0) >= 1.0 - 0.1 if meas else True          # uniform is within 0.1 of the best
+            gap = 1.0 - best
+        else:
+            got = rec
+            gap = meas.get(rec, float("nan")) - best
+            ok_rec = rec in meas and gap <= 0.1
+        no_saving_needed = meas_oracle is not None and meas_oracle >= 0.85
+        ok_ns = (rec is None) if no_saving_needed else True
+        lines.append(f"{suite}: advice {got!r} (predicted oracle {pred_oracle:.2f}×, measured "
+                     f"{meas_oracle if meas_oracle is not None else float('nan'):.2f}×); recommended vs best measured: "
+                     f"{'+' if gap >= 0 else ''}{gap:.2f} ({'met' if ok_rec else 'missed'} ≤ 0.1"
+                     f"{'' if rec is None or rec in meas else '; not in the measured table'})"
+                     + (f"; 'no expected saving' required: {'met' if ok_ns else 'missed'}" if no_saving_needed else ""))
+    return "\n".join(lines)
+
+
+def _table(rows) -> str:
+    out = ["| suite | policy | predicted [90 %] | P(saving > 10 %) | measured | inside |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["measured"]
+        ins = "" if m is None else ("yes" if r["low"] <= m <= r["high"] else "no")
+        out.append(f"| {r['suite']} | {r['policy']} | {r['pred']:.2f}× [{r['low']:.2f}, {r['high']:.2f}] | "
+                   f"{r['p_saving']:.0%} | {'' if m is None else f'{m:.2f}×'} | {ins} |")
+    return "\n".join(out)
+
+
+def _rows(suite, adv, measured: dict) -> list[dict]:
+    pr = adv.prediction
+    rows = [{"suite": suite, "policy": "oracle", "pred": pr.oracle.ratio, "low": pr.oracle.low,
+             "high": pr.oracle.high, "p_saving": pr.oracle.p_saving, "measured": measured.get("oracle")}]
+    for p in pr.policies:
+        rows.append({"suite": suite, "policy": p.policy, "pred": p.ratio, "low": p.low, "high": p.high,
+                     "p_saving": p.p_saving, "measured": measured.get(p.policy)})
+    return rows
+
+
+# ---- trainer ------------------------------------------------------------------------------
+def trainer_part(args) -> tuple[list, dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import dataclasses
+
+    import learning_efficiency as le
+    from rlpace.advise import advise, read_pilot
+    from rlpace.tasks import make_taskset
+    from rlpace.tasks._features import prompt_features
+    rows, verdicts = [], {}
+    out = Path(args.out) / "trainer"
+    for suite in args.suites.split(","):
+        ns = argparse.Namespace(out=str(out / suite), steps=100, batch_prompts=16, group_size=8, eval_every=10,
+                                heldout=64, tasks=suite, mistakes="default", lr=3e-4)
+        pilot_steps = int(round(0.2 * ns.steps))
+        cfg = dataclasses.replace(le.run_config("uniform", 0, ns), steps=pilot_steps, policy="advise:recording_uniform",
+                                  train_per_domain=256, max_rollouts=pilot_steps * 16 * 8,
+                                  out=str(out / suite / "pilot_run"))
+        path = out / suite / "pilot.jsonl"
+        t0 = time.perf_counter()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".part")
+            tmp.unlink(missing_ok=True)
+            os.environ[_RECORD_TO] = str(tmp)
+            le._run_one(cfg.to_dict())
+            tmp.rename(path)
+        t_pilot = time.perf_counter() - t0
+        tasks = make_taskset(cfg.tasks, train_per_domain=cfg.train_per_domain,
+                             heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
+        pool = tasks.pool(features=prompt_features(tasks))
+        pilot = read_pilot(path)
+        t1 = time.perf_counter()
+        adv = advise(pilot, pool, budget_rollouts=ns.steps * 16 * 8, policies=TRAINER_POLICIES, draws=args.draws,
+                     seeds=args.seeds, from_start=True, step_norm=args.step_norm)
+        print(f"\n## trainer {suite}: pilot {len(pilot.steps)} steps ({t_pilot:.0f} s), fit + prediction "
+              f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f}, transfer {adv.fit.params.tau:.2f}, "
+              f"step_norm {adv.fit.step_norm} (log lik {adv.fit.log_lik:.1f} vs {adv.fit.log_lik_other:.1f})",
+              flush=True)
+        print(adv.sentence, flush=True)
+        (out / suite / "advice.json").write_text(json.dumps(_finite(adv.to_json())))
+        r = _rows(suite, adv, MEASURED.get(suite, {}))
+        print(_table(r), flush=True)
+        rows += r
+        verdicts[suite] = (adv.recommended, adv.prediction.oracle.ratio, MEASURED.get(suite, {}).get("oracle"))
+    return rows, verdicts
+
+
+def _finite(v):
+    from rlpace.advise._advice import _finite as f
+    return f(v)
+
+
+# ---- simulator ----------------------------------------------------------------------------
+def _uniform_spread(sc):
+    """The scenario's world with each domain's difficulties spread uniformly (same mean and
+    sd) instead of normally: outside the fitted family."""
+    from rlpace.sim import build_world
+    from rlpace.sim._scenarios import World
+    w = build_world(sc)
+    rng = np.random.default_rng([sc.pool_seed, 0xBAD])
+    mu = sc.difficulty_means()
+    half = np.sqrt(3.0) * sc.difficulty_sd
+    d = mu[w.domain] + rng.uniform(-half, half, w.domain.shape[0])
+    held = mu[:, None] + rng.uniform(-half, half, w.heldout.shape)
+    return World(w.pool, d, w.domain, w.pool_order, held, w.transfer)
+
+
+def sim_part(args) -> tuple[list, dict]:
+    from rlpace.advise import advise, read_pilot
+    from rlpace.evaluation import cost_to_reach, gain_target
+    from rlpace.sim import build_world, make_scenario, oracle_kwargs, simulate
+    cases = {"ladder": (make_scenario("ladder"), None),
+             "homogeneous": (make_scenario("homogeneous"), None),
+             "solved_majority": (make_scenario("solved_majority"), None),
+             "ladder+forgetting+backward (misspecified)": (make_scenario("ladder", forgetting=0.004,
+                                                                         transfer_backward=0.3), None),
+             "ladder, uniform spread (misspecified)": (make_scenario("ladder"), "uniform_spread")}
+    rows, verdicts = [], {}
+    out = Path(args.out) / "sim"
+    out.mkdir(parents=True, exist_ok=True)
+    steps, b, g = 400, 128, 16
+    for name, (sc, variant) in cases.items():
+        if args.sim_cases and not any(name.startswith(c) for c in args.sim_cases.split(",")):
+            continue
+        world = _uniform_spread(sc) if variant else build_world(sc)
+        t0 = time.perf_counter()
+        path = out / f"{name.split()[0]}_{variant or 'normal'}.jsonl"
+        path.unlink(missing_ok=True)
+        simulate(sc, "uniform", steps=steps // 5, seed=0, batch_size=b, group_size=g, world=world,
+                 record=PilotRecorder(path, pool=world.pool))
+        pilot = read_pilot(path)
+        adv = advise(pilot, world.pool, budget_rollouts=steps * b * g, policies=SIM_POLICIES, draws=args.draws,
+                     seeds=args.seeds, from_start=True, step_norm=args.step_norm)
+        t_pred = time.perf_counter() - t0
+        # the truth: every policy on the true world, S seeds, paired with uniform
+        t1 = time.perf_counter()
+        costs = {}
+        for p in ["uniform", "oracle_boundary", "oracle_progress", *SIM_POLICIES]:
+            cs = []
+            for s in range(args.truth_seeds):
+                kw = oracle_kwargs(sc, p, g)
+                r = simulate(sc, p, steps=steps, seed=100 + s, batch_size=b, group_size=g, eval_every=10, world=world,
+                             policy_kwargs=kw, measure_every=1 if p.startswith("oracle_") else 0)
+                cs.append((r.eval_rollouts.astype(float), r.mean_accuracy))
+            costs[p] = cs
+        meas = {}
+        for p, cs in costs.items():
+            num = den = 0.0
+            for (x, a), (xu, au) in zip(cs, costs["uniform"]):
+                tgt = gain_target(au[0], au[-1])
+                num += cost_to_reach(x, a, tgt)[0]
+                den += cost_to_reach(xu, au, tgt)[0]
+            meas[p] = num / den
+        meas["oracle"] = min(meas.pop("oracle_boundary"), meas.pop("oracle_progress"))
+        print(f"\n## sim {name}: pilot + fit + prediction {t_pred:.0f} s, truth {args.truth_seeds} seeds "
+              f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f} (true {sc.lr}), transfer "
+              f"{adv.fit.params.tau:.2f} (true fwd {sc.transfer_forward}, bwd {sc.transfer_backward}), forgetting "
+              f"{sc.forgetting}", flush=True)
+        print(adv.sentence, flush=True)
+        r = _rows(name, adv, meas)
+        print(_table(r), flush=True)
+        rows += r
+        verdicts[name] = (adv.recommended, adv.prediction.oracle.ratio, meas["oracle"])
+    return rows, verdicts
+
+
+# ---- speed --------------------------------------------------------------------------------
+def speed_part(args) -> None:
+    from rlpace.advise import advise, read_pilot
+    from rlpace.sim import build_world, make_scenario, simulate
+    sc = make_scenario("ladder", prompts_per_domain=8334)               # 100,008 prompts
+    w = build_world(sc)
+    path = Path(args.out) / "speed_pilot.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    simulate(sc, "uniform", steps=50, seed=0, batch_size=128, group_size=16, record=PilotRecorder(path, pool=w.pool))
+    pilot = read_pilot(path)
+    t0 = time.perf_counter()
+    adv = advise(pilot, w.pool, budget_rollouts=250 * 128 * 16, draws=args.draws, seeds=1,
+                 progress=lambda s: print(s, flush=True))
+    dt = time.perf_counter() - t0
+    print(f"\nspeed: pool {len(w.pool):,} prompts, pilot 50 steps × 128 × 16, budget 250 steps, "
+          f"{len(adv.prediction.policies)} candidates + uniform + 2 oracles × {args.draws} draws: fit + prediction "
+          f"{dt:.0f} s ({'met' if dt <= 120 else 'missed'}: ≤ 120 s on 2 cores; this run used 1 process)")
+    print(adv.sentence)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", default="trainer", choices=["trainer", "sim", "speed"])
+    ap.add_argument("--suites", default="embedded,ladder,mostly_solved,sort_ladder,mostly_solved_last")
+    ap.add_argument("--sim-cases", default="", help="comma list of case-name prefixes (default: all)")
+    ap.add_argument("--draws", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--truth-seeds", type=int, default=4)
+    ap.add_argument("--step-norm", default="batch", choices=["auto", "batch", "signal"],
+                    help="the fitted learner's step normalisation (rlpace.advise.fit_learner)")
+    ap.add_argument("--out", default="runs/bench/advise")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    if args.part == "speed":
+        speed_part(args)
+        return 0
+    rows, verdicts = (trainer_part if args.part == "trainer" else sim_part)(args)
+    print(f"\n# {args.part}: criteria\n{judge(rows, verdicts)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.part}.json").write_text(json.dumps({"rows": rows, "verdicts": verdicts}, default=str))
+    print(f"\n({(time.perf_counter() - t0) / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
