@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlpace.cli import main as cli_main
-from rlpace.evaluation import report_from_dir
+from rlpace.experiments import report_from_dir
 from rlpace.experiments import Grid, run_grid
 
 CHROMIUM = "/usr/bin/chromium"
@@ -216,3 +216,20 @@ def test_report_shows_rollouts_to_a_fraction_of_the_baseline_gain(report):
     for row in rows:                                       # every method's ratios, as computed
         assert "| " + " | ".join(row) + " |" in md
         assert row[2] in html
+
+
+def test_every_report_figure_has_its_caption(report):
+    """`rlpace report` / `rlpace compare` pages caption each figure with the one figure helper
+    the demo's page uses (evaluation._report.figure_html)."""
+    import html as html_mod
+    page = report.html.read_text()
+    from rlpace.evaluation._report import report_captions
+    caps = report_captions(report.analysis)
+    for name in report.figures:
+        assert caps[name], name
+        m = re.search(rf'<figure id="fig-{name}"><img alt="[^"]*" src="data:image/png;base64,[^"]+" '
+                      rf'style="max-width:100%"><figcaption>(.*?)</figcaption></figure>', page)
+        assert m and m.group(1) == html_mod.escape(caps[name]), name
+    assert page.count("<figcaption>") == len(report.figures) == 5
+    md = report.markdown.read_text()
+    assert f"*{caps['forest']}*" in md

@@ -114,7 +114,8 @@ def test_demo_end_to_end(tmp_path, parallel, capsys, monkeypatch):
     cap = capsys.readouterr()
     printed = cap.out
     # the one-off base build is announced with what it does and roughly how long it takes
-    assert "base policy: none cached for this task set; building it once (200 supervised warm-up steps" in cap.err
+    assert ("base policy: building the base policy once for seed 0 (cached at " in cap.err
+            and "about 2 minutes on 2 cores (200 supervised warm-up steps" in cap.err)
     assert "base policy: built in" in cap.err
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["policies"]) == {"uniform", "recommended"}
@@ -166,7 +167,20 @@ def test_demo_end_to_end(tmp_path, parallel, capsys, monkeypatch):
     if parallel == "off":
         # a second seed into the same folder: `rlpace report` pairs them (the evaluation code)
         assert main(["demo", "--out", str(out), "--steps", "8", "--seed", "1", *LEARNS]) == 0
-        capsys.readouterr()
+        cap = capsys.readouterr()
+        assert "building the base policy once for seed 1" in cap.err        # a new seed: a new base, said so
+        # every seed's records stay; the demo pairs the seeds in its folder, as the report does
+        recs = read_records(out / "runs")
+        assert sorted((r["label"], r["seed"]) for r in recs) == [("recommended", 0), ("recommended", 1),
+                                                                 ("uniform", 0), ("uniform", 1)]
+        from rlpace.cli.demo import seeds_summary
+        want = seeds_summary(recs, suite="embedded:max2,last3", policy="recommended", baseline="uniform", steps=8)
+        assert want["seeds"] == [0, 1] and want["line"] in cap.out.splitlines()
+        assert "over seeds 0, 1 in this folder" in want["line"]
+        assert "no multi-seed figure is recorded for recommended vs uniform on embedded:max2,last3" in cap.out
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["seeds"] == [0, 1] and (out / "summary_seed0.json").is_file()
+        assert want["line"] in (out / "report.html").read_text()
         assert main(["report", str(out), "--n-boot", "200"]) == 0
         printed = capsys.readouterr().out
         assert "recommended" in printed and "zero excluded" in printed

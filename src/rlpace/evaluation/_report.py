@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from . import plots
 from ._analysis import Analysis, analyze, efficiency_table
 from ._tables import ess_fractions
 
-__all__ = ["ReportFiles", "write_report", "report_from_dir", "zero_verdict"]
+__all__ = ["ReportFiles", "write_report", "zero_verdict"]
 
 
 @dataclass(frozen=True)
@@ -256,9 +256,38 @@ code{background:#f5f5f5;padding:1px 3px}
 """
 
 
-def _img_tag(path: Path, alt: str) -> str:
+def figure_html(src: str, caption: str, name: str) -> str:
+    """One figure with its caption under it: the figure markup of every rlpace HTML page
+    (`rlpace report`, `rlpace compare`, the demo's report). `src` is a file name or a data
+    URI; `name` identifies the figure (id `fig-<name>`, alt text when there is no caption)."""
+    esc = html.escape
+    return (f'<figure id="fig-{esc(name)}"><img alt="{esc(caption or name)}" src="{esc(src)}" '
+            f'style="max-width:100%"><figcaption>{esc(caption)}</figcaption></figure>')
+
+
+def _img_tag(path: Path, caption: str, name: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img id="fig-{alt}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    return figure_html(f"data:image/png;base64,{data}", caption, name)
+
+
+def report_captions(a: Analysis) -> dict[str, str]:
+    """What each report figure shows and how to read it (printed under the image)."""
+    c, b = f"{a.confidence:.0%}", a.baseline
+    return {
+        "forest": f"Each method's paired difference from {b} on the primary summary (held-out accuracy, method − "
+                  f"{b} on the same seed, mean over seeds) with its {c} percentile bootstrap interval. An interval "
+                  f"right of 0 is better than {b}; one that crosses 0 is not distinguished from it.",
+        "curves_step": f"Held-out mean accuracy over training steps, mean over seeds with a {c} t band. Higher "
+                       f"and earlier is better; overlapping bands are within seed noise.",
+        "curves_rollouts": f"The same curves against rollouts spent (refills and probes included): a method that "
+                           f"generates more per step moves right. Compare at equal rollouts, the efficiency table's "
+                           f"axis.",
+        "domain_probs": "Where each policy spent its batches: for every distribution (rows) and step (columns) the "
+                        "share of proposed prompts drawn from it, mean over seeds. Uniform stays at the pool share; "
+                        "bright rows are the distributions a policy favours.",
+        "rankings": "Each method's rank (1 = best) under every benchmark summary. Lines that cross mean the ranking "
+                    "depends on how the held-out distributions are weighted.",
+    }
 
 
 def _sections(a: Analysis) -> dict:
@@ -310,7 +339,7 @@ def _render_md(a: Analysis, sec: dict, figs: dict, title: str) -> str:
                       ("curves_rollouts", "Learning curves (rollouts)"),
                       ("domain_probs", "Domain probabilities over time"), ("rankings", "Ranks")):
         if name in figs:
-            out += [f"![{cap}](figures/{figs[name].name})", ""]
+            out += [f"![{cap}](figures/{figs[name].name})", "", f"*{report_captions(a)[name]}*", ""]
     out += ["## Ranking sensitivity", "",
             "Does the method ranking depend on how benchmarks are summarised? DataFlex-RL found "
             "ρ = −0.33 between a math-heavy and the domain-balanced summary.", ""]
@@ -345,7 +374,7 @@ def _render_html(a: Analysis, sec: dict, figs: dict, title: str) -> str:
                       ("domain_probs", "Domain probabilities over time, per policy"),
                       ("rankings", "Ranks under each summary")):
         if name in figs:
-            parts += [f"<h2>{esc(cap)}</h2>", _img_tag(figs[name], name)]
+            parts += [f"<h2>{esc(cap)}</h2>", _img_tag(figs[name], report_captions(a)[name], name)]
     parts += ["<h2>Ranking sensitivity</h2>",
               "<p class='note'>Does the method ranking depend on how benchmarks are summarised? "
               "DataFlex-RL found ρ = −0.33 between a math-heavy and the domain-balanced summary.</p>"]
@@ -374,43 +403,3 @@ def write_report(analysis: Analysis, out_dir: str | Path, *, title: str | None =
     page = out / "report.html"
     page.write_text(_render_html(analysis, sec, figs, title), encoding="utf-8")
     return ReportFiles(page, md, figs, analysis)
-
-
-def _failed_runs(runs_dir: Path) -> list[tuple[str, str]]:
-    out = []
-    for p in sorted((runs_dir / "failed").glob("*.json")) if (runs_dir / "failed").is_dir() else []:
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-            out.append((d.get("run_id", p.stem), d.get("error", "")))
-        except (OSError, json.JSONDecodeError):
-            out.append((p.stem, "unreadable failure file"))
-    return out
-
-
-def report_from_dir(runs_dir: str | Path, out_dir: str | Path | None = None, *,
-                    baseline: str = "uniform", suite: str | None = None,
-                    extra_summaries: Sequence[str] = (), confidence: float = 0.95,
-                    n_boot: int = 10_000, random_state: int = 0, target: float | None = None,
-                    title: str | None = None) -> ReportFiles:
-    """Read every record under `runs_dir` (and `failed/`, `grid.json` when present), analyse,
-    and write the report into `out_dir` (default `<runs_dir>/report`).
-
-    Example:
-        >>> # rlpace compare writes runs/…; then:
-        >>> # files = report_from_dir("runs/cmp", baseline="uniform"); files.html
-    """
-    from ..experiments import read_records
-    runs = Path(runs_dir)
-    # A grid folder keeps its records in runs/; elsewhere (adapters) any *.jsonl below counts.
-    records = read_records(runs / "runs" if (runs / "runs").is_dir() else runs)
-    order: Any = None
-    grid_file = runs / "grid.json"
-    if grid_file.is_file():
-        try:
-            order = [p["label"] for p in json.loads(grid_file.read_text(encoding="utf-8"))["policies"]]
-        except (KeyError, TypeError, json.JSONDecodeError):
-            order = None
-    a = analyze(records, baseline=baseline, suite=suite, extra_summaries=extra_summaries,
-                label_order=order, confidence=confidence, n_boot=n_boot, random_state=random_state,
-                target=target, failed=_failed_runs(runs))
-    return write_report(a, out_dir if out_dir is not None else runs / "report", title=title)

@@ -341,12 +341,8 @@ def write_html(path, *, title: str, table: str, images, notes: str = "", caption
     its caption (`captions`: {file name: text}, default `CAPTIONS`)."""
     path = Path(path)
     captions = CAPTIONS if captions is None else captions
-    figs = []
-    for p in images:
-        name = Path(p).name
-        cap = captions.get(name, "")
-        figs.append(f'<figure><img src="{html.escape(name)}" alt="{html.escape(cap or name)}" '
-                    f'style="max-width:100%"><figcaption>{html.escape(cap)}</figcaption></figure>')
+    from ..evaluation._report import figure_html     # the one figure + caption markup
+    figs = [figure_html(Path(p).name, captions.get(Path(p).name, ""), Path(p).stem) for p in images]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}"
             f"pre{{background:#f6f6f6;padding:1em}}figure{{margin:1.5em 0}}"
