@@ -146,7 +146,7 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
 
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-           from_start: bool = False, step_norm: str = "batch", progress=None) -> Advice:
+           from_start: bool = False, step_norm: str = "batch", jobs: int = 1, progress=None) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     Example:
@@ -161,7 +161,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     check_pilot(pilot, pool, int(budget_rollouts))
     fit = fit_learner(pilot, pool, step_norm=step_norm)
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
-                 draws=draws, seeds=seeds, seed=seed, from_start=from_start, progress=progress)
+                 draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs, progress=progress)
     best = pr.policies[0] if pr.policies else None
     o = pr.oracle
     if 1 - o.ratio <= SAVING_BAR:

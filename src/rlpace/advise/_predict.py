@@ -106,9 +106,39 @@ def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g,
     return res.eval_rollouts.astype(np.float64), res.mean_accuracy
 
 
+def _one_draw(job) -> tuple:
+    """One learner drawn from the fit: every policy on `seeds` worlds; costs to the target,
+    whether reached, final accuracy, base accuracy and the mean curve on `grid`."""
+    fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction, grid = job
+    b, g, k = fit.batch_size, fit.group_size, pool.n_domains
+    shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau).T)
+    curves = {p: [] for p in run_names}
+    cost = {p: np.zeros(seeds) for p in run_names}
+    hit = {p: np.zeros(seeds, bool) for p in run_names}
+    final = {p: np.zeros(seeds) for p in run_names}
+    base = 0.0
+    for s in range(seeds):
+        world = _world(fit, pj, pool, shift, np.random.default_rng([seed, j, s, 0xD1FF]))
+        base = float(heldout_accuracy(-shift, world.heldout).mean())      # accuracy at the pilot's start
+        for p in run_names:
+            x, a = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
+                        eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
+            if not from_start:
+                x = np.concatenate([[0.0], x + offset])
+                a = np.concatenate([[base], a])
+            curves[p].append((x, a))
+        tgt = gain_target(base, curves["uniform"][-1][1][-1], fraction)
+        for p in run_names:
+            x, a = curves[p][-1]
+            cost[p][s], hit[p][s] = cost_to_reach(x, a, tgt)
+            final[p][s] = a[-1]
+    rows = {p: np.mean([np.interp(grid, x, a) for x, a in curves[p]], axis=0) for p in run_names}
+    return j, cost, hit, final, base, rows
+
+
 def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts: int,
             policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-            from_start: bool = False, fraction: float = 0.8, progress=None) -> Prediction:
+            from_start: bool = False, fraction: float = 0.8, jobs: int = 1, progress=None) -> Prediction:
     """Simulate uniform, the oracles and `policies` on `draws` learners from the fit.
 
     Args:
@@ -119,6 +149,7 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         draws: learners drawn from the fit (the first is the MAP); seeds: runs per draw.
         from_start: simulate every policy from the pilot's start (no pilot counted) instead
             of after it — what a headroom table measures.
+        jobs: worker processes, one draw each at a time (1 = in this process).
         progress: a callable(str) told each finished draw.
 
     Returns:
@@ -141,39 +172,31 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     rng_draw = np.random.default_rng([seed, 0xAD715E])
     params = draw_params(fit, draws, rng_draw)
     offset = 0.0 if from_start else float(pilot_rollouts)
-    grid = None
+    grid = np.linspace(0.0, float(budget_rollouts if not from_start else left), 60)
     acc_grid = {p: [] for p in run_names}
     cost = {p: np.zeros((draws, seeds)) for p in run_names}
     hit = {p: np.zeros((draws, seeds), bool) for p in run_names}
     final = {p: np.zeros((draws, seeds)) for p in run_names}
     base_acc = np.zeros(draws)
-    for j, pj in enumerate(params):
-        k = pool.n_domains
-        shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau).T)
-        curves_j = {p: [] for p in run_names}
-        for s in range(seeds):
-            world = _world(fit, pj, pool, shift, np.random.default_rng([seed, j, s, 0xD1FF]))
-            base = float(heldout_accuracy(-shift, world.heldout).mean())  # accuracy at the pilot's start
+    jobs_list = [(fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction,
+                  grid) for j, pj in enumerate(params)]
+    if jobs > 1 and draws > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        ex = ProcessPoolExecutor(max_workers=min(jobs, draws))
+        results = ex.map(_one_draw, jobs_list)
+    else:
+        ex, results = None, map(_one_draw, jobs_list)
+    try:
+        for done, (j, c_j, h_j, f_j, base, rows) in enumerate(results, start=1):
+            for p in run_names:
+                cost[p][j], hit[p][j], final[p][j] = c_j[p], h_j[p], f_j[p]
+                acc_grid[p].append(rows[p])
             base_acc[j] = base
-            for p in run_names:
-                x, a = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
-                            eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
-                if not from_start:
-                    x = np.concatenate([[0.0], x + offset])
-                    a = np.concatenate([[base], a])
-                curves_j[p].append((x, a))
-            u_final = curves_j["uniform"][-1][1][-1]
-            tgt = gain_target(base, u_final, fraction)
-            for p in run_names:
-                x, a = curves_j[p][-1]
-                cost[p][j, s], hit[p][j, s] = cost_to_reach(x, a, tgt)
-                final[p][j, s] = a[-1]
-        if grid is None:
-            grid = np.linspace(0.0, float(budget_rollouts if not from_start else left), 60)
-        for p in run_names:
-            acc_grid[p].append(np.mean([np.interp(grid, x, a) for x, a in curves_j[p]], axis=0))
-        if progress is not None:
-            progress(f"draw {j + 1}/{draws} done ({time.perf_counter() - t0:.0f} s)")
+            if progress is not None:
+                progress(f"draw {done}/{draws} done ({time.perf_counter() - t0:.0f} s)")
+    finally:
+        if ex is not None:
+            ex.shutdown()
 
     def summary(p, ratios):
         fd = np.median(final[p].mean(axis=1) - final["uniform"].mean(axis=1))

@@ -25,13 +25,14 @@ def add_arguments(p) -> None:
     p.add_argument("--draws", type=int, default=8, help="learners drawn from the fit's posterior (first: the MAP)")
     p.add_argument("--seeds", type=int, default=1, help="simulated runs per draw")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (one draw each at a time)")
     p.add_argument("--out", default=".", help="folder for advice.json and advice.html")
 
 
 def run(args) -> int:
     from ..advise._advice import advise, load_pool, usage_lines, write_advice
     from ..errors import InputError
-    for name in ("draws", "seeds"):
+    for name in ("draws", "seeds", "jobs"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be ≥ 1; got {getattr(args, name)}.")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()] or None
@@ -41,7 +42,7 @@ def run(args) -> int:
         if unknown:
             raise InputError(f"--policies: unknown {unknown}; see `rlpace policies`.")
     adv = advise(args.pilot, load_pool(args.pool), budget_rollouts=args.budget_rollouts, policies=pols,
-                 draws=args.draws, seeds=args.seeds, seed=args.seed,
+                 draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs,
                  progress=lambda s: print(f"rlpace advise: {s}", file=sys.stderr, flush=True))
     print(adv.table())
     print()
