@@ -44,7 +44,7 @@ def _fmt(sec: float) -> str:
 
 
 def bench_sim(out: Path, workers: int, seeds: int) -> dict:
-    from rlpace.evaluation import report_from_dir
+    from rlpace.experiments import report_from_dir
     from rlpace.experiments import Grid, default_policies, read_records, run_grid
     plan = default_policies()
     grid = Grid(policies=plan.policies, seeds=seeds, suites=("sim:ladder",), steps=200)

@@ -45,6 +45,8 @@ def recording_tq_worker(sched):
     observed = []
     observe = sched.observe
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (adapters call it)
+    sched.step = lambda fb, features=None: observed.append(fb) or _step(fb, features)
     rv._SHARED["train"] = rv.VerlFeedback(sched, reward_key="acc")
     worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
     worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None

@@ -293,6 +293,8 @@ def run_verl(verl_env, steps=2, policy="uniform", kwargs=None, sched_factory=Non
     log, observed, answered, before = [], [], [], []
     observe, targets = sched.observe, sched.targets
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (adapters call it)
+    sched.step = lambda fb, features=None: observed.append(fb) or _step(fb, features)
     sched.targets = lambda fb: answered.append((fb, targets(fb))) or answered[-1][1]
     trainer = verl_trainer(cfg, ds, tok, log)
     trainer.entropys = entropys
@@ -449,6 +451,8 @@ def run_trl(lm, dataset, out, sched, *, steps=3, g=4, extractor=trl_answer, targ
     calls, advantages, observed, answered, generated = [], [], [], [], []
     observe, targets = sched.observe, sched.targets
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (adapters call it)
+    sched.step = lambda fb, features=None: observed.append(fb) or _step(fb, features)
     sched.targets = lambda fb: answered.append((fb, targets(fb))) or answered[-1][1]
 
     def reward(prompts, completions, solution, index, trainer_state, **kw):
@@ -824,6 +828,9 @@ DDP_WORKER = textwrap.dedent('''
     sched.targets = lambda fb: answered.append(targets(fb)) or answered[-1]
     sched.observe = lambda fb: observed.append([fb.prompt_ids.tolist(), fb.rewards.tolist(),
                                                 [list(r) for r in fb.answers]]) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (adapters call it)
+    sched.step = lambda fb, features=None: observed.append([fb.prompt_ids.tolist(), fb.rewards.tolist(),
+                                                            [list(r) for r in fb.answers]]) or _step(fb, features)
     ext = lambda c: str(len(c) % 3) if c else None
 
     def reward(prompts, completions, index, solution, trainer_state, **kw):

@@ -47,6 +47,8 @@ def run(lm, dataset, out, *, ga, spg, ni, zero_lag, steps):
     propose, observe = sched.propose, sched.observe
     sched.propose = lambda n: proposals.append((int(sched.counters.observations), propose(n))) or proposals[-1][1]
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (adapters call it)
+    sched.step = lambda fb, features=None: observed.append(fb) or _step(fb, features)
 
     def reward(prompts, completions, index, trainer_state, **kw):
         r = [outcome(i, j % G, len(seen)) for j, i in enumerate(index)]

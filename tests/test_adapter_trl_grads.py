@@ -39,6 +39,9 @@ def run(lm, dataset, out, *, steps, per_device, spg, grad_params="lm_head", meth
     sched = Scheduler(pool_from_dataset(dataset), method, seed=3)
     observe = sched.observe
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (the adapter calls it): record the
+    # feedback as observed, with the features it attached
+    sched.step = lambda fb, features=None: (lambda r: observed.append(r.feedback) or r)(_step(fb, features))
 
     def reward(prompts, completions, index, trainer_state, **kw):
         return [outcome(i, j % G, trainer_state.global_step) for j, i in enumerate(index)]
@@ -198,6 +201,8 @@ sched = Scheduler(pool_from_dataset(ds), compose(make_policy("uniform"),
 observed, passes = [], []
 observe = sched.observe
 sched.observe = lambda fb: observed.append(fb) or observe(fb)
+_step = sched.step      # Scheduler.step observes too (the adapter calls it): the features attached
+sched.step = lambda fb, features=None: (lambda r: observed.append(r.feedback) or r)(_step(fb, features))
 
 def reward(prompts, completions, index, trainer_state, **kw):
     return [float((i * 7 + j % G * 3 + trainer_state.global_step) % 5 < 2) for j, i in enumerate(index)]

@@ -208,13 +208,13 @@ def test_exact_resume_npz(name, tmp_path):
 
 
 BAD_FEEDBACK = [
-    (lambda: Feedback([0, N], [[1.0, 0.0], [0.0, 1.0]]), "Feedback.prompt_ids"),
-    (lambda: Feedback([0, -1], [[1.0, 0.0], [0.0, 1.0]]), "Feedback.prompt_ids"),
-    (lambda: Feedback([0, 1], [[1.0, np.nan], [0.0, 1.0]]), "Feedback.rewards"),
-    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[np.inf, 0.0], [0.0, 0.0]]),
+    (lambda: Feedback([0, N], [[1.0, 0.0], [0.0, 1.0]], step=0), "Feedback.prompt_ids"),
+    (lambda: Feedback([0, -1], [[1.0, 0.0], [0.0, 1.0]], step=0), "Feedback.prompt_ids"),
+    (lambda: Feedback([0, 1], [[1.0, np.nan], [0.0, 1.0]], step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[np.inf, 0.0], [0.0, 0.0]], step=0),
      "Feedback.advantages"),
-    (lambda: Feedback([0, 1], np.zeros((2, 0))), "Feedback.rewards"),
-    (lambda: Feedback([0, 1], [0.0, 1.0]), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], np.zeros((2, 0)), step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], [0.0, 1.0], step=0), "Feedback.rewards"),
 ]
 
 

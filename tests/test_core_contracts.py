@@ -8,7 +8,7 @@ import pytest
 
 from rlpace import Feedback, Pool, Scheduler
 from rlpace.policies import (Admission, DataPolicy, EmptyState, compose, dataset_labels, identity_reward,
-                             is_neutral, keep_all, make_policy, supervising_places, unit_advantage,
+                             is_neutral, keep_all, make_policy, active_supervision_places, unit_advantage,
                              unit_weights)
 from rlpace.policies._uniform import uniform_pool
 
@@ -38,5 +38,188 @@ def test_a_user_admission_named_keep_all_is_kept_by_compose():
 
 def test_a_user_target_named_dataset_labels_is_a_supervising_place():
     mine = _mine("target", "dataset_labels", lambda s, pool, b: None)
-    assert supervising_places(compose(make_policy("dump"), mine)) == frozenset({"target"})
-    assert supervising_places(compose(make_policy("dump"))) == frozenset()
+    assert active_supervision_places(compose(make_policy("dump"), mine)) == frozenset({"target"})
+    assert active_supervision_places(compose(make_policy("dump"))) == frozenset()
+
+
+# ---- Scheduler.step: one validation, one documented order --------------------------------------
+from _isolated import assert_state_equal  # noqa: E402
+from test_contract import NAMES, STREAM, feedback_for  # noqa: E402
+from test_contract import POOL as CPOOL  # noqa: E402
+
+
+def _separate(s: Scheduler, fb):
+    """The documented order, call by call."""
+    s.observe(fb)
+    adm = s.admission(fb)
+    return adm.keep, adm.refill, adm.full_group_advantages, s.loss_weights(fb), s.advantage_weights(fb)
+
+
+def _stepped(s: Scheduler, fb):
+    r = s.step(fb)
+    return r.keep, r.refill, r.full_group_advantages, r.weights, r.advantage_weights
+
+
+def _drive(s: Scheduler, call, start: int, stop: int) -> list:
+    out = []
+    for t in range(start, stop):
+        ids = s.propose(STREAM[t].n)
+        out.append((ids, *call(s, feedback_for(STREAM[t], ids, t)), s.metrics()))
+    return out
+
+
+def _assert_same(x, y):
+    assert len(x) == len(y)
+    for t, (a, b) in enumerate(zip(x, y)):
+        for i, (u, v) in enumerate(zip(a[:-1], b[:-1])):
+            np.testing.assert_array_equal(u, v, err_msg=f"step {t}, field {i}")
+        assert a[-1].keys() == b[-1].keys()
+        for k in a[-1]:
+            assert a[-1][k] == b[-1][k] or (np.isnan(a[-1][k]) and np.isnan(b[-1][k])), (t, k)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_step_equals_the_separate_calls_in_the_documented_order(name):
+    a, b = Scheduler(CPOOL, name, seed=3), Scheduler(CPOOL, name, seed=3)
+    _assert_same(_drive(a, _stepped, 0, len(STREAM)), _drive(b, _separate, 0, len(STREAM)))
+    assert_state_equal(a.state_dict(), b.state_dict())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_step_resumes_exactly(name):
+    ref = Scheduler(CPOOL, name, seed=5)
+    _drive(ref, _stepped, 0, 5)
+    fresh = Scheduler(CPOOL, name, seed=1005)
+    fresh.load_state_dict(ref.state_dict())
+    _assert_same(_drive(fresh, _stepped, 5, len(STREAM)), _drive(ref, _stepped, 5, len(STREAM)))
+    assert_state_equal(fresh.state_dict(), ref.state_dict())
+
+
+def _features(d=3):
+    calls = []
+
+    def features(keep):
+        calls.append(keep.copy())
+        # a deterministic stand-in for the loss-gradient features: 0 on dropped rollouts
+        g = np.arange(keep.size * d, dtype=np.float32).reshape(*keep.shape, d) % 7 - 3
+        return g * keep[..., None]
+    return features, calls
+
+
+@pytest.mark.parametrize("name", ["diem", "dvc", "dapo_dynamic_sampling+diem"])
+def test_step_with_features_admits_then_updates_the_readers(name):
+    a, b = Scheduler(POOL, name, seed=1), Scheduler(POOL, name, seed=1)
+    for t in range(4):
+        ids = a.propose(4)
+        assert (b.propose(4) == ids).all()
+        rewards = (np.arange(8).reshape(4, 2) + t) % 3 == 0
+        fb = Feedback(ids, rewards.astype(float), step=t)
+        features, calls = _features()
+        r = a.step(fb, features=features)
+        # reference: admission before the features exist, then observe with them, then weights
+        keep = b.admission(fb).keep
+        fg = fb.with_grads(features(keep))
+        b.observe(fg)
+        np.testing.assert_array_equal(r.keep, keep)
+        np.testing.assert_array_equal(calls[0], keep)
+        np.testing.assert_array_equal(r.weights, b.loss_weights(fg))
+        np.testing.assert_array_equal(r.feedback.grads, fg.grads)
+        assert_state_equal(a.state_dict(), b.state_dict())
+    # a method that reads no features never calls the callable
+    s = Scheduler(POOL, "dump")
+    features, calls = _features()
+    s.step(Feedback(s.propose(2), [[1.0, 0.0], [0.0, 0.0]], step=0), features=features)
+    assert calls == []
+
+
+def test_step_admission_sees_this_visit_with_or_without_features():
+    # TraPO's admission reads the selection its update made for this visit: step observes first,
+    # with or without features (the gradient path used to admit before observing).
+    pool = Pool(["a"] * 6, labeled=[True, False, True, False, True, False])
+    fb = [Feedback([0, 1, 3], [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], step=t,
+                   answers=[["1", "2"], ["7", "7"], ["3", "4"]]) for t in range(12)]
+    a, b, c = (Scheduler(pool, "trapo+diem", seed=0) for _ in range(3))
+    for f in fb:
+        features, _ = _features()
+        ra, rb = a.step(f, features=features), b.step(f)
+        np.testing.assert_array_equal(ra.keep, rb.keep)
+        c.observe(f)
+        np.testing.assert_array_equal(ra.keep, c.admit(f))
+
+
+def test_step_rejects_bad_features_and_leaves_the_readers_alone():
+    from rlpace.errors import InputError
+    s = Scheduler(POOL, "dvc", seed=0)                 # a mixture that learns from the features
+    fb = Feedback(s.propose(2), [[1.0, 0.0], [0.0, 1.0]], step=0)
+    before = s.state_dict()
+    with pytest.raises(InputError, match="grads"):
+        s.step(fb, features=lambda keep: np.ones((2, 3, 4), np.float32))     # G = 2, not 3
+    after = s.state_dict()
+    mixture = [k for k in before if k.startswith("policy/mixture")]
+    assert mixture
+    for k in mixture:
+        np.testing.assert_array_equal(np.asarray(after[k]), np.asarray(before[k]), err_msg=k)
+    assert int(after["history/attempts"].sum()) == 4     # step 1 (observe) ran: 2 groups × 2
+
+
+# ---- records ----------------------------------------------------------------------------------
+def test_feedback_step_is_required():
+    # a default of 0 made every prompt look last seen at step 0: recency silently zeroed
+    with pytest.raises(TypeError, match="Feedback needs step="):
+        Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]])
+    s = Scheduler(POOL, "uniform")
+    s.observe(Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], step=7))
+    assert s.history.last_step.tolist() == [7, 7, -1, -1, -1, -1, -1, -1]
+
+
+def test_chain_keeps_update_losses_and_refuses_follows_mixture():
+    from rlpace.errors import InputError
+    from rlpace.policies import chain
+
+    def counting(name):
+        # a reweighter whose state counts the loss points it was fed (weight 1 + that count)
+        return DataPolicy("reweighting", lambda pool: np.zeros(1), lambda s, pool, b: s,
+                          lambda s, pool, b: np.full(b.rewards.shape, 1.0 + s[0]), name=name,
+                          update_losses=lambda s, pool, losses: s + losses.domains.size)
+    plain = _mine("reweighting", "plain", lambda s, pool, b: np.full(b.rewards.shape, 2.0))
+    s = Scheduler(POOL, compose(counting("c1"), plain, counting("c2")))
+    s.observe_losses({"a": (100, 1.5), "b": (100, 2.0)})
+    s.observe_losses({"a": (200, 1.2)})
+    # each counting member saw 3 points: weight 4 each; the plain one 2: 4 · 2 · 4 = 32
+    assert s.loss_weights(Feedback([0], [[1.0, 0.0]], step=0)).tolist() == [[32.0, 32.0]]
+    follower = plain._replace(follows_mixture=True)
+    with pytest.raises(InputError, match="follows_mixture"):
+        chain(plain, follower)
+
+
+# ---- names and leaks --------------------------------------------------------------------------
+def test_prompts_seen_is_exact_above_a_million_prompts_and_after_resume():
+    # it was NaN above 10⁶ prompts (an O(N) count skipped); now kept in step with the history
+    pool = Pool(np.zeros(2_000_000, np.int64))
+    s = Scheduler(pool, "uniform", seed=0)
+    s.observe(Feedback([5, 1_999_999, 5, 7], np.ones((4, 2)), step=0))     # 3 distinct
+    s.observe(Feedback([7, 12], np.zeros((2, 2)), step=1))                  # 1 new
+    s.observe(Feedback([], np.zeros((0, 2)), step=2))
+    assert s.metrics()["prompts_seen"] == 4.0 == np.count_nonzero(s.history.attempts)
+    fresh = Scheduler(pool, "uniform", seed=0)
+    fresh.load_state_dict(s.state_dict())
+    assert fresh.metrics()["prompts_seen"] == 4.0
+
+
+def test_pool_owns_its_cluster_domain_shares():
+    pool = Pool(["a", "a", "b", "b", "b"], clusters=[0, 1, 1, 1, 2])
+    shares = pool.cluster_domain_shares()                                  # [K=2 domains, C=3 clusters]
+    np.testing.assert_array_equal(shares, [[1.0, 1 / 3, 0.0], [0.0, 2 / 3, 1.0]])
+    assert shares is pool.cluster_domain_shares() and not shares.flags.writeable
+
+
+def test_supervision_checks_say_what_they_check():
+    from rlpace.adapters._supervision import has_supervision_places, needs_supervision_pass
+    from rlpace.policies import supervising_places
+    assert supervising_places is active_supervision_places          # the old public name still works
+    ttrl, sc, dump = (Scheduler(POOL, n) for n in ("ttrl", "self_certainty", "dump"))
+    assert has_supervision_places(ttrl) and needs_supervision_pass(ttrl)
+    assert has_supervision_places(sc) and needs_supervision_pass(sc)
+    assert not has_supervision_places(dump) and not needs_supervision_pass(dump)

@@ -217,7 +217,7 @@ def test_first_token_term_refuses_what_it_cannot_make_exact():
 # ---- the channel: Feedback.grads / ref_grad --------------------------------------------------
 def test_feedback_grads_validated_and_stored_float32_readonly():
     g = np.arange(12, dtype=np.float64).reshape(2, 2, 3)
-    fb = Feedback([0, 1], [[1, 0], [0, 1]], grads=g, ref_grad=[1.0, 0.0, -1.0])
+    fb = Feedback([0, 1], [[1, 0], [0, 1]], grads=g, ref_grad=[1.0, 0.0, -1.0], step=0)
     assert fb.grads.dtype == np.float32 and fb.grads.shape == (2, 2, 3) and not fb.grads.flags.writeable
     g[0, 0, 0] = np.nan                                          # a copy: the caller cannot change it
     assert fb.grads[0, 0, 0] == 0.0
@@ -232,8 +232,8 @@ def test_feedback_grads_validated_and_stored_float32_readonly():
                     ({"grads": np.ones((2, 2, 3)), "ref_grad": np.ones(4)}, "d = 4 but Feedback.grads has d = 3"),
                     ({"ref_grad": [np.nan]}, "Feedback.ref_grad has NaN")]:
         with pytest.raises(ValueError, match=msg):
-            Feedback([0, 1], [[1, 0], [0, 1]], **kw)
-    assert Feedback([], np.zeros((0, 2)), grads=np.zeros((0, 2, 5))).grads.shape == (0, 2, 5)
+            Feedback([0, 1], [[1, 0], [0, 1]], step=0, **kw)
+    assert Feedback([], np.zeros((0, 2)), grads=np.zeros((0, 2, 5)), step=0).grads.shape == (0, 2, 5)
 
 
 def test_scheduler_passes_grads_to_policies_and_bad_grads_leave_state_unchanged():
@@ -241,12 +241,12 @@ def test_scheduler_passes_grads_to_policies_and_bad_grads_leave_state_unchanged(
     s = Scheduler(pool, "dvc", window=3)
     before = {k: np.array(v) for k, v in s.state_dict().items()}
     with pytest.raises(ValueError, match="Feedback.grads"):
-        s.observe(Feedback([0, 1], [[1, 0], [0, 1]], grads=np.ones((2, 2))))
+        s.observe(Feedback([0, 1], [[1, 0], [0, 1]], grads=np.ones((2, 2)), step=0))
     for k, v in s.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
     g = np.zeros((2, 2, 2))
     g[0, 0], g[1, 0] = [1, 0], [-1, 0]                             # opposite: cos = −1 for both
-    s.observe(Feedback([0, 1], [[1, 0], [0, 1]], grads=g))
+    s.observe(Feedback([0, 1], [[1, 0], [0, 1]], grads=g, step=0))
     np.testing.assert_allclose(s.states["mixture"].sums[0], [0.0, 0.0])    # influence, not |A|
 
 

@@ -61,14 +61,14 @@ def test_split_edge_cases_and_mismatch_refused():
     (only,) = split_with_grads(fb, [], trained, [])                            # nothing trained
     assert only.grads is None and only.prompt_ids.tolist() == fb.prompt_ids.tolist()
     (every,) = split_with_grads(fb, [3, 0, 1, 2, 4], Feedback([7, 4, 9, 2, 5], np.zeros((5, 3)),
-                                                              grads=np.ones((5, 3, 2))), [0, 1, 2, 3, 4])
+                                                              grads=np.ones((5, 3, 2)), step=0), [0, 1, 2, 3, 4])
     assert every.grads.shape == (5, 3, 2) and every.prompt_ids.tolist() == [7, 4, 9, 2, 5]
     with pytest.raises(ValueError, match="same groups"):
         split_with_grads(fb, [3, 0], trained, [1, 0])                           # ids 4, 7 ≠ 7, 4
     with pytest.raises(ValueError, match="carry grads"):
-        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 3))), [0])
+        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 3)), step=0), [0])
     with pytest.raises(ValueError, match="group size"):
-        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 2)), grads=np.ones((1, 2, 4))), [0])
+        split_with_grads(fb, [3], Feedback([7], np.zeros((1, 2)), grads=np.ones((1, 2, 4)), step=0), [0])
 
 
 # ---- DIEM: the eigendecomposition solve ------------------------------------------------------
@@ -98,7 +98,7 @@ def test_diem_apply_reuses_one_gram_and_matches_the_two_step_rule():
     rng = np.random.default_rng(3)
     g = rng.standard_normal((6, 4, 10)).astype(np.float32)
     pool = Pool(list(range(6)))
-    fb = Feedback(np.arange(6), rng.integers(0, 2, (6, 4)).astype(float), grads=g)
+    fb = Feedback(np.arange(6), rng.integers(0, 2, (6, 4)).astype(float), grads=g, step=0)
     p = diem(importance="loo", ridge=0.01)
     w = p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5))
     f = g.astype(np.float64).sum(axis=1)
@@ -247,7 +247,7 @@ def test_trainer_observes_every_round_with_the_trained_groups_features(tmp_path,
 def test_float32_grads_take_the_fast_check_with_the_same_answers():
     from rlpace import Feedback
     g = np.arange(12, dtype=np.float32).reshape(2, 2, 3) / 7
-    fb = Feedback([0, 1], [[1, 0], [0, 1]], grads=g)
+    fb = Feedback([0, 1], [[1, 0], [0, 1]], grads=g, step=0)
     assert fb.grads.dtype == np.float32 and np.array_equal(fb.grads, g)
     assert not np.shares_memory(fb.grads, g) and not fb.grads.flags.writeable      # a read-only copy
     g[0, 0, 0] = 5.0
@@ -256,11 +256,11 @@ def test_float32_grads_take_the_fast_check_with_the_same_answers():
         h = g.copy()
         h[1, 0, 2] = bad
         with pytest.raises(ValueError, match=match):
-            Feedback([0, 1], [[1, 0], [0, 1]], grads=h)
+            Feedback([0, 1], [[1, 0], [0, 1]], grads=h, step=0)
     with pytest.raises(ValueError, match=r"must be \[B, G, d\]"):
-        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:, :, :0])
+        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:, :, :0], step=0)
     with pytest.raises(ValueError, match=r"must be \[B, G, d\]"):
-        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:1])
+        Feedback([0, 1], [[1, 0], [0, 1]], grads=g[:1], step=0)
 
 
 # ---- one backward: the weighted loss's gradient starts at the log-probs ----------------------

@@ -153,7 +153,7 @@ def test_weights_multiply_inside_the_admission_normaliser(objective):
     w_hand[0] = [a_s ** 0.5 / m] + [a_f ** 0.5 / m] * 3
     pool = Pool([0] * 4)
     p = per_advantage()
-    w = p.apply(p.init(pool), pool, Batch.from_feedback(Feedback(np.arange(4), rewards), pool, 0.5))
+    w = p.apply(p.init(pool), pool, Batch.from_feedback(Feedback(np.arange(4), rewards, step=0), pool, 0.5))
     np.testing.assert_allclose(w, w_hand, rtol=1e-12)
     adv = t(np.where(rewards[0] > 0, a_s, -a_f).tolist() + [0.0] * 12)
     mask, lp = torch.ones(16, 2), torch.full((16, 2), -0.7)

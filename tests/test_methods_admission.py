@@ -18,7 +18,7 @@ POOL = Pool([0] * 8)
 
 def apply(policy, rewards, threshold=0.5):
     r = np.asarray(rewards, dtype=float)
-    b = Batch.from_feedback(Feedback(np.arange(r.shape[0]) % len(POOL), r), POOL, threshold)
+    b = Batch.from_feedback(Feedback(np.arange(r.shape[0]) % len(POOL), r, step=0), POOL, threshold)
     return policy.apply(policy.init(POOL), POOL, b)
 
 
@@ -133,7 +133,7 @@ def test_empty_batch(factory):
 
 def test_chain_dapo_then_pods():
     s = Scheduler(POOL, "dapo_dynamic_sampling+pods_max_variance")
-    adm = s.admission(Feedback([0, 1], [[1, 1, 1, 1], [1, 0, 0, 0]]))
+    adm = s.admission(Feedback([0, 1], [[1, 1, 1, 1], [1, 0, 0, 0]], step=0))
     # group 0 dropped by DAPO (refill 1); group 1 keeps m = 2: one 1 and one 0. Sorted:
     # 0 (#1), 0 (#2), 0 (#3), 1 (#0); k=0 (top two: #3, #0) and k=1 (#1, #0) tie at var
     # 1/4, the smaller k wins → rollouts 0 and 3.

@@ -15,7 +15,7 @@ from rlpace.types import Batch
 
 
 def batch(pool, ids, rewards, advantages=None):
-    return Batch.from_feedback(Feedback(ids, rewards, advantages), pool, 0.5)
+    return Batch.from_feedback(Feedback(ids, rewards, advantages, step=0), pool, 0.5)
 
 
 def rows(pass_rates, g=4):
@@ -252,7 +252,7 @@ def test_ads_default_batch_is_four_easiest_windows():
 def test_ads_admission_drops_only_all_wrong():
     pool = Pool(["a"] * 8)
     s = Scheduler(pool, "ads", mini_cluster_size=4, active_clusters=1)
-    fb = Feedback([0, 1, 2], [[0, 0], [1, 1], [0, 1]])
+    fb = Feedback([0, 1, 2], [[0, 0], [1, 1], [0, 1]], step=0)
     adm = s.admission(fb)
     assert adm.keep[:, 0].tolist() == [False, True, True] and adm.refill == 0
 

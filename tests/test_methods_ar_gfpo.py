@@ -16,7 +16,7 @@ POOL = Pool(["a", "a", "b", "b", "b"])
 
 
 def batch(rewards, lengths=None, probs=None, mask=None):
-    b = Batch.from_feedback(Feedback(np.arange(len(rewards)), rewards, lengths=lengths), POOL, 0.5)
+    b = Batch.from_feedback(Feedback(np.arange(len(rewards)), rewards, lengths=lengths, step=0), POOL, 0.5)
     return b._replace(token_probs=probs, token_mask=mask)
 
 
@@ -56,7 +56,7 @@ def test_ar_alpha_validated(alpha):
 # ---- Scheduler.token_weights --------------------------------------------------------------
 def test_token_weights_entry_point():
     s = Scheduler(POOL, "ar")
-    fb = Feedback([0, 2], [[1.0, 0.0], [0.0, 0.0]])
+    fb = Feedback([0, 2], [[1.0, 0.0], [0.0, 0.0]], step=0)
     probs = np.full((2, 2, 3), 0.5)
     probs[0, 0] = [0.0, 1.0, 0.2]
     mask = np.ones((2, 2, 3), bool)
@@ -85,7 +85,7 @@ def test_token_weights_rejects_bad_input(probs, mask, match):
     s = Scheduler(POOL, "ar")
     before = s.state_dict()
     with pytest.raises(ValueError, match=match):
-        s.token_weights(Feedback([0, 2], [[1.0, 0.0], [0.0, 0.0]]), probs, mask)
+        s.token_weights(Feedback([0, 2], [[1.0, 0.0], [0.0, 0.0]], step=0), probs, mask)
     assert s.state_dict().keys() == before.keys()
 
 
@@ -93,7 +93,7 @@ def test_token_level_reweighter_chains_with_a_rollout_level_one():
     # Chained, the rollout weight multiplies each of its tokens' ar weight (it used to fail
     # with "cannot yet be chained").
     s = Scheduler(POOL, "ar+per_advantage")
-    fb = Feedback([0, 2], [[1.0, 0.0], [0.0, 1.0]])
+    fb = Feedback([0, 2], [[1.0, 0.0], [0.0, 1.0]], step=0)
     rollout = s.loss_weights(fb)                                       # ar alone gives 1 here
     assert rollout.shape == (2, 2)
     probs = np.array([[[0.2, 1.0, 0.6], [0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0], [0.0, 0.4, 0.8]]])
@@ -113,17 +113,17 @@ def test_token_level_reweighter_chains_with_a_rollout_level_one():
 # ---- Feedback.lengths ------------------------------------------------------------------------
 def test_feedback_lengths_validated_and_copied():
     lens = np.array([[3, 0], [7, 2]])
-    fb = Feedback([0, 1], [[1, 0], [0, 1]], lengths=lens)
+    fb = Feedback([0, 1], [[1, 0], [0, 1]], lengths=lens, step=0)
     lens[0, 0] = 99
     assert fb.lengths.tolist() == [[3, 0], [7, 2]] and fb.lengths.dtype == np.int64
-    assert Feedback([0, 1], [[1, 0], [0, 1]], lengths=[[3.0, 1.0], [2.0, 2.0]]).lengths.tolist() == [[3, 1], [2, 2]]
-    assert Feedback([0, 1], [[1, 0], [0, 1]]).lengths is None
+    assert Feedback([0, 1], [[1, 0], [0, 1]], lengths=[[3.0, 1.0], [2.0, 2.0]], step=0).lengths.tolist() == [[3, 1], [2, 2]]
+    assert Feedback([0, 1], [[1, 0], [0, 1]], step=0).lengths is None
     for bad, match in (([[1, 2]], "has shape"), ([[-1, 2], [1, 1]], "non-negative"),
                        ([[1.5, 2], [1, 1]], "whole numbers"), ([[True, False], [True, True]], "booleans"),
                        ([["a", "b"], ["c", "d"]], "strings")):
         with pytest.raises(ValueError, match=f"Feedback.lengths.*{match}|{match}"):
-            Feedback([0, 1], [[1, 0], [0, 1]], lengths=bad)
-    assert Feedback([], np.zeros((0, 4)), lengths=np.zeros((0, 4))).lengths.shape == (0, 4)
+            Feedback([0, 1], [[1, 0], [0, 1]], lengths=bad, step=0)
+    assert Feedback([], np.zeros((0, 4)), lengths=np.zeros((0, 4)), step=0).lengths.shape == (0, 4)
 
 
 # ---- gfpo ------------------------------------------------------------------------------------
@@ -174,6 +174,6 @@ def test_gfpo_hyperparameters_validated(kw, match):
 
 def test_gfpo_through_the_scheduler_reads_feedback_lengths():
     s = Scheduler(POOL, "gfpo", k=1)
-    fb = Feedback([0, 3], [[1, 1, 1], [0, 1, 1]], lengths=[[3, 1, 2], [1, 5, 4]])
+    fb = Feedback([0, 3], [[1, 1, 1], [0, 1, 1]], lengths=[[3, 1, 2], [1, 5, 4]], step=0)
     s.observe(fb)
     assert s.admission(fb).keep.tolist() == [[False, True, False], [False, False, True]]

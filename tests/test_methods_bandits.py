@@ -18,7 +18,7 @@ from rlpace.types import Batch
 
 
 def batch(pool, ids, rewards, advantages=None):
-    return Batch.from_feedback(Feedback(ids, rewards, advantages), pool, 0.5)
+    return Batch.from_feedback(Feedback(ids, rewards, advantages, step=0), pool, 0.5)
 
 
 def wins(k, g):

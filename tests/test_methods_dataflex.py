@@ -100,7 +100,7 @@ def test_topk_empty_batch_and_scheduler():
     assert out.keep.shape == (0, 4) and out.refill == 0
     s = Scheduler(pool, "topk", seed=0)
     assert s.method.admission.name == "topk" and s.method.mixture is None
-    fb = Feedback([0, 1], [[1, 0], [1, 1]], advantages=[[0.5, -2.0], [1.0, 0.5]])
+    fb = Feedback([0, 1], [[1, 0], [1, 1]], advantages=[[0.5, -2.0], [1.0, 0.5]], step=0)
     adm = s.admission(fb)
     assert adm.keep.tolist() == [[False, True], [True, False]] and adm.refill == 0
 
@@ -277,10 +277,10 @@ def test_tscl_warns_once_when_every_feedback_has_the_same_step():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for t in range(7):
-            s.observe(Feedback([0, 1], (rng.random((2, 4)) < 0.5).astype(float)))
+            s.observe(Feedback([0, 1], (rng.random((2, 4)) < 0.5).astype(float), step=0))
         assert [w for w in caught if "tscl" in str(w.message)] == []
-        s.observe(Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]]))
-        s.observe(Feedback([0, 1], [[1.0, 1.0], [0.0, 0.0]]))
+        s.observe(Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0))
+        s.observe(Feedback([0, 1], [[1.0, 1.0], [0.0, 0.0]], step=0))
     msgs = [str(w.message) for w in caught if "tscl" in str(w.message)]
     assert len(msgs) == 1 and issubclass(caught[-1].category, UserWarning)
     assert "step=0" in msgs[0] and "Feedback(..., step=" in msgs[0]

@@ -7,7 +7,7 @@ import pytest
 
 from rlpace import Feedback, Pool, Scheduler
 from rlpace.policies import make_policy
-from rlpace.policies._diem import constrained_weights, diem, diem_importance
+from rlpace.policies._diem import MAX_WEIGHT, cap_weights, constrained_weights, diem, diem_importance
 from rlpace.types import Batch
 
 POOL = Pool(["a"] * 4 + ["b"] * 4)
@@ -104,7 +104,7 @@ def test_prompt_unit_sums_rollout_features_and_broadcasts():
 
 def test_without_features_weights_are_one():
     s = Scheduler(POOL, "diem")
-    fb = Feedback([0, 5], [[1, 0, 1, 1], [0, 0, 0, 1]])
+    fb = Feedback([0, 5], [[1, 0, 1, 1], [0, 0, 0, 1]], step=0)
     np.testing.assert_array_equal(s.loss_weights(fb), np.ones((2, 4)))
 
 
@@ -112,7 +112,7 @@ def test_softmax_ablation_hand_computed_and_needs_no_features():
     # pass_at_k score = pass rates [0.5, 0.25], max 0.5, T = 1: z = [1, 0.5];
     # W = 2·softmax(z) = 2·[e, e^0.5] / (e + e^0.5).
     p = make_policy("diem", importance="pass_at_k", solver="softmax")
-    fb = Feedback([0, 1], [[1, 0, 1, 0], [1, 0, 0, 0]])
+    fb = Feedback([0, 1], [[1, 0, 1, 0], [1, 0, 0, 0]], step=0)
     w = p.apply(p.init(POOL), POOL, Batch.from_feedback(fb, POOL, 0.5))
     e = np.exp([1.0, 0.5])
     np.testing.assert_allclose(w[:, 0], 2 * e / e.sum(), rtol=1e-12)
@@ -139,7 +139,7 @@ def test_scale_invariance_and_huge_features_stay_finite():
 def test_loss_weights_through_the_scheduler_are_nonneg_and_match_the_policy():
     g = np.random.default_rng(2).standard_normal((3, 2, 16)).astype(np.float32)
     s = Scheduler(POOL, "diem", importance="loo", ridge=0.0)
-    fb = Feedback([0, 1, 2], [[1, 0], [0, 1], [1, 1]], grads=g)
+    fb = Feedback([0, 1, 2], [[1, 0], [0, 1], [1, 1]], grads=g, step=0)
     w = s.loss_weights(fb)
     f = g.astype(np.float64).sum(axis=1)
     w0 = constrained_weights(f, diem_importance("loo", f, None, np.zeros(3)))
@@ -151,7 +151,8 @@ def test_loss_weights_through_the_scheduler_are_nonneg_and_match_the_policy():
 
 def test_bad_hyperparameters_are_refused():
     for kw in ({"importance": "grad"}, {"ridge": -1.0}, {"unit": "token"}, {"relu": 1},
-               {"temperature": 0.0}, {"seed": -2}):
+               {"temperature": 0.0}, {"seed": -2}, {"max_weight": 0.5}, {"max_weight": float("inf")},
+               {"max_weight": True}):
         with pytest.raises(ValueError, match=f"diem {next(iter(kw))}"):
             diem(**kw)
 
@@ -171,3 +172,68 @@ def test_default_is_the_published_rule_and_gives_uniform_weights():
     np.testing.assert_allclose(_weights(p, g), 1.0, rtol=0, atol=1e-10)
     s = Scheduler(POOL, "diem")
     assert s.hyperparameters[0][1]["importance"] == "batch" and s.hyperparameters[0][1]["ridge"] == 0.0
+
+
+# ---- the weight cap (`max_weight`) ------------------------------------------------------------
+def _tiny_group_batch(seed):
+    """8 groups × 2 rollouts, d = 64, group 0's features 100× smaller than the others'."""
+    g = np.random.default_rng(seed).standard_normal((8, 2, 64))
+    g[0] *= 0.01
+    return g
+
+
+def test_loo_and_reference_weights_are_capped_by_default_on_a_tiny_gradient_group():
+    # Uncapped, the exact solution piles weight on the group whose features are 100× smaller:
+    # it moves the update little per unit of weight. The default cap bounds every weight by 4
+    # and keeps the update's norm ‖WᵀF‖ = ‖1ᵀF‖ (the free weights are scaled up to make room).
+    assert MAX_WEIGHT == 4.0
+    top_uncapped = []
+    for seed in range(10):
+        g = _tiny_group_batch(seed)
+        f = g.astype(np.float32).sum(axis=1, dtype=np.float64)        # Feedback holds float32 features
+        ref = np.random.default_rng(100 + seed).standard_normal(64)
+        for kind in ("loo", "reference"):
+            capped = _weights(diem(importance=kind), g, ref=ref)[:, 0]
+            free = _weights(diem(importance=kind, max_weight=None), g, ref=ref)[:, 0]
+            top_uncapped.append(free.max())
+            assert capped.max() <= 4.0 + 1e-12 and (capped >= 0).all()
+            if free.max() <= 4.0:                                   # nothing to cap: unchanged
+                np.testing.assert_array_equal(capped, free)
+            elif (capped[free > 0] < 4.0).any():                    # a free weight left: norm kept
+                fn = f / np.abs(f).max()
+                np.testing.assert_allclose(np.linalg.norm(capped @ fn), np.linalg.norm(fn.sum(axis=0)), rtol=1e-9)
+    assert max(top_uncapped) > 50.0                                  # the pile-up the cap removes
+
+
+def test_cap_weights_hand_computed_water_filling():
+    # f = e1, 0.1·e2, 0.01·e3: P = diag(1, 1e-2, 1e-4), C = ‖1ᵀF‖² = 1.0101; cap 4.
+    p, c = np.diag([1.0, 1e-2, 1e-4]), 1.0101
+    # round 1: w3 = 60 → 4; the free part [0.1, 3.5] is scaled by s = sqrt((C − 16e-4)/0.1325)
+    # = 2.7589, which lifts w2 to 9.66 > 4 → round 2: w2 = 4 too, and
+    # w1 = sqrt(C − 16·1e-2 − 16·1e-4) = sqrt(0.8485)
+    w = cap_weights(np.array([0.1, 3.5, 60.0]), p, c, 4.0)
+    np.testing.assert_allclose(w, [np.sqrt(0.8485), 4.0, 4.0], rtol=1e-12)
+    assert float(w @ p @ w) == pytest.approx(c, rel=1e-12)
+    # the docstring's two-sample case; and weights under the cap are returned unchanged
+    np.testing.assert_allclose(cap_weights(np.array([np.sqrt(0.7501), 50.0]), np.diag([1.0, 1e-4]), 1.0001, 4.0),
+                               [np.sqrt(0.9985), 4.0], rtol=1e-12)
+    w0 = np.array([0.5, 3.99, 0.0])
+    np.testing.assert_array_equal(cap_weights(w0, p, c, 4.0), w0)
+
+
+def test_default_is_plain_grpo_only_when_the_gram_matrix_has_full_numerical_rank():
+    # Orthogonal features e1, e2, e3 and s·e4 (one group at scale s): P = diag(1, 1, 1, s²).
+    # The pseudo-inverse keeps eigenvalues above 1e-10 × the largest, so at s = 1e-4 (1e-8)
+    # P has full rank and W = 1; at s = 1e-6 (1e-12) the fourth direction is dropped:
+    # W = [1, 1, 1, 0] rescaled by sqrt(C / 3) = sqrt((3 + 1e-12) / 3), i.e. 1 to 1e-12, and
+    # the fourth group's gradient leaves the update.
+    pool = Pool(["a"] * 4)
+
+    def w_of(scale):
+        f = np.eye(4)
+        f[3] *= scale
+        fb = Feedback(np.arange(4), np.tile([1.0, 0.0], (4, 1)), grads=np.repeat(f[:, None] / 2, 2, axis=1), step=0)
+        p = diem()
+        return p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5))[:, 0]
+    np.testing.assert_allclose(w_of(1e-4), [1.0, 1.0, 1.0, 1.0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w_of(1e-6), [1.0, 1.0, 1.0, 0.0], rtol=0, atol=1e-12)

@@ -12,7 +12,7 @@ from rlpace.types import Batch
 
 
 def _batch(pool, ids, rewards, adv=None):
-    return Batch.from_feedback(Feedback(ids, rewards, adv), pool, 0.5)
+    return Batch.from_feedback(Feedback(ids, rewards, adv, step=0), pool, 0.5)
 
 
 def test_docstring_example_two_arms():

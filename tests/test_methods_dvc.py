@@ -158,7 +158,7 @@ def test_recovery_after_switch_compared_with_dump():
 
 
 def _batch(pool, ids, rewards, **kw):
-    return Batch.from_feedback(Feedback(ids, rewards, **kw), pool, 0.5)
+    return Batch.from_feedback(Feedback(ids, rewards, **{"step": 0, **kw}), pool, 0.5)
 
 
 def test_group_values_influence_hand_computed():

@@ -148,7 +148,7 @@ def test_rollout_feedback_does_not_move_it_and_other_policies_ignore_losses():
     s = Scheduler(POOL, "epiplexity")
     before = s.state_dict()
     ids = s.propose(4)
-    s.observe(Feedback(ids, np.ones((4, 2))))
+    s.observe(Feedback(ids, np.ones((4, 2)), step=0))
     after = s.state_dict()
     for k in before:
         if k.startswith("policy/mixture/"):

@@ -149,7 +149,7 @@ def test_dump_huge_advantages_rank_like_clipped_ones():
     pool = Pool(["a", "b"])
     p = policies.dump_ucb()
     s = p.init(pool)
-    b = Feedback([0, 1], [[1, 0], [1, 0]], advantages=[[HUGE, -HUGE], [1.0, -1.0]])
+    b = Feedback([0, 1], [[1, 0], [1, 0]], advantages=[[HUGE, -HUGE], [1.0, -1.0]], step=0)
     from rlpace.types import Batch
     s = p.update(s, pool, Batch.from_feedback(b, pool, 0.5))
     assert s.window.values[0, :2].tolist() == [SIGNAL_MAX, SIGNAL_MAX]

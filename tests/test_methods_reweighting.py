@@ -16,7 +16,7 @@ POOL = Pool([0] * 4)
 
 def weights(policy, rewards, advantages=None):
     r = np.asarray(rewards, dtype=float)
-    b = Batch.from_feedback(Feedback(np.arange(r.shape[0]), r, advantages), POOL, 0.5)
+    b = Batch.from_feedback(Feedback(np.arange(r.shape[0]), r, advantages, step=0), POOL, 0.5)
     return policy.apply(policy.init(POOL), POOL, b)
 
 

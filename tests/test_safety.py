@@ -185,7 +185,7 @@ def test_feedback_step_accepts_integers_up_to_the_bound():
 ])
 def test_feedback_ids_out_of_int64_named(ids, message):
     with pytest.raises(ValueError, match=r"Feedback\.prompt_ids .*" + message):
-        Feedback(ids, [[1.0], [0.0]])
+        Feedback(ids, [[1.0], [0.0]], step=0)
 
 
 @pytest.mark.parametrize("field", ["rewards", "advantages"])
@@ -199,11 +199,11 @@ def test_feedback_non_numeric_rewards_named(field, values, message):
     kw = {"rewards": values} if field == "rewards" else {"rewards": [[1.0, 0.0], [0.0, 0.0]],
                                                           "advantages": values}
     with pytest.raises(ValueError, match=rf"Feedback\.{field} (holds|could not).*({message})"):
-        Feedback([0, 1], **kw)
+        Feedback([0, 1], step=0, **kw)
 
 
 def test_bool_and_int_rewards_still_accepted():
-    fb = Feedback([0, 1], np.array([[True, False], [False, False]]))
+    fb = Feedback([0, 1], np.array([[True, False], [False, False]]), step=0)
     assert fb.rewards.tolist() == [[1.0, 0.0], [0.0, 0.0]] and fb.rewards.dtype == np.float64
 
 

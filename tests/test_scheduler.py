@@ -94,16 +94,16 @@ def test_state_dict_is_a_copy():
 
 # ---- bad input leaves state unchanged ------------------------------------------------------
 BAD = [
-    (lambda: Feedback([0, 1], [[1.0, np.nan], [0.0, 1.0]]), "Feedback.rewards"),
-    (lambda: Feedback([0, 1], [[1.0, np.inf], [0.0, 1.0]]), "Feedback.rewards"),
-    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[np.nan, 0], [0, 0]]), "Feedback.advantages"),
-    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[-np.inf, 0], [0, 0]]), "Feedback.advantages"),
-    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[1.0, 0.0, 0.0]]), "Feedback.advantages"),
-    (lambda: Feedback([0, -3], [[1.0], [0.0]]), "Feedback.prompt_ids"),
-    (lambda: Feedback([0, 1], [1.0, 0.0]), "Feedback.rewards"),
-    (lambda: Feedback([0, 1], np.zeros((2, 0))), "Feedback.rewards"),
-    (lambda: Feedback([0, 60], [[1.0], [0.0]]), "Feedback.prompt_ids"),     # out of range: Scheduler
-    (lambda: Feedback([10**9], [[1.0, 0.0]]), "Feedback.prompt_ids"),
+    (lambda: Feedback([0, 1], [[1.0, np.nan], [0.0, 1.0]], step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], [[1.0, np.inf], [0.0, 1.0]], step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[np.nan, 0], [0, 0]], step=0), "Feedback.advantages"),
+    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[-np.inf, 0], [0, 0]], step=0), "Feedback.advantages"),
+    (lambda: Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], advantages=[[1.0, 0.0, 0.0]], step=0), "Feedback.advantages"),
+    (lambda: Feedback([0, -3], [[1.0], [0.0]], step=0), "Feedback.prompt_ids"),
+    (lambda: Feedback([0, 1], [1.0, 0.0], step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 1], np.zeros((2, 0)), step=0), "Feedback.rewards"),
+    (lambda: Feedback([0, 60], [[1.0], [0.0]], step=0), "Feedback.prompt_ids"),     # out of range: Scheduler
+    (lambda: Feedback([10**9], [[1.0, 0.0]], step=0), "Feedback.prompt_ids"),
 ]
 
 
@@ -254,7 +254,7 @@ def test_group_size_one():
     assert m["informative_fraction"] == 0.0                     # G = 1 carries no GRPO signal
     assert s.history.attempts[[0, 1, 25]].tolist() == [1, 1, 1]
     assert m["domain_success/a"] == 0.5 and m["domain_success/b"] == 1.0
-    assert s.admit(Feedback([0], [[1.0]])).shape == (1, 1)
+    assert s.admit(Feedback([0], [[1.0]], step=0)).shape == (1, 1)
 
 
 def test_non_binary_rewards_with_threshold():

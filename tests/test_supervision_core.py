@@ -50,16 +50,16 @@ def test_pool_from_records_reads_extra_info_labeled():
 def test_feedback_supervision_fields_validated():
     fb = Feedback([0, 1], np.zeros((2, 2)), answers=[["1", None], np.array(["2", "3"])],
                   token_entropy=[[0.1, 0.0], [1.0, 2.0]], self_certainty=[[0.5, -0.1], [0, 0]],
-                  mean_logprob=[[-0.1, 0.0], [-2.0, -1.0]])
+                  mean_logprob=[[-0.1, 0.0], [-2.0, -1.0]], step=0)
     assert fb.answers.shape == (2, 2) and fb.answers.dtype == object and not fb.answers.flags.writeable
     assert fb.answers.tolist() == [["1", None], ["2", "3"]] and type(fb.answers[1, 0]) is str
     for bad in ([["1"], ["2"]], [["1", "2"]], [["1", 2], ["3", "4"]], "12", [[b"1", "2"], ["3", "4"]]):
         with pytest.raises(ValueError, match=r"Feedback\.answers"):
-            Feedback([0, 1], np.zeros((2, 2)), answers=bad)
+            Feedback([0, 1], np.zeros((2, 2)), answers=bad, step=0)
     for field, bad in (("token_entropy", [[-0.1, 0], [0, 0]]), ("self_certainty", [[np.nan, 0], [0, 0]]),
                        ("mean_logprob", [[0.5, 0], [0, 0]]), ("token_entropy", [[0, 0, 0], [0, 0, 0]])):
         with pytest.raises(ValueError, match=rf"Feedback\.{field}"):
-            Feedback([0, 1], np.zeros((2, 2)), **{field: bad})
+            Feedback([0, 1], np.zeros((2, 2)), step=0, **{field: bad})
 
 
 # ---- voting --------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def test_ttrl_targets_labels_ties_none_and_vote_rollouts():
         (11, "7", 4, "ttrl_majority"), (12, "5", 4, "ttrl_majority"), (14, "3", 4, "ttrl_majority")]
     assert log[1]["evidence"] == {"votes": 1, "voters": 4, "majority_ratio": 0.25}   # ratio over all N
     with pytest.raises(ValueError, match=r"Feedback\.answers"):
-        s.targets(Feedback([0], np.zeros((1, 4))))
+        s.targets(Feedback([0], np.zeros((1, 4)), step=0))
 
 
 def test_supervision_log_is_bounded():
@@ -165,7 +165,7 @@ def test_self_certainty_and_entropy_from_logits_by_hand():
 def test_self_certainty_reward_replaces_unlabelled_rows_only():
     pool = Pool(["m"] * 2, labeled=[True, False])
     sc = self_certainty_from_logits(np.concatenate([LOGITS, LOGITS]), np.concatenate([MASK, MASK]))
-    fb = Feedback([0, 1], [[1.0, 0.0], [1.0, 1.0]], self_certainty=sc)
+    fb = Feedback([0, 1], [[1.0, 0.0], [1.0, 1.0]], self_certainty=sc, step=0)
     s = Scheduler(pool, "self_certainty")
     want1 = [(_kl_uniform((0.25, 0.25, 0.5)) + 0.0) / 2, math.log(32 / 27) / 3]
     np.testing.assert_allclose(s.rewards(fb), [[1.0, 0.0], want1], rtol=0, atol=1e-12)
@@ -173,17 +173,17 @@ def test_self_certainty_reward_replaces_unlabelled_rows_only():
                                [want1, want1], rtol=0, atol=1e-12)
     before = s.state_dict()
     with pytest.raises(ValueError, match=r"Feedback\.self_certainty"):
-        s.rewards(Feedback([0, 1], [[1.0, 0.0], [1.0, 1.0]]))
+        s.rewards(Feedback([0, 1], [[1.0, 0.0], [1.0, 1.0]], step=0))
     assert_state_equal(s.state_dict(), before)
     # only labelled prompts in the batch: nothing to replace, no statistic needed
-    np.testing.assert_array_equal(s.rewards(Feedback([0], [[1.0, 0.0]])), [[1.0, 0.0]])
+    np.testing.assert_array_equal(s.rewards(Feedback([0], [[1.0, 0.0]], step=0)), [[1.0, 0.0]])
 
 
 def test_entropy_min_token_and_sequence_levels():
     pool = Pool(["m"] * 2, labeled=[False, True])
     ent = token_entropy_from_logits(np.concatenate([LOGITS, LOGITS]), np.concatenate([MASK, MASK]))
     fb = Feedback([0, 1], [[1.0, 0.0], [0.0, 1.0]], token_entropy=ent,
-                  mean_logprob=[[-0.5, -1.5], [-0.1, -0.2]])
+                  mean_logprob=[[-0.5, -1.5], [-0.1, -0.2]], step=0)
     h0 = (_entropy((0.25, 0.25, 0.5)) + math.log(3)) / 2
     h1 = _entropy((0.25, 0.25, 0.5))
     np.testing.assert_allclose(Scheduler(pool, "entropy_min").rewards(fb), [[-h0, -h1], [0.0, 1.0]],
@@ -191,7 +191,7 @@ def test_entropy_min_token_and_sequence_levels():
     np.testing.assert_array_equal(Scheduler(pool, "entropy_min", level="sequence").rewards(fb),
                                   [[-0.5, -1.5], [0.0, 1.0]])
     with pytest.raises(ValueError, match=r"Feedback\.mean_logprob"):
-        Scheduler(pool, "entropy_min", level="sequence").rewards(Feedback([0], [[1.0, 0.0]]))
+        Scheduler(pool, "entropy_min", level="sequence").rewards(Feedback([0], [[1.0, 0.0]], step=0))
     assert make_policy("entropy_min").reads == frozenset({"token_entropy"})
 
 
@@ -271,7 +271,7 @@ def test_olr_min_pass_rate_option(min_pass_rate, want):
 def test_olr_duplicate_rows_see_each_other():
     # one prompt twice in a batch: the second row decides with the first row's visit appended
     s = Scheduler(Pool(["m"]), "olr", start_step=0)
-    fb = Feedback([0, 0], np.zeros((2, 4)), answers=[["1", "1", "2", "3"], ["1"] * 4])   # P = .5, then 1
+    fb = Feedback([0, 0], np.zeros((2, 4)), answers=[["1", "1", "2", "3"], ["1"] * 4], step=0)   # P = .5, then 1
     assert s.targets(fb) == [None, "1"]              # visit 0 (no slope), visit 1: slope .5, M = 1, 1
     s.observe(fb)
     assert s.state_dict()["policy/target/visits"][0] == 2
@@ -474,7 +474,7 @@ def test_ttrl_vote_rollouts_above_g_is_rejected_before_anything_changes():
     # vote_rollouts = 5 with G = 4 answers: silently voting with 4 would misreport TTRL's N.
     pool = Pool(["m"] * 2, labeled=[False, False])
     s = Scheduler(pool, "ttrl", vote_rollouts=5)
-    s.observe(Feedback([0, 1], np.zeros((2, 5)), answers=[["1"] * 5, ["2"] * 5]))   # G = 5: fine
+    s.observe(Feedback([0, 1], np.zeros((2, 5)), answers=[["1"] * 5, ["2"] * 5], step=0))   # G = 5: fine
     before, log = s.state_dict(), s.supervision_log()
     fb = Feedback([0, 1], [[1.0, 0, 0, 0], [0, 0, 0, 0]], answers=[["1", "1", "2", "3"]] * 2, step=1)
     for call in (s.targets, s.observe):
@@ -491,7 +491,7 @@ def test_existing_methods_get_neutral_places_and_unchanged_state_keys():
     m = s.method
     assert (m.target.name, m.reward.name, m.advantage.name) == ("dataset_labels", "identity_reward",
                                                                 "unit_advantage")
-    fb = Feedback([0, 3], [[1.0, 0.25], [0.0, 1.0]], answers=[["1", "2"], ["3", "3"]])
+    fb = Feedback([0, 3], [[1.0, 0.25], [0.0, 1.0]], answers=[["1", "2"], ["3", "3"]], step=0)
     assert s.targets(fb) == [None, None]
     np.testing.assert_array_equal(s.rewards(fb), fb.rewards)
     np.testing.assert_array_equal(s.advantage_weights(fb), np.ones((2, 2)))
@@ -523,7 +523,7 @@ def test_advantage_place_weights_and_reward_chain_order():
     plus1 = const(REWARD, "plus1", lambda s, pool, b: b.rewards + 1.0)
     times3 = const(REWARD, "times3", lambda s, pool, b: b.rewards * 3.0)
     s = Scheduler(Pool(["a"] * 2), compose(half, mask, plus1, times3, name="m"))
-    fb = Feedback([0, 1], [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    fb = Feedback([0, 1], [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], step=0)
     np.testing.assert_array_equal(s.advantage_weights(fb), [[0.5, 0, 0], [0.5, 0, 0]])   # weights multiply
     np.testing.assert_array_equal(s.rewards(fb), [[6.0, 3.0, 3.0], [3.0, 3.0, 6.0]])    # (r + 1) · 3, in order
     assert chain(plus1, times3).kind == REWARD

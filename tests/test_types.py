@@ -194,7 +194,7 @@ def test_loader_rejects_duplicate_ids(tmp_path):
 ])
 def test_feedback_rejects_bad_input_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        Feedback(**kwargs)
+        Feedback(**{"step": 0, **kwargs})
 
 
 def test_feedback_normalises_types_and_accepts_edge_cases():
@@ -203,10 +203,10 @@ def test_feedback_normalises_types_and_accepts_edge_cases():
     assert fb.rewards.dtype == np.float64 and fb.rewards.shape == (2, 3)
     assert fb.advantages is None and fb.step == 3 and isinstance(fb.step, int)
     assert (fb.batch_size, fb.group_size) == (2, 3)
-    empty = Feedback([], np.zeros((0, 4)))
+    empty = Feedback([], np.zeros((0, 4)), step=0)
     assert empty.batch_size == 0 and empty.rewards.shape == (0, 4)
-    assert Feedback([], []).batch_size == 0
-    g1 = Feedback([0], [[1.0]])
+    assert Feedback([], [], step=0).batch_size == 0
+    g1 = Feedback([0], [[1.0]], step=0)
     assert g1.group_size == 1
 
 
@@ -249,7 +249,7 @@ def test_batch_from_feedback_threshold_and_derived_fields():
     assert batch.informative.tolist() == [True, False, False]
     np.testing.assert_allclose(batch.advantages, group_advantages(fb.rewards))
     assert batch.step == 4
-    given = Feedback([0], [[1.0, 0.0]], advantages=[[0.0, 0.0]])
+    given = Feedback([0], [[1.0, 0.0]], advantages=[[0.0, 0.0]], step=0)
     b2 = Batch.from_feedback(given, pool, 0.5)
     np.testing.assert_array_equal(b2.advantages, 0.0)               # the trainer's advantages win
     assert b2.informative.tolist() == [False]

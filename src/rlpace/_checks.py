@@ -1,4 +1,6 @@
-"""Hyperparameter checks shared by every policy factory, and the one bound on signal size.
+"""Hyperparameter checks shared by every policy factory (and by `predict`, which policies
+build on: so they live below both), the one bound on signal size, and `bad`, the message of
+a restored state that breaks a rule.
 
 A factory validates each hyperparameter when it is called, so a bad value fails where the
 user typed it, with a ValueError that names the policy, the parameter, the valid range
@@ -20,13 +22,13 @@ before dividing by the temperature (`shifted`), so any temperature > 0 is safe.
 
 from __future__ import annotations
 
-from ..errors import InputError
+from .errors import InputError
 import math
 from numbers import Integral, Real
 
 import numpy as np
 
-__all__ = ["check_real", "check_int", "check_choice", "clip_signal", "shifted", "SIGNAL_MAX"]
+__all__ = ["check_real", "check_int", "check_choice", "clip_signal", "shifted", "SIGNAL_MAX", "bad"]
 
 SIGNAL_MAX = 1e100
 
@@ -84,3 +86,13 @@ def shifted(scores: np.ndarray) -> np.ndarray:
 def clip_signal(x: np.ndarray) -> np.ndarray:
     """float64 copy of `x` clipped to [−SIGNAL_MAX, SIGNAL_MAX] (see the module docstring)."""
     return np.clip(np.asarray(x, dtype=np.float64), -SIGNAL_MAX, SIGNAL_MAX)
+
+
+def bad(key: str, what: str, arr: np.ndarray, mask: np.ndarray) -> InputError:
+    """The InputError for state[key] whose entries under `mask` break a rule."""
+    where = np.argwhere(np.atleast_1d(mask))[0]
+    val = np.atleast_1d(arr)[tuple(where)]
+    val = val.item() if hasattr(val, "item") else val
+    index = tuple(int(i) for i in where) if np.ndim(arr) else ()
+    return InputError(f"state[{key!r}] {what} (first: {val!r} at index {index}); the state is corrupt "
+                      f"or was edited: restore one written by Scheduler.state_dict().")

@@ -5,11 +5,16 @@ policy's state, and a shared per-prompt history. Each training step:
 
     ids  = sched.propose(n)            # before rollout: which prompts
     ...generate G rollouts for each id, score them...
-    sched.observe(fb)                  # learn from the outcome (all groups)
-    keep = sched.admit(fb)             # bool[B, G]: which rollouts enter the loss
-    w    = sched.loss_weights(fb)      # float64[B, G]: per-rollout loss weights
+    r    = sched.step(fb)              # observe → admission → loss / advantage weights, one
+                                       #   validation (`step`; features=fn adds gradient features)
+    r.keep, r.refill, r.weights, r.advantage_weights
     w_t  = sched.token_weights(fb, token_probs, token_mask)   # float64[B, G, T] per token
     log(sched.metrics())
+
+`step` is the documented order. Its parts are public too, each a view over the same code for a
+trainer that needs one alone: `observe(fb)` (learn from all groups), `admission(fb)` (or
+`admit(fb)`, its `keep`), `loss_weights(fb)`, `advantage_weights(fb)`; called in that order
+they give what `step` gives.
 
 Methods with supervision places (DE-Venus, arXiv 2609.03324; `ttrl`, `olr`, `trapo`,
 `self_certainty`, `entropy_min`) add three calls around the reward (each validates its input
@@ -51,13 +56,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method, supervising_places
+from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method, active_supervision_places
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._window import window_init, window_mean, window_push
 from .types import Batch, Feedback, LossFeedback, Pool, _batch_and_counts
 
-__all__ = ["Scheduler", "STATE_VERSION", "COUNT_MAX", "count_limit"]
+__all__ = ["Scheduler", "StepResult", "STATE_VERSION", "COUNT_MAX", "count_limit"]
 
 # 2: the pool fingerprint covers ranks and difficulty; meta/pool_parts, meta/success_threshold
 # and meta/hyperparameters are recorded and checked; values are validated on load.
@@ -89,6 +94,22 @@ class Counters(NamedTuple):
     informative: np.ndarray      # int64[] groups with non-zero advantage
     last_informative: np.ndarray  # float64[] informative fraction of the last batch
     last_proposed: np.ndarray    # int64[K] domain counts of the last proposal
+
+
+class StepResult(NamedTuple):
+    """What `Scheduler.step` decided for one step's feedback (B groups of G rollouts)."""
+
+    keep: np.ndarray               # bool[B, G]     rollouts that enter the loss (`admission`)
+    refill: int                    # replacement prompts to generate (DAPO dynamic sampling)
+    full_group_advantages: bool    # a partly kept group keeps its full-group advantages (`Admission`)
+    weights: np.ndarray            # float64[B, G]  per-rollout loss weights (`loss_weights`)
+    advantage_weights: np.ndarray  # float64[B, G]  in [0, 1]: Ã = w·Â (`advantage_weights`)
+    feedback: Feedback             # the feedback as observed: with the features attached, if any
+
+
+#: The per-rollout signals a trainer computes after admission (gradient features of the loss as
+#: admitted): policies that read them are updated once they exist (`Scheduler.step(features=)`).
+FEATURE_SIGNALS = frozenset({"grads", "ref_grad"})
 
 
 class Scheduler:
@@ -147,6 +168,7 @@ class Scheduler:
         self.success_threshold = float(success_threshold)
         n, k = len(pool), pool.n_domains
         self.history = History(np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64))
+        self._prompts_seen = 0      # distinct prompts observed: kept in step with history.attempts
         self.domain_window = window_init(k, metrics_window)
         self.counters = Counters(*(np.array(0, np.int64) for _ in range(5)),
                                  np.array(0.0), np.zeros(k, np.int64))
@@ -211,13 +233,18 @@ class Scheduler:
         whose `update` raises leaves the history and the policies before it updated (no
         snapshot is taken: copying 10⁷-entry arrays every step would cost more than the step).
         """
-        batch, wins, informative = self._batch_and_counts(feedback)  # validates; nothing changed
+        self._observe(*self._batch_and_counts(feedback))  # validates; nothing changed before
+
+    def _observe(self, batch: Batch, wins: np.ndarray, informative: np.ndarray,
+                 defer: frozenset = frozenset()) -> None:
+        """`observe` of a validated batch; the policies of the kinds in `defer` are left for
+        `_update_deferred` (`step` with `features`: the policies that read the features)."""
         b = batch.prompt_ids.shape[0]
         if b == 0:
             return
         target = self.method.target
         decisions = []
-        if TARGET in supervising_places(self.method) and (
+        if TARGET in active_supervision_places(self.method) and (
                 batch.answers is not None or "answers" not in target.reads):
             # The decisions this visit was verified under, from the state before this update
             # (what `targets` returned for this feedback), with their evidence. Taken before
@@ -226,16 +253,15 @@ class Scheduler:
             decisions = target.apply(self.states[TARGET], self.pool, batch).decisions
         g = batch.rewards.shape[1]
         h = self.history
+        first = np.unique(batch.prompt_ids)
+        self._prompts_seen += int(np.count_nonzero(h.attempts[first] == 0))    # O(B), not O(N)
         np.add.at(h.attempts, batch.prompt_ids, g)
         np.add.at(h.successes, batch.prompt_ids, wins)
         # max, not assignment: feedback that arrives late must not move recency backwards.
         np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
         window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
         self._log_decisions(batch, decisions)
-        for kind, policy in self.method.policies().items():
-            self.states[kind] = policy.update(self.states[kind], self.pool, batch)
-            if policy.decisions is not None:        # decisions the update made (TraPO's keep / drop)
-                self._log_decisions(batch, policy.decisions(self.states[kind], self.pool, batch))
+        self._update_deferred(batch, frozenset(self.method.policies()) - defer)
         n_informative = int(np.count_nonzero(informative))
         c = self.counters
         c.observations[...] += 1
@@ -243,6 +269,74 @@ class Scheduler:
         c.groups[...] += b
         c.informative[...] += n_informative
         c.last_informative[...] = n_informative / b
+
+    def step(self, feedback: Feedback, features=None) -> StepResult:
+        """One training step's feedback, in one call: validated once, then, in this order,
+
+        1. observe: history, counters and every policy's `update` (as `observe`);
+        2. admission: which rollouts enter the loss, on the state after step 1 (so an
+           admission that reads state — TraPO's selection of unlabelled prompts — sees this
+           visit, as `admission` after `observe` does);
+        3. features (only with `features`, and only when a policy reads "grads" or
+           "ref_grad"): `features(keep)` returns the per-rollout gradient features of the loss
+           as admitted, float32[B, G, d] (or a pair (grads, ref_grad float32[d])); they are
+           validated as `Feedback.with_grads` does and the policies that read them get their
+           `update` now — the others were updated in step 1 and never read them;
+        4. loss weights and advantage weights, on the final state and the feedback with its
+           features.
+
+        Without `features` this equals `observe(fb)`, then `admission(fb)`, `loss_weights(fb)`
+        and `advantage_weights(fb)` — those calls are views over the same code, for trainers
+        that need one of them alone. The supervision places that act before the reward exists
+        (`targets`, `rewards`) are called before `step`, on the rewards' way in.
+
+        Args:
+            feedback: the step's groups (`Feedback`); with supervision, the rewards `rewards`
+                returned.
+            features: optional callable keep bool[B, G] -> grads (or (grads, ref_grad)). A
+                method whose admission reads the features is refused: admission decides
+                which rollouts the features are computed for.
+
+        Returns:
+            `StepResult(keep, refill, full_group_advantages, weights, advantage_weights,
+            feedback)`.
+
+        Bad feedback raises before anything changes; bad features raise after step 1 (the
+        features depend on its admission), with the feature readers not updated.
+
+        >>> import numpy as np
+        >>> from rlpace import Pool, Feedback, Scheduler
+        >>> s = Scheduler(Pool(["a"] * 4), "dapo_dynamic_sampling")
+        >>> r = s.step(Feedback([0, 1], [[1.0, 0.0], [1.0, 1.0]], step=0))
+        >>> r.keep.tolist(), r.refill, r.weights.tolist()
+        ([[True, True], [False, False]], 1, [[1.0, 1.0], [1.0, 1.0]])
+        """
+        batch, wins, informative = self._batch_and_counts(feedback)    # validates; nothing changed
+        policies = self.method.policies()
+        readers = frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS)
+        defer = readers if features is not None and batch.prompt_ids.shape[0] else frozenset()
+        if defer and "admission" in defer:
+            raise InputError(f"admission policy {self.method.admission.name!r} reads gradient features, "
+                             f"which step(features=) computes after admission; pass the features in the "
+                             f"Feedback (Feedback.with_grads) and call step without features.")
+        self._observe(batch, wins, informative, defer)
+        adm = self._admission(batch)
+        if defer:
+            out = features(adm.keep)
+            grads, ref = out if isinstance(out, tuple) else (out, None)
+            feedback = feedback.with_grads(grads, ref)               # validates the features
+            batch = batch._replace(grads=feedback.grads, ref_grad=feedback.ref_grad)
+            self._update_deferred(batch, defer)
+        return StepResult(adm.keep, adm.refill, adm.full_group_advantages, self._loss_weights(batch),
+                          self._advantage_weights(batch), feedback)
+
+    def _update_deferred(self, batch: Batch, kinds) -> None:
+        for kind, policy in self.method.policies().items():
+            if kind not in kinds:
+                continue
+            self.states[kind] = policy.update(self.states[kind], self.pool, batch)
+            if policy.decisions is not None:        # decisions the update made (TraPO's keep / drop)
+                self._log_decisions(batch, policy.decisions(self.states[kind], self.pool, batch))
 
     def observe_losses(self, losses: dict | LossFeedback, step: int = 0) -> None:
         """Feed held-out loss points to the policies that learn from loss curves.
@@ -293,7 +387,7 @@ class Scheduler:
         >>> from rlpace import Pool, Feedback, Scheduler
         >>> s = Scheduler(Pool(["a"] * 3, labeled=[True, False, False]), "ttrl")
         >>> fb = Feedback([0, 1, 2], np.zeros((3, 4)), answers=[["1", "2", "2", None],
-        ...              ["7", "7", "8", None], ["3", "4", None, None]])
+        ...              ["7", "7", "8", None], ["3", "4", None, None]], step=0)
         >>> s.targets(fb)       # labelled: dataset label; unlabelled: unique majority; tie: first seen
         [None, '7', '3']
         """
@@ -327,7 +421,9 @@ class Scheduler:
         """float64[B, G] in [0, 1]: the advantage place's weights w (DE-Venus Eq. 5,
         Ã = w·Â; 0 filters a rollout, (0, 1) softly reweights it). The trainer multiplies the
         advantages by them before the loss. Ones without an advantage policy. Changes nothing."""
-        batch = self._batch(feedback)
+        return self._advantage_weights(self._batch(feedback))
+
+    def _advantage_weights(self, batch: Batch) -> np.ndarray:
         adv = self.method.advantage
         if adv is None:
             return np.ones(batch.rewards.shape, dtype=np.float64)
@@ -367,8 +463,10 @@ class Scheduler:
         enter the loss, how many replacement prompts to request (DAPO dynamic sampling), and
         whether a partly kept group trains on its full-group advantages (True: `topk`) or on
         advantages recomputed over its kept rollouts (False: PODS, GFPO; see
-        `rlpace.kept_group_advantages`)."""
-        batch = self._batch(feedback)
+        `rlpace.kept_group_advantages`). `admit(fb)` is `admission(fb).keep`."""
+        return self._admission(self._batch(feedback))
+
+    def _admission(self, batch: Batch) -> Admission:
         out = self.method.admission.apply(self.states["admission"], self.pool, batch)
         keep = np.asarray(out.keep, dtype=bool)
         if keep.shape != batch.rewards.shape:
@@ -377,12 +475,15 @@ class Scheduler:
         return Admission(keep, int(out.refill), bool(out.full_group_advantages))
 
     def admit(self, feedback: Feedback) -> np.ndarray:
-        """bool[B, G]: which rollouts enter the loss."""
+        """bool[B, G]: which rollouts enter the loss — `admission(feedback).keep`, for trainers
+        that need neither refills nor the advantage rule."""
         return self.admission(feedback).keep
 
     def loss_weights(self, feedback: Feedback) -> np.ndarray:
         """float64[B, G] per-rollout loss weights (1 = unchanged)."""
-        batch = self._batch(feedback)
+        return self._loss_weights(self._batch(feedback))
+
+    def _loss_weights(self, batch: Batch) -> np.ndarray:
         w = np.asarray(self.method.reweighting.apply(self.states["reweighting"], self.pool, batch),
                        dtype=np.float64)
         if w.shape != batch.rewards.shape or not np.isfinite(w).all() or (w < 0).any():
@@ -414,7 +515,7 @@ class Scheduler:
         >>> import numpy as np
         >>> from rlpace import Pool, Feedback, Scheduler
         >>> s = Scheduler(Pool(["a"] * 4), "ar")
-        >>> fb = Feedback([0], [[1.0, 0.0]])
+        >>> fb = Feedback([0], [[1.0, 0.0]], step=0)
         >>> probs = np.array([[[0.2, 1.0], [0.6, 0.0]]]); mask = np.array([[[1, 1], [1, 0]]], bool)
         >>> s.token_weights(fb, probs, mask).round(6).tolist()   # 0.5π + 0.5 = .6, 1, .8; mean 1 over 3 tokens
         [[[0.75, 1.25], [1.0, 0.0]]]
@@ -467,8 +568,7 @@ class Scheduler:
         out["informative_fraction_total"] = float(c.informative / max(1, int(c.groups)))
         out["rollouts_observed"] = float(c.rollouts)
         out["groups_observed"] = float(c.groups)
-        out["prompts_seen"] = float(np.count_nonzero(self.history.attempts)) if len(self.pool) <= 10**6 \
-            else float("nan")  # O(N): skipped for very large pools
+        out["prompts_seen"] = float(self._prompts_seen)
         for kind, policy in self.method.policies().items():
             if policy.metrics is not None:
                 out.update(policy.metrics(self.states[kind], self.pool))
@@ -508,6 +608,7 @@ class Scheduler:
         self._supervision_log.clear()
         self.seed = seed
         self.history, self.domain_window = tree["history"], tree["domain_window"]
+        self._prompts_seen = int(np.count_nonzero(self.history.attempts))   # once per load
         self.counters, self.states = tree["counters"], tree["policy"]
 
     def check_state_dict(self, state: dict) -> None:
@@ -629,12 +730,8 @@ class Scheduler:
 
 # ---- helpers ---------------------------------------------------------------------------
 def _cluster_to_domain(pool: Pool) -> np.ndarray:
-    """float64[K, C]: column k is the domain make-up of cluster k (sums to 1)."""
-    key = "cluster_to_domain"
-    if key not in pool._cache:
-        m = pool.domain_cluster_counts()
-        pool._cache[key] = m / np.maximum(m.sum(axis=0, keepdims=True), 1.0)
-    return pool._cache[key]
+    """float64[K, C]: column c is the domain make-up of cluster c (sums to 1)."""
+    return pool.cluster_domain_shares()
 
 
 def _meta_int(state: dict, key: str) -> int:

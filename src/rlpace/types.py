@@ -294,6 +294,16 @@ class Pool:
         order, offsets, _ = self._cache["by_rank"]
         return order, offsets
 
+    def cluster_domain_shares(self) -> np.ndarray:
+        """float64[K, C]: column c is the domain make-up of cluster c (its members' share in
+        each domain; sums to 1, or 0 for an empty cluster). Computed once per pool."""
+        if "cluster_domain_shares" not in self._cache:
+            m = self.domain_cluster_counts()
+            shares = m / np.maximum(m.sum(axis=0, keepdims=True), 1.0)
+            shares.setflags(write=False)
+            self._cache["cluster_domain_shares"] = shares
+        return self._cache["cluster_domain_shares"]
+
     def rank_position(self) -> np.ndarray:
         """int64[N] position of each prompt in its cluster's easy → hard order (0..size-1)."""
         self.by_rank()
@@ -690,6 +700,16 @@ def _finite_2d(name: str, values: Any, b: int) -> np.ndarray:
     return arr
 
 
+class _Required:
+    """The default of an argument that must be given (shown as `<required>` in signatures)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+
 @dataclass(frozen=True, init=False)
 class Feedback:
     """One training step's outcome, as a trainer or adapter reports it.
@@ -755,10 +775,10 @@ class Feedback:
     self_certainty: np.ndarray | None = None
     mean_logprob: np.ndarray | None = None
 
-    def __init__(self, prompt_ids, rewards, advantages=None, step: int | None = None, lengths=None,
+    def __init__(self, prompt_ids, rewards, advantages=None, step: int = _REQUIRED, lengths=None,
                  grads=None, ref_grad=None, answers=None, token_entropy=None, self_certainty=None,
                  mean_logprob=None):
-        if step is None:
+        if step is _REQUIRED:
             raise TypeError("Feedback needs step=: the trainer step the rollouts were generated at "
                             "(History.last_step and every recency or lag rule read it). Pass the step "
                             "counter of the trainer, e.g. Feedback(ids, rewards, step=global_step).")

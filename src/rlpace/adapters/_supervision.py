@@ -11,7 +11,7 @@ adapters do, for each step's Feedback [B, G]:
     A        = engine advantages(rewards) · sched.advantage_weights(fb)
 
 This module holds the engine-free pieces: which signals a Scheduler's method needs
-(`needs`, `supervises`), the default answer extractor (`extract_answer`), the token
+(`needs`, `needs_supervision_pass`), the default answer extractor (`extract_answer`), the token
 statistics (`token_stats`) and the per-row verification plan (`row_targets`). Pure numpy
 except `token_stats` (torch, imported when called). Engine code: `_verl_supervision`
 (legacy trainer), `_verl_v1` (V1 replay buffer), `_trl_supervision` (TRL).
@@ -23,17 +23,18 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SIGNALS", "TOKEN_SIGNALS", "needs", "supervises", "supervises_places", "extract_answer", "token_stats",
+__all__ = ["SIGNALS", "TOKEN_SIGNALS", "needs", "needs_supervision_pass", "has_supervision_places", "extract_answer", "token_stats",
            "row_targets", "pool_labeled"]
 
 SIGNALS = ("answers", "token_entropy", "self_certainty", "mean_logprob")
 TOKEN_SIGNALS = frozenset(SIGNALS[1:])
 
 
-def supervises_places(sched) -> bool:
-    """True when the Scheduler's method has a non-neutral target, reward or advantage place."""
-    from ..policies._base import supervising_places
-    return bool(supervising_places(sched.method))
+def has_supervision_places(sched) -> bool:
+    """True when the Scheduler's method has a non-neutral target, reward or advantage place
+    (`rlpace.policies.active_supervision_places` is not empty)."""
+    from ..policies import active_supervision_places
+    return bool(active_supervision_places(sched.method))
 
 
 def needs(sched) -> frozenset:
@@ -42,11 +43,11 @@ def needs(sched) -> frozenset:
     return frozenset().union(*(p.reads for p in sched.method.policies().values()))
 
 
-def supervises(sched) -> bool:
+def needs_supervision_pass(sched) -> bool:
     """True when the trainer must run the supervision transforms: the method has a
     non-neutral target, reward or advantage place, or reads one of `SIGNALS`. Answers
     are then always extracted (decoding is cheap next to a forward)."""
-    return supervises_places(sched) or bool(needs(sched) & set(SIGNALS))
+    return has_supervision_places(sched) or bool(needs(sched) & set(SIGNALS))
 
 
 def extract_answer(completion) -> str | None:

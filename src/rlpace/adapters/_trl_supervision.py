@@ -35,8 +35,8 @@ from accelerate.utils import gather_object
 
 from ..policies import is_neutral
 from ..types import Feedback, group_advantages
-from ._supervision import (TOKEN_SIGNALS, extract_answer, needs, pool_labeled, row_targets, supervises,
-                           supervises_places, token_stats)
+from ._supervision import (TOKEN_SIGNALS, extract_answer, has_supervision_places, needs, needs_supervision_pass,
+                           pool_labeled, row_targets, token_stats)
 
 __all__ = ["TrlSupervision"]
 
@@ -46,7 +46,7 @@ class TrlSupervision:
 
     def _rlpace_supervision_init(self, target_column, answer_extractor) -> None:
         sched = self.scheduler
-        self.rlpace_supervises = supervises(sched)
+        self.rlpace_supervises = needs_supervision_pass(sched)
         self.rlpace_needs = needs(sched) if self.rlpace_supervises else frozenset()
         self.rlpace_target_column = target_column
         self.rlpace_answer_extractor = answer_extractor or extract_answer
@@ -156,10 +156,11 @@ class TrlSupervision:
         self._rlpace_sup = signals
         return per_func
 
-    def _rlpace_weight_advantages(self, output: dict, fb: Feedback, local: slice) -> None:
-        if not supervises_places(self.scheduler):
+    def _rlpace_weight_advantages(self, output: dict, weights: np.ndarray, local: slice) -> None:
+        """Ã = w·Â with `weights` = `Scheduler.step(...).advantage_weights` (float64[B, G])."""
+        if not has_supervision_places(self.scheduler):
             return
-        w = self.scheduler.advantage_weights(fb).ravel()[local]
+        w = weights.ravel()[local]
         if np.all(w == 1.0):
             return
         adv = output["advantages"]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import verl
 
+from ..policies import active_supervision_places
 from ..scheduler import Scheduler
 from ..types import Pool, kept_group_advantages
 from ._convert import dataproto_rows, feedbacks_from_rows, scatter_to_rows
@@ -122,24 +123,45 @@ class VerlFeedback:
     def __init__(self, scheduler: Scheduler, reward_key: str | None = "acc"):
         self.scheduler, self.reward_key = scheduler, reward_key
 
-    def observe(self, batch, step: int | None = None) -> list:
+    def _feedbacks(self, batch, step: int | None) -> list:
+        """[(Feedback, rows int64[B, G])] of the batch's groups; [] when already observed."""
         if batch.meta_info.get(_SEEN):
             return []
         s = int(self.scheduler.counters.observations) if step is None else int(step)
-        fbs = feedbacks_from_rows(self.scheduler.pool, dataproto_rows(batch, self.reward_key), step=s)
+        return feedbacks_from_rows(self.scheduler.pool, dataproto_rows(batch, self.reward_key), step=s)
+
+    def observe(self, batch, step: int | None = None) -> list:
+        """`Scheduler.observe` of the batch's groups (verl's own hook: no admission, no weights)."""
+        fbs = self._feedbacks(batch, step)
         for fb, _ in fbs:
             self.scheduler.observe(fb)
         batch.meta_info[_SEEN] = True
         return fbs
 
+    def step(self, batch, step: int | None = None) -> list:
+        """One `Scheduler.step` per set of groups (observe → admission → weights, validated
+        once), written into the batch: admission, then loss weights, then advantage weights
+        (the last only with an advantage place). Returns [(Feedback, rows)]."""
+        fbs = self._feedbacks(batch, step)
+        results = [self.scheduler.step(fb) for fb, _ in fbs]
+        batch.meta_info[_SEEN] = True
+        if fbs and "advantages" in batch.batch.keys():
+            self._admit_rows(batch, [(fb, rows, r.keep) for (fb, rows), r in zip(fbs, results)])
+            _scale_rows(batch, [(rows, r.weights) for (_, rows), r in zip(fbs, results)])
+            if active_supervision_places(self.scheduler.method):
+                _scale_rows(batch, [(rows, r.advantage_weights) for (_, rows), r in zip(fbs, results)])
+        return fbs
+
     def apply_admission(self, batch, fbs: list) -> None:
-        if not fbs or "advantages" not in batch.batch.keys():
-            return
+        """`Scheduler.admit` of each (Feedback, rows) written into the batch (see the class)."""
+        if fbs and "advantages" in batch.batch.keys():
+            self._admit_rows(batch, [(fb, rows, self.scheduler.admit(fb)) for fb, rows in fbs])
+
+    def _admit_rows(self, batch, decided: list) -> None:
         import torch
         n = len(batch)
         replace, value, kept = np.zeros(n, bool), np.zeros(n), np.ones(n, bool)
-        for fb, rows in fbs:
-            keep = self.scheduler.admit(fb)                                   # bool[B, G]
+        for fb, rows, keep in decided:                                        # keep: bool[B, G]
             if keep.all():
                 continue
             thinned = (keep.any(axis=1) & ~keep.all(axis=1))[:, None]         # PODS-style groups
@@ -155,28 +177,28 @@ class VerlFeedback:
         batch.batch["response_mask"] = mask * mask.new_tensor(kept).unsqueeze(-1)
 
     def scale_advantages(self, batch, fbs: list) -> None:
-        if not fbs or "advantages" not in batch.batch.keys():
-            return
-        n = len(batch)
-        w = np.ones(n)
-        for fb, rows in fbs:
-            w *= scatter_to_rows(self.scheduler.loss_weights(fb), rows, n)
-        if not np.all(w == 1.0):
-            adv = batch.batch["advantages"]
-            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
+        """Multiply `advantages` by `Scheduler.loss_weights` of each (Feedback, rows)."""
+        if fbs and "advantages" in batch.batch.keys():
+            _scale_rows(batch, [(rows, self.scheduler.loss_weights(fb)) for fb, rows in fbs])
 
     def weight_advantages(self, batch, fbs: list) -> None:
         """Multiply `advantages` by `Scheduler.advantage_weights` (DE-Venus's Ã = w·Â, w ∈ [0, 1])
         when the method has an advantage place (a Scheduler without one is left alone)."""
-        from ._supervision import supervises_places
-        if not fbs or "advantages" not in batch.batch.keys() or not supervises_places(self.scheduler):
-            return
-        w = np.ones(len(batch))
-        for fb, rows in fbs:
-            w *= scatter_to_rows(self.scheduler.advantage_weights(fb), rows, len(batch))
-        if not np.all(w == 1.0):
-            adv = batch.batch["advantages"]
-            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
+        if fbs and "advantages" in batch.batch.keys() and active_supervision_places(self.scheduler.method):
+            _scale_rows(batch, [(rows, self.scheduler.advantage_weights(fb)) for fb, rows in fbs])
 
     def metrics(self) -> dict[str, float]:
         return {f"rlpace/{k}": v for k, v in self.scheduler.metrics().items()}
+
+
+def _scale_rows(batch, weighted: list) -> None:
+    """Multiply each row's `advantages` by its weight: `weighted` = [(rows int64[B, G],
+    weights float64[B, G])], scattered to the batch's rows (1 elsewhere); untouched when every
+    weight is 1. For w ≥ 0 the clipped surrogate is positively homogeneous in A (class docstring)."""
+    n = len(batch)
+    w = np.ones(n)
+    for rows, weights in weighted:
+        w *= scatter_to_rows(weights, rows, n)
+    if not np.all(w == 1.0):
+        adv = batch.batch["advantages"]
+        batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)

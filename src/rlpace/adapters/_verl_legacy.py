@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..errors import InputError
 from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 
-from .verl import check_verl_version, pool_from_dataframe, feedback_from_config
+from ._verl_core import check_verl_version, feedback_from_config, pool_from_dataframe
 
 __all__ = ["RlpaceSampler"]
 

@@ -42,8 +42,8 @@ import numpy as np
 from verl.trainer.ppo.v1 import replay_buffer as _rb
 
 from ._convert import Rows, feedbacks_from_rows
-from ._supervision import extract_answer, supervises
-from .verl import _SHARED, VerlFeedback, check_verl_version
+from ._supervision import extract_answer, needs_supervision_pass
+from ._verl_core import _SHARED, VerlFeedback, check_verl_version
 
 __all__ = ["RlpaceReplayBuffer", "RlpaceReplayBufferAsync", "decide_groups"]
 
@@ -122,7 +122,7 @@ class _RlpaceAdmission:
             for s in np.unique(steps):          # one Feedback per step the prompts were drawn at
                 at = np.flatnonzero(steps == s)
                 sub = Rows(*(None if f is None else f[at] for f in rows))
-                if supervises(self.rlpace.scheduler):       # targets → re-verification → reward place
+                if needs_supervision_pass(self.rlpace.scheduler):       # targets → re-verification → reward place
                     sub = self._supervise(partition_id, [keys[i] for i in at], sub, int(s))
                 e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s))
                 evicted |= e

@@ -6,10 +6,11 @@
   an identical replica, so accelerate's shards agree.
 * Feedback: after TRL scores a generation batch (`_generate_and_score_completions`), the
   gathered rewards (weighted sum over reward functions, as TRL computes it) reach
-  `Scheduler.observe` on every rank, in the same order, with `rlpace.group_advantages` of
-  those rewards as the advantages (one definition whatever TRL's `scale_rewards`,
-  `loss_type` or multi-objective aggregation: A = (r − mean) / (population std + 1e-6)).
-* Admission: `Scheduler.admit` decides which rollouts enter the loss. A dropped rollout's
+  `Scheduler.step` (observe, then admission, then weights) on every rank, in the same
+  order, with `rlpace.group_advantages` of those rewards as the advantages (one definition
+  whatever TRL's `scale_rewards`, `loss_type` or multi-objective aggregation:
+  A = (r − mean) / (population std + 1e-6)).
+* Admission: the step's `keep` decides which rollouts enter the loss. A dropped rollout's
   `completion_mask` row is zeroed (no policy or KL term, not in `num_items_in_batch`) and
   its advantage set to 0; a group that keeps a strict subset (PODS) trains on
   `rlpace.kept_group_advantages(rewards, keep)`, GRPO advantages of the kept rollouts
@@ -46,9 +47,10 @@
   loss's policy-gradient term (`beta`, the entropy bonus and the router loss are off for the
   pass; `Feedback.grads`, float32[B, G, d], gathered across ranks). The pass is a forward
   without a graph up to the first hooked layer (lm_head: the whole body) plus a backward to
-  the hooked outputs only — no parameter gradient. Then the Scheduler observes the batch with
-  its features (admission has read the state before it, as in the built-in trainer), and
-  `loss_weights` (e.g. DIEM's) scale the advantages: a rollout's policy-gradient term is
+  the hooked outputs only — no parameter gradient. Each generation batch goes through one
+  `Scheduler.step`, in its fixed order: observe, admission, the feature pass on the loss as
+  admitted and the update of the policies that read the features, then `loss_weights`
+  (e.g. DIEM's) scale the advantages: a rollout's policy-gradient term is
   linear in its advantage, so the step's gradient is Σ_i w_i·g_i exactly. `ref_grad` is the
   previous generation batch's summed features (`grad_reference="previous"`) or none; a user
   may set `trainer.rlpace_ref_grad` (float32[d]) before a step. Text-only models; single
@@ -317,29 +319,30 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                                "layout (each prompt num_generations times in a row) was changed.")
         rewards = self._rlpace_rewards.double().cpu().numpy().reshape(-1, g)
         fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step, **self._rlpace_sup)
-        if self.rlpace_gf is None:
-            self.scheduler.observe(fb)
-            self.rlpace_sampler.scored(pos[:, 0])
         n_local = output["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-        keep = self.scheduler.admit(fb)
-        if not keep.all():
+        admitted = []
+
+        def features(keep):
+            # the features of the loss as admitted (a dropped rollout's are 0)
             self._rlpace_admit(output, rewards, keep, local)
-        if self.rlpace_gf is not None:
-            # features of the loss as admitted (a dropped rollout's are 0); observed after them,
-            # so admission read the state before this batch, as in the built-in trainer
+            admitted.append(True)
             grads = self._rlpace_grad_features(output).cpu().numpy().reshape(*rewards.shape, -1)  # [B, G, d]
-            fb = fb.with_grads(grads, self.rlpace_ref_grad)
-            self.scheduler.observe(fb)
-            self.rlpace_sampler.scored(pos[:, 0])
-            if self.rlpace_grad_reference == "previous":
-                self.rlpace_ref_grad = grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
+            return grads, self.rlpace_ref_grad
+
+        # observe → admission → (features → their readers) → weights: `Scheduler.step`'s one order
+        r = self.scheduler.step(fb, features=features if self.rlpace_gf is not None else None)
+        self.rlpace_sampler.scored(pos[:, 0])
+        if not admitted:
+            self._rlpace_admit(output, rewards, r.keep, local)
+        if r.feedback.grads is not None and self.rlpace_grad_reference == "previous":
+            self.rlpace_ref_grad = r.feedback.grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
         if self.rlpace_loss_weights:
             adv = output["advantages"]
-            w = torch.as_tensor(self.scheduler.loss_weights(fb).ravel()[local], dtype=adv.dtype, device=adv.device)
+            w = torch.as_tensor(r.weights.ravel()[local], dtype=adv.dtype, device=adv.device)
             output["advantages"] = adv * (w if adv.dim() == 1 else w[:, None])
         if self.rlpace_supervises:
-            self._rlpace_weight_advantages(output, fb, local)
+            self._rlpace_weight_advantages(output, r.advantage_weights, local)
         for k, v in self.scheduler.metrics().items():
             self._metrics["train"][f"rlpace/{k}"].append(v)
 
@@ -403,6 +406,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
 
     def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice) -> None:
         """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages."""
+        if keep.all():
+            return
         thinned = keep.any(axis=1) & ~keep.all(axis=1)                      # [B] PODS-style groups
         replace = (~keep | thinned[:, None]).ravel()[local]                  # rows whose advantage changes
         value = np.where(keep & thinned[:, None], kept_group_advantages(rewards, keep), 0.0).ravel()[local]

@@ -21,13 +21,10 @@ from __future__ import annotations
 from ..errors import InputError
 import os
 import sys
-from typing import Any
 
 import numpy as np
 
 from ..scheduler import Scheduler
-from ..types import Pool, kept_group_advantages
-from ._convert import dataproto_rows, feedbacks_from_rows, scatter_to_rows
 
 try:
     import verl
@@ -35,167 +32,12 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.verl needs verl: pip install 'rlpace[verl]'") from e
 
+from ._verl_core import (SUPPORTED, VerlFeedback, _SHARED, _check_loader_config, _plain, check_verl_version,
+                         feedback_from_config, pool_from_dataframe)
+
 __all__ = ["RlpaceDataset", "RlpaceSampler", "RlpaceReplayBuffer", "RlpaceReplayBufferAsync",
            "RlpaceTrainerMixin", "VerlFeedback", "pool_from_dataframe", "feedback_from_config",
            "check_verl_version", "load_data_pt", "SUPPORTED"]
-
-# feature -> [lowest, highest) verl release checked against it.
-SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10")}
-_SEEN = "rlpace_observed"   # meta_info flag: this batch's feedback already reached the Scheduler
-_SHARED: dict[str, "VerlFeedback"] = {}   # the train dataset's bridge, for the V1 replay buffer
-
-
-def check_verl_version(feature: str) -> None:
-    """ValueError unless the installed verl is in `SUPPORTED[feature]`."""
-    from packaging.version import Version
-    lo, hi = SUPPORTED[feature]
-    v = Version(verl.__version__)
-    if not Version(lo) <= v < Version(hi):
-        alt = {"sampler": "RlpaceDataset (data.custom_cls) on verl ≥ 0.8",
-               "dataset": "RlpaceSampler (data.sampler.class_path) on verl 0.5–0.7"}.get(feature, "")
-        raise InputError(f"rlpace's verl {feature} supports verl >={lo},<{hi}; verl {v} is installed. "
-                         f"Install a verl in that range" + (f", or use {alt}." if alt else "."))
-
-
-def pool_from_dataframe(df, *, domain_key: str = "data_source") -> Pool:
-    """A `Pool` over the rows of verl's (filtered) dataframe: domain = `data_source`, stable
-    id = `extra_info.index` (required and unique: verl silently defaults a missing index to
-    0), optional `cluster_id` / `rank_in_cluster` / `difficulty` columns."""
-    names = set(df.column_names)
-    for col in (domain_key, "extra_info"):
-        if col not in names:
-            raise InputError(f"the training data has no {col!r} column; rlpace needs {domain_key} and "
-                             f"extra_info.index (verl's schema). Add it to the parquet.")
-    extra = df["extra_info"]
-    missing = [i for i, e in enumerate(extra) if not isinstance(e, dict) or e.get("index") is None]
-    if missing:
-        raise InputError(f"extra_info.index is missing in {len(missing)} rows (first rows: {missing[:5]}); "
-                         f"verl would default it to 0. Write a unique extra_info.index per prompt.")
-    optional = [c for c in ("cluster_id", "rank_in_cluster", "difficulty") if c in names]
-    records = [{domain_key: d, "extra_info": e} for d, e in zip(df[domain_key], extra)]
-    for c in optional:
-        for r, v in zip(records, df[c]):
-            r[c] = v
-    return Pool.from_records(records, domain_key=domain_key)
-
-
-def _plain(x: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-        return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
-    except ImportError:  # pragma: no cover
-        return x
-
-
-def feedback_from_config(pool: Pool, data_config) -> "VerlFeedback":
-    """The Scheduler named by `data.rlpace` (`policy`, `kwargs`, `seed`, `success_threshold`,
-    `reward_key`), wrapped in a `VerlFeedback`."""
-    cfg = _plain(data_config.get("rlpace", None)) or {}
-    unknown = sorted(set(cfg) - {"policy", "kwargs", "seed", "success_threshold", "reward_key"})
-    if unknown:
-        raise InputError(f"unknown data.rlpace keys {unknown}; valid: policy, kwargs, seed, "
-                         f"success_threshold, reward_key.")
-    seed = cfg.get("seed", data_config.get("seed", None))
-    sched = Scheduler(pool, cfg.get("policy", "uniform"), seed=0 if seed is None else int(seed),
-                      success_threshold=float(cfg.get("success_threshold", 0.5)),
-                      **dict(cfg.get("kwargs") or {}))
-    return VerlFeedback(sched, reward_key=cfg.get("reward_key", "acc"))
-
-
-def _check_loader_config(data_config) -> None:
-    """The dataloader settings index indirection needs, checked before any data is read."""
-    if data_config.get("shuffle", True):
-        raise InputError("data.shuffle must be False with rlpace: the Scheduler chooses the prompts, "
-                         "a shuffling sampler would only hide that. Set data.shuffle=False.")
-    if data_config.get("dataloader_num_workers", 8) != 0:
-        raise InputError("data.dataloader_num_workers must be 0 with rlpace: worker processes hold "
-                         "copies of the Scheduler that never see feedback, and prefetch ahead of it. "
-                         "Set data.dataloader_num_workers=0.")
-    sampler = data_config.get("sampler", None) or {}
-    if "rlpace" in str(sampler.get("class_path", None) or ""):
-        raise InputError("data.sampler.class_path is ignored by verl ≥ 0.8; remove it and keep "
-                         "data.custom_cls=RlpaceDataset.")
-
-
-class VerlFeedback:
-    """The Scheduler plus the verl-batch translation that the sampler, the dataset, the
-    trainer mixin and the V1 replay buffer share.
-
-    `observe(batch)` groups rows by `uid`, maps `extra_info.index` to pool positions and
-    calls `Scheduler.observe` once (a batch already observed is skipped, so verl's own
-    hook and the trainer mixin can both fire); the Feedback carries `group_advantages` of
-    the rewards, never verl's advantages (one scale for every policy, whatever
-    `algorithm.adv_estimator`). `apply_admission` removes the rollouts `Scheduler.admit`
-    drops from the loss (their `response_mask` row is zeroed, advantage 0) and gives a
-    group that keeps a strict subset (PODS) `kept_group_advantages` of its kept rewards;
-    groups kept whole keep verl's advantages. `scale_advantages` writes the Scheduler's
-    loss weights into `batch.batch["advantages"]`: for weights w ≥ 0 the PPO/GRPO clipped
-    surrogate is positively homogeneous in A, so −min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A))
-    exactly, and verl's `rollout_is_weights` (rollout correction) still multiplies on top.
-    """
-
-    def __init__(self, scheduler: Scheduler, reward_key: str | None = "acc"):
-        self.scheduler, self.reward_key = scheduler, reward_key
-
-    def observe(self, batch, step: int | None = None) -> list:
-        if batch.meta_info.get(_SEEN):
-            return []
-        s = int(self.scheduler.counters.observations) if step is None else int(step)
-        fbs = feedbacks_from_rows(self.scheduler.pool, dataproto_rows(batch, self.reward_key), step=s)
-        for fb, _ in fbs:
-            self.scheduler.observe(fb)
-        batch.meta_info[_SEEN] = True
-        return fbs
-
-    def apply_admission(self, batch, fbs: list) -> None:
-        if not fbs or "advantages" not in batch.batch.keys():
-            return
-        import torch
-        n = len(batch)
-        replace, value, kept = np.zeros(n, bool), np.zeros(n), np.ones(n, bool)
-        for fb, rows in fbs:
-            keep = self.scheduler.admit(fb)                                   # bool[B, G]
-            if keep.all():
-                continue
-            thinned = (keep.any(axis=1) & ~keep.all(axis=1))[:, None]         # PODS-style groups
-            rep = ~keep | thinned
-            replace[rows[rep]] = True
-            value[rows[rep]] = np.where(keep & thinned, kept_group_advantages(fb.rewards, keep), 0.0)[rep]
-            kept[rows[~keep]] = False
-        if not replace.any():
-            return
-        adv, mask = batch.batch["advantages"], batch.batch["response_mask"]
-        new = adv.new_tensor(value).unsqueeze(-1) * mask.to(adv.dtype)       # one scalar per sequence
-        batch.batch["advantages"] = torch.where(torch.as_tensor(replace).unsqueeze(-1).to(adv.device), new, adv)
-        batch.batch["response_mask"] = mask * mask.new_tensor(kept).unsqueeze(-1)
-
-    def scale_advantages(self, batch, fbs: list) -> None:
-        if not fbs or "advantages" not in batch.batch.keys():
-            return
-        n = len(batch)
-        w = np.ones(n)
-        for fb, rows in fbs:
-            w *= scatter_to_rows(self.scheduler.loss_weights(fb), rows, n)
-        if not np.all(w == 1.0):
-            adv = batch.batch["advantages"]
-            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
-
-    def weight_advantages(self, batch, fbs: list) -> None:
-        """Multiply `advantages` by `Scheduler.advantage_weights` (DE-Venus's Ã = w·Â, w ∈ [0, 1])
-        when the method has an advantage place (a Scheduler without one is left alone)."""
-        from ._supervision import supervises_places
-        if not fbs or "advantages" not in batch.batch.keys() or not supervises_places(self.scheduler):
-            return
-        w = np.ones(len(batch))
-        for fb, rows in fbs:
-            w *= scatter_to_rows(self.scheduler.advantage_weights(fb), rows, len(batch))
-        if not np.all(w == 1.0):
-            adv = batch.batch["advantages"]
-            batch.batch["advantages"] = adv * adv.new_tensor(w).unsqueeze(-1)
-
-    def metrics(self) -> dict[str, float]:
-        return {f"rlpace/{k}": v for k, v in self.scheduler.metrics().items()}
-
 
 def _train_files(data_files, data_config) -> bool:
     as_list = lambda x: [str(p) for p in (_plain(x) if isinstance(_plain(x), list) else [x])]  # noqa: E731
@@ -327,10 +169,7 @@ class RlpaceTrainerMixin:
 
     def _update_actor(self, batch):
         bridge = self._rlpace()
-        fbs = bridge.observe(batch, step=self.global_steps)
-        bridge.apply_admission(batch, fbs)
-        bridge.scale_advantages(batch, fbs)
-        bridge.weight_advantages(batch, fbs)
+        bridge.step(batch, step=self.global_steps)       # observe → admission → weights, one order
         out = super()._update_actor(batch)
         out.meta_info.setdefault("metrics", {}).update(bridge.metrics())
         out.meta_info["metrics"].update(getattr(self, "_rlpace_supervision_metrics", {}))
@@ -344,10 +183,10 @@ class RlpaceTrainerMixin:
         Scheduler's method has a target, reward or advantage place: train batches then get
         the supervision transforms before verl reads their rewards (validation batches,
         flagged `meta_info["validate"]`, pass through untouched)."""
-        from ._supervision import supervises
+        from ._supervision import needs_supervision_pass
         from ._verl_supervision import check_token_signals
         sched = self._rlpace().scheduler
-        if not supervises(sched):
+        if not needs_supervision_pass(sched):
             return super().fit()
         check_token_signals(sched)
         from ._supervision import TOKEN_SIGNALS, needs
@@ -389,8 +228,8 @@ class RlpaceTrainerMixin:
     def _balance_batch(self, batch, *args, **kwargs):
         # remember the generation order: batch balancing reorders rows, and a group's first-seen
         # tie rule (TTRL's vote) must read its rollouts as they were sampled
-        from ._supervision import supervises
-        if supervises(self._rlpace().scheduler):
+        from ._supervision import needs_supervision_pass
+        if needs_supervision_pass(self._rlpace().scheduler):
             batch.non_tensor_batch["rlpace_order"] = np.arange(len(batch))
         return super()._balance_batch(batch, *args, **kwargs)
 

@@ -55,7 +55,7 @@ def print_findings(files) -> None:
 
 
 def run(args) -> int:
-    from rlpace.evaluation import report_from_dir
+    from rlpace.experiments import report_from_dir
     from rlpace.errors import InputError
 
     from ._paths import check_output

@@ -20,7 +20,7 @@ the ranking under other summaries.
 from ._analysis import Analysis, Comparison, analyze, default_summaries, efficiency_table, parse_summary
 from ._efficiency import (CostRatio, Curve, Efficiency, captured_share, cost_to_reach, curves_from_runs,
                           efficiency_vs_baseline, gain_target, normalized_auc, paired_cost_ratio)
-from ._report import ReportFiles, report_from_dir, write_report
+from ._report import ReportFiles, write_report
 from ._stats import (Interval, RankingSensitivity, RatioResult, TTest, as_rng, benchmark_means,
                      domain_balanced_weights, holm_adjust, kendall_tau, method_ranks,
                      multiple_comparison_note, paired_bootstrap_interval, paired_differences,
@@ -38,7 +38,7 @@ __all__ = [
     "multiple_comparison_note", "t_band",
     "ScoreMatrix", "score_matrix", "learning_curves", "domain_prob_series", "to_target_arrays",
     "Analysis", "Comparison", "analyze", "default_summaries", "parse_summary", "efficiency_table",
-    "ReportFiles", "write_report", "report_from_dir",
+    "ReportFiles", "write_report",
     "Curve", "CostRatio", "Efficiency", "gain_target", "cost_to_reach", "normalized_auc",
     "paired_cost_ratio", "efficiency_vs_baseline", "captured_share", "curves_from_runs",
 ]

@@ -17,6 +17,7 @@ from ._matrix import DATAFLEX_SLOTS, default_policies
 from ._records import (REQUIRED_FIELDS, SCHEMA_VERSION, RecordError, append_record, minimal_record,
                        provenance, read_records, record_from_step_log, records_from_trainer_jsonl,
                        validate_record, write_record)
+from ._report import report_from_dir
 from ._runner import GridResult, default_workers, record_path, run_grid
 
 __all__ = [
@@ -26,5 +27,5 @@ __all__ = [
     "SCHEMA_VERSION", "REQUIRED_FIELDS", "RecordError", "validate_record", "write_record",
     "append_record", "read_records", "provenance", "minimal_record", "record_from_step_log",
     "records_from_trainer_jsonl",
-    "DATAFLEX_SLOTS", "default_policies",
+    "DATAFLEX_SLOTS", "default_policies", "report_from_dir",
 ]

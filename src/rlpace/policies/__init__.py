@@ -11,9 +11,10 @@ True
 """
 
 from ._base import (ADMISSION, ADVANTAGE, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET,
-                    Admission, DataPolicy, EmptyState, Method, Targets, chain, compose, dataset_labels,
-                    identity_reward, is_neutral, keep_all, softmax, supervising_places, unit_advantage, unit_weights,
+                    Admission, DataPolicy, EmptyState, Method, Targets, chain, dataset_labels,
+                    identity_reward, is_neutral, keep_all, softmax, active_supervision_places, supervising_places, unit_advantage, unit_weights,
                     with_floor)
+from ._compose import compose
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
                          pods_max_variance, success_band, topk_advantage)
 from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
@@ -57,7 +58,7 @@ __all__ = [
     "topk_advantage", "diem", "dvc", "reward_gap", "tscl", "advantage_reweight", "gfpo", "oracle_boundary", "oracle_progress",
     "epiplexity", "criticality_is", "criticality_selection", "criticality_weights", "greso",
     "criticality_grid", "grid_proposal", "grid_weights",
-    "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "supervising_places", "is_neutral",
+    "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "active_supervision_places", "supervising_places", "is_neutral",
     "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
     "unique_majority",
 ]

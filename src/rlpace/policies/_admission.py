@@ -56,7 +56,7 @@ def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0, 0, 0]); p = dapo_dynamic_sampling()
-    >>> b = Batch.from_feedback(Feedback([0, 1, 2], [[1, 0], [1, 1], [0, 0]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0, 1, 2], [[1, 0], [1, 1], [0, 0]], step=0), pool, 0.5)
     >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
     ([True, False, False], 2)
     """
@@ -95,7 +95,7 @@ def success_band(low: float = 0.2, high: float = 0.8, inclusive: bool = False) -
     >>> from rlpace.types import Batch
     >>> pool = Pool([0, 0, 0]); p = success_band()
     >>> b = Batch.from_feedback(Feedback([0, 1, 2], [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0],
-    ...                                             [1, 1, 1, 1, 1]]), pool, 0.5)
+    ...                                             [1, 1, 1, 1, 1]], step=0), pool, 0.5)
     >>> out = p.apply(p.init(pool), pool, b); out.keep[:, 0].tolist(), out.refill
     ([False, True, False], 2)
     """
@@ -176,7 +176,7 @@ def pods_max_variance(m: int | None = None) -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = pods_max_variance(m=2)
-    >>> b = Batch.from_feedback(Feedback([0], [[0.1, 0.9, 0.5, 0.2]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0], [[0.1, 0.9, 0.5, 0.2]], step=0), pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).keep.tolist()
     [[True, True, False, False]]
     """
@@ -206,7 +206,7 @@ def drop_all_wrong() -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0, 0]); p = drop_all_wrong()
-    >>> b = Batch.from_feedback(Feedback([0, 1], [[0, 0], [1, 1]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0, 1], [[0, 0], [1, 1]], step=0), pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).keep[:, 0].tolist()
     [False, True]
     """
@@ -249,7 +249,7 @@ def topk_advantage(fraction: float = 0.5) -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0, 0]); p = topk_advantage()
-    >>> fb = Feedback([0, 1], [[1, 0], [1, 1]], advantages=[[0.5, -2.0], [1.0, 0.5]])
+    >>> fb = Feedback([0, 1], [[1, 0], [1, 1]], advantages=[[0.5, -2.0], [1.0, 0.5]], step=0)
     >>> b = Batch.from_feedback(fb, pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).keep.tolist()     # M = 4, k = 2: |A| 2.0 and 1.0
     [[False, True], [True, False]]

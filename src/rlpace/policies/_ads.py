@@ -51,7 +51,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ._admission import drop_all_wrong
-from ._base import MIXTURE, SELECTION, DataPolicy, Method, compose
+from ._base import MIXTURE, SELECTION, DataPolicy, Method
+from ._compose import compose
 from ._checks import check_int, check_real
 
 __all__ = ["ads", "ads_cluster_ema", "ads_boundary_window", "move_window"]

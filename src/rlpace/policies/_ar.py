@@ -43,7 +43,7 @@ def advantage_reweight(alpha: float = 0.5) -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = advantage_reweight(alpha=0.5)
-    >>> b = Batch.from_feedback(Feedback([0], [[1.0, 0.0]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0], [[1.0, 0.0]], step=0), pool, 0.5)
     >>> probs = np.array([[[0.2, 1.0], [0.6, 0.0]]]); mask = np.array([[[1, 1], [1, 0]]], bool)
     >>> p.apply((), pool, b._replace(token_probs=probs, token_mask=mask)).round(6).tolist()  # [.6, 1, .8]·3/2.4
     [[[0.75, 1.25], [1.0, 0.0]]]

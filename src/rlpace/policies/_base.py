@@ -28,7 +28,7 @@ arXiv 2609.03324, Eq. 3–5: rollout → target → admission → reward → adv
 | `reward`      | after verification: transform   | apply(state, pool, batch)                    | float64[B, G]    |
 | `advantage`   | after GRPO: Ã = w·Â, w ∈ [0, 1] | apply(state, pool, batch)                    | float64[B, G]    |
 
-A `Method` holds one policy per place; `compose` builds one from any set of policies
+A `Method` holds one policy per place; `compose` (in `_compose`) builds one from any set of policies
 (filling the empty places with neutral defaults: every prompt keeps its dataset label,
 rewards unchanged, advantage weights 1), `chain` stacks several admission, reweighting,
 reward (applied in order) or advantage (weights multiply) policies, and `with_floor` bounds
@@ -46,8 +46,8 @@ from ..types import Batch, Pool
 
 __all__ = [
     "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "KINDS",
-    "DataPolicy", "Method", "Admission", "Targets", "compose", "chain", "with_floor",
-    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "supervising_places", "is_neutral",
+    "DataPolicy", "Method", "Admission", "Targets", "chain", "with_floor",
+    "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "active_supervision_places", "supervising_places", "is_neutral",
 ]
 
 MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
@@ -213,68 +213,6 @@ def unit_advantage() -> DataPolicy:
     return DataPolicy(ADVANTAGE, _empty_init, _no_update, apply, name="unit_advantage", neutral=True)
 
 
-def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
-    """Build a `Method` from policies of any kinds (and/or other methods).
-
-    At most one mixture, one selection and one target; several admission, reweighting,
-    reward or advantage policies are stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
-    drawn arm by arm from it (`uniform_within_arm`); without, uniformly from the pool;
-    admission keeps everything; weights are 1; every prompt keeps its dataset label; rewards
-    pass unchanged; advantage weights are 1. A mixture with a selection whose
-    `follows_mixture` is False is a ValueError: the mixture would be silently ignored.
-
-    >>> from rlpace.policies import make_policy
-    >>> m = compose(make_policy("dump"), make_policy("dapo_dynamic_sampling"))
-    >>> (m.mixture.name, m.selection.name, m.admission.name)
-    ('dump', 'uniform_within_arm', 'dapo_dynamic_sampling')
-    """
-    from ._uniform import uniform_pool, uniform_within_arm  # local: avoid an import cycle
-
-    slots: dict[str, list[DataPolicy]] = {k: [] for k in KINDS}
-    names = []
-    for p in policies:
-        if isinstance(p, Method):
-            for kind, q in p.policies().items():
-                if not is_neutral(q):
-                    slots[kind].append(q)
-            names.append(p.name)
-        elif isinstance(p, DataPolicy):
-            if p.kind not in KINDS:
-                raise InputError(f"policy {p.name!r} has unknown kind {p.kind!r}; kinds are {KINDS}.")
-            slots[p.kind].append(p)
-            names.append(p.name)
-        else:
-            raise TypeError(f"compose takes DataPolicy or Method objects; got {type(p).__name__}.")
-    for kind in (MIXTURE, SELECTION, TARGET):
-        if len(slots[kind]) > 1:
-            raise InputError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
-                             f"Keep one of them.")
-    mixture = slots[MIXTURE][0] if slots[MIXTURE] else None
-    if slots[SELECTION]:
-        selection = slots[SELECTION][0]
-        if mixture is not None and not selection.follows_mixture:
-            # The Scheduler would pass the mixture's probs to a selection that drops them:
-            # the method would run as the selection alone, under the pair's name.
-            raise InputError(
-                f"selection {selection.name!r} does not follow a mixture (its DataPolicy."
-                f"follows_mixture is False), so mixture {mixture.name!r} composed with it would "
-                f"have no effect on which prompts are drawn. Drop one of the two, or use a "
-                f"selection that follows a mixture (uniform_within_arm, the default when no "
-                f"selection is given; mopps; learnability_buffer; prioritized_learnability; "
-                f"ads_boundary_window). A selection of your own that honours `probs` sets "
-                f"follows_mixture=True.")
-    else:
-        selection = uniform_within_arm() if mixture is not None else uniform_pool()
-    admission = chain(*slots[ADMISSION]) if slots[ADMISSION] else keep_all()
-    reweighting = chain(*slots[REWEIGHTING]) if slots[REWEIGHTING] else unit_weights()
-    target = slots[TARGET][0] if slots[TARGET] else dataset_labels()
-    reward = chain(*slots[REWARD]) if slots[REWARD] else identity_reward()
-    advantage = chain(*slots[ADVANTAGE]) if slots[ADVANTAGE] else unit_advantage()
-    return Method(mixture, selection, admission, reweighting,
-                  name=name or "+".join(n for n in names if n),
-                  target=target, reward=reward, advantage=advantage)
-
-
 def is_neutral(policy: DataPolicy | None) -> bool:
     """True when `policy` is one of the neutral policies `compose` fills empty places with
     (built by `keep_all`, `unit_weights`, `uniform_pool`, `dataset_labels`,
@@ -288,17 +226,21 @@ def is_neutral(policy: DataPolicy | None) -> bool:
     return policy is not None and bool(getattr(policy, "neutral", False))
 
 
-def supervising_places(method: Method) -> frozenset:
+def active_supervision_places(method: Method) -> frozenset:
     """The supervision places (`target`, `reward`, `advantage`) where `method` holds a policy
     other than the neutral one `compose` fills in — empty for every method without
     supervision. Trainers and adapters run the supervision transforms only for these.
 
     >>> from rlpace.policies import make_method
-    >>> sorted(supervising_places(make_method("ttrl+dump"))), supervising_places(make_method("dump"))
+    >>> sorted(active_supervision_places(make_method("ttrl+dump"))), active_supervision_places(make_method("dump"))
     (['target'], frozenset())
     """
     return frozenset(k for k in (TARGET, REWARD, ADVANTAGE)
                      if getattr(method, k, None) is not None and not is_neutral(getattr(method, k)))
+
+
+#: Deprecated name of `active_supervision_places`, kept so that existing imports keep working.
+supervising_places = active_supervision_places
 
 
 def chain(*policies: DataPolicy) -> DataPolicy:
@@ -306,7 +248,8 @@ def chain(*policies: DataPolicy) -> DataPolicy:
     up), reweighting or advantage policies (weights multiply; a rollout weight [B, G]
     multiplies each token of a token-level weight [B, G, T]), or reward policies (each
     transforms the rewards the previous one returned). The chained state is the tuple of
-    the members' states.
+    the members' states; `update_losses` reaches each member that has one, `reads` is the
+    union, and `follows_mixture` (a selection's flag: selections are never chained) is refused.
 
     >>> from rlpace.policies import make_policy
     >>> p = chain(make_policy("dapo_dynamic_sampling"), make_policy("pods_max_variance"))
@@ -323,9 +266,19 @@ def chain(*policies: DataPolicy) -> DataPolicy:
                          "advantage; got "
                          f"{[(p.name, p.kind) for p in policies]}. Use compose() for a whole method.")
     kind = policies[0].kind
+    if any(p.follows_mixture for p in policies):
+        # only a selection honours a mixture, and a selection is never chained: the flag on
+        # any other kind is a mistake that `compose` would otherwise carry nowhere
+        raise InputError(f"chain members {[p.name for p in policies if p.follows_mixture]} set "
+                         f"follows_mixture, which only a selection policy can honour; a {kind} "
+                         f"policy leaves it False.")
 
     def init(pool):
         return tuple(p.init(pool) for p in policies)
+
+    def update_losses(state, pool, losses):       # each member that learns from loss curves
+        return tuple(s if p.update_losses is None else p.update_losses(s, pool, losses)
+                     for p, s in zip(policies, state))
 
     def update(state, pool, batch):
         return tuple(p.update(s, pool, batch) for p, s in zip(policies, state))
@@ -367,6 +320,7 @@ def chain(*policies: DataPolicy) -> DataPolicy:
 
     return DataPolicy(kind, init, update, apply, name=">".join(p.name for p in policies),
                       metrics=metrics, check_state=check_state,
+                      update_losses=update_losses if any(p.update_losses is not None for p in policies) else None,
                       reads=frozenset().union(*(p.reads for p in policies)),
                       decisions=decisions if any(p.decisions is not None for p in policies) else None)
 

@@ -28,6 +28,14 @@ Every variant solves W = (P + λI)⁺Î and rescales by the *actual* constraint,
 W ← W·sqrt(C / WᵀPW) (= the paper's factor when λ = 0 and P is invertible; exact in every
 regime), so ‖WᵀF‖ = ‖1ᵀF‖ before the ReLU; after the ReLU the weights are rescaled once
 more by the same rule (`rescale_after_relu`). η cancels in the rescaling and is omitted.
+(P + λI)⁺ cuts eigenvalues below 1e-10 × the largest: "P invertible" above means that.
+
+The exact solution is unbounded with "loo" and "reference": a sample with tiny features
+moves the update little per unit of weight, so the maximiser can give it a weight in the
+hundreds while most others go to 0 (docs/methods/diem.md, "Unbounded weights"). The last step caps
+each weight at `max_weight` (default 4, `cap_weights`: weights above it are set to it and
+the others scaled by one factor so that ‖WᵀF‖ = ‖1ᵀF‖ again); when no weight exceeds the
+cap nothing changes, so uniform weights (the published rule on a full-rank P) stay 1.
 
 The paper's ablations: `importance` ∈ {"random", "pass_at_k", "difficulty",
 "median_distance"} replaces Î by a non-gradient score (then W = (P + λI)⁺Î: with an
@@ -49,11 +57,12 @@ import numpy as np
 from ._base import REWEIGHTING, DataPolicy, _empty_init, _no_update
 from ._checks import check_choice, check_int, check_real
 
-__all__ = ["diem", "constrained_weights", "diem_importance"]
+__all__ = ["diem", "constrained_weights", "diem_importance", "cap_weights", "MAX_WEIGHT"]
 
 _GRADIENT_SCORES = ("loo", "batch", "reference")
 _ABLATION_SCORES = ("random", "pass_at_k", "difficulty", "median_distance")
 _STREAM_RANDOM = 0xD1E
+MAX_WEIGHT = 4.0      # default cap of one weight (`cap_weights`; measured choice: docs/methods/diem.md)
 
 
 def constrained_weights(features: np.ndarray, importance: np.ndarray, ridge: float = 0.0,
@@ -104,6 +113,44 @@ def _rescale(w: np.ndarray, p: np.ndarray, c: float) -> np.ndarray:
     return w * np.sqrt(c / q)
 
 
+def cap_weights(w: np.ndarray, p: np.ndarray, c: float, cap: float) -> np.ndarray:
+    """float64[N] non-negative weights `w` bounded by `cap`, keeping ‖WᵀF‖² = C where it can.
+
+    Water-filling: weights above `cap` are set to `cap`; the others are multiplied by one common
+    factor s ≥ 0 chosen so that ‖WᵀF‖² = WᵀPW = C again (the larger root of
+    (a + s·b)ᵀP(a + s·b) = C, a = the capped part, b = the free part; with no real root, the s
+    that brings the norm closest); repeated while that factor lifts another weight past `cap`
+    (at most N rounds: the capped set only grows). When every non-zero weight is capped the
+    result is `cap` on those and the norm may stay below C. `cap` ≥ 1, so a uniform W = 1 is
+    never changed.
+
+    f_1 = [1, 0], f_2 = [0, 0.01] (P = diag(1, 1e-4), C = ‖1ᵀF‖² = 1.0001) and weights
+    [sqrt(0.7501), 50] (WᵀPW = 0.7501 + 0.25 = C): the second is capped at 4 and the first
+    scaled to sqrt(C − 16·1e-4) = sqrt(0.9985):
+
+    >>> cap_weights(np.array([np.sqrt(0.7501), 50.0]), np.diag([1.0, 1e-4]), 1.0001, 4.0).round(6).tolist()
+    [0.99925, 4.0]
+    """
+    w = np.asarray(w, dtype=np.float64)
+    fixed = w >= cap
+    if not fixed.any():
+        return w
+    for _ in range(w.shape[0]):
+        a = np.where(fixed, cap, 0.0)                                 # capped part
+        b = np.where(fixed, 0.0, w)                                   # free part
+        aa, ab, bb = float(a @ p @ a), float(a @ p @ b), float(b @ p @ b)
+        if bb <= 0.0:
+            return a + b
+        disc = ab * ab - bb * (aa - c)
+        s = (-ab + np.sqrt(disc)) / bb if disc >= 0 else -ab / bb
+        out = a + max(s, 0.0) * b
+        over = ~fixed & (out > cap)
+        if not over.any():
+            return out
+        fixed |= over
+    return np.minimum(out, cap)
+
+
 def diem_importance(kind: str, features: np.ndarray | None, ref: np.ndarray | None,
                     pass_rate: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray | None:
     """float64[N] importance Î (η omitted) of each sample, or None when `kind` needs features
@@ -140,15 +187,21 @@ def diem_importance(kind: str, features: np.ndarray | None, ref: np.ndarray | No
 
 def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 0.0,
          unit: str = "prompt", relu: bool = True, rescale_after_relu: bool = True,
-         temperature: float = 1.0, seed: int = 0) -> DataPolicy:
+         temperature: float = 1.0, seed: int = 0, max_weight: float | None = MAX_WEIGHT) -> DataPolicy:
     """DIEM (arXiv 2608.29252): per-sample loss weights maximising gradient-alignment importance at the batch gradient's norm.
 
     See the module docstring for the rule, why the published definition gives uniform
     weights, and which options do not; docs/methods/diem.md.
 
     Args:
-        importance: "batch" (the published Î = F·g_B; default — it gives the plain GRPO update,
-            see above), "loo" (Î_z = ⟨f_z, g_B − f_z⟩), "reference" (Î = F·h, h =
+        importance: "batch" (the published Î = F·g_B; default). It gives weights 1, and so the
+            plain GRPO update, when P = F·Fᵀ has full numerical rank: every eigenvalue above
+            1e-10 × the largest (the pseudo-inverse's cut-off), which needs N ≤ d and no
+            sample's features ≲ 1e-5 of the largest or nearly a combination of the others'.
+            Otherwise the dropped directions change the weights: with N > d, W − 1 lies in
+            null(Fᵀ) and the update is unchanged before the ReLU; with one group at 1e-6 scale
+            among orthogonal ones the weights are [1, 1, 1, 0] and that group's gradient
+            leaves the update. "loo" (Î_z = ⟨f_z, g_B − f_z⟩), "reference" (Î = F·h, h =
             `Feedback.ref_grad`; "loo" when absent), or an ablation "random" | "pass_at_k" |
             "difficulty" | "median_distance". Measured on the embedded suite, every non-trivial
             variant trained worse than uniform weights (docs/methods/diem.md), hence the default.
@@ -160,6 +213,13 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
         rescale_after_relu: rescale the clipped weights so ‖WᵀF‖ = ‖1ᵀF‖ again.
         temperature: T of the softmax solver.
         seed: randomness of the "random" ablation, from (seed, step).
+        max_weight: cap c ≥ 1 of one weight under the constrained solver (`cap_weights`: weights
+            above c are set to c, the others scaled so that ‖WᵀF‖ = ‖1ᵀF‖ again); None leaves the
+            weights unbounded. The exact solution of "loo" and "reference" is unbounded: it piles
+            weight on samples with tiny features, which move the update little per unit of weight
+            (8 groups, d = 64, one group's features 100× smaller: weights up to 241 on it, most
+            other groups at 0; docs/methods/diem.md). Weights ≤ c are left as they are, so
+            the published rule's weights are unchanged (they are 1 where P has full rank).
 
     Example (hand-computed; ridge regime, see docs/methods/diem.md): two orthogonal rollout
     features f_1 = [1, 0], f_2 = [0, 2] with Î = P·1 = [1, 4] and λ = ρ·tr(P)/2 = 2.5 at
@@ -168,7 +228,7 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
 
     >>> from rlpace import Pool, Feedback; from rlpace.types import Batch
     >>> pool = Pool([0]); p = diem(importance="batch", ridge=1.0, unit="rollout")
-    >>> fb = Feedback([0], [[1, 0]], grads=[[[1, 0], [0, 2]]])
+    >>> fb = Feedback([0], [[1, 0]], grads=[[[1, 0], [0, 2]]], step=0)
     >>> p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5)).round(4).tolist()
     [[0.5056, 1.0891]]
     """
@@ -182,6 +242,8 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
         raise InputError(f"diem rescale_after_relu must be True or False; got {rescale_after_relu!r}.")
     check_real("diem", "temperature", temperature, low=0, low_open=True)
     check_int("diem", "seed", seed, low=0, high=2**63 - 1)
+    if max_weight is not None:
+        check_real("diem", "max_weight", max_weight, low=1, hint=" (None = no cap)")
 
     def apply(state, pool, batch):
         shape = batch.rewards.shape
@@ -220,6 +282,8 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
                     w = _rescale(w, gram, c)
                 if not (w > 0).any():
                     w = np.ones_like(w)      # every weight clipped: fall back to plain GRPO
+            if max_weight is not None:
+                w = cap_weights(w, gram, c, float(max_weight))
         w = np.where(np.isfinite(w), w, 1.0)
         return np.repeat(w[:, None], shape[1], axis=1) if unit == "prompt" else w.reshape(shape)
 

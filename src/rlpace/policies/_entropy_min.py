@@ -16,7 +16,7 @@ with `all_prompts=True`); labelled prompts keep the verified reward.
 >>> import numpy as np
 >>> from rlpace import Pool, Feedback, Scheduler
 >>> s = Scheduler(Pool(["x"]), "entropy_min", all_prompts=True)
->>> s.rewards(Feedback([0], [[1, 0]], token_entropy=[[0.5, 2.0]])).tolist()
+>>> s.rewards(Feedback([0], [[1, 0]], token_entropy=[[0.5, 2.0]], step=0)).tolist()
 [[-0.5, -2.0]]
 """
 

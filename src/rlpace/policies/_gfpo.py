@@ -44,7 +44,7 @@ def gfpo(k: int = 3, metric: str = "efficiency") -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = gfpo(k=2)
-    >>> fb = Feedback([0], [[1.0, 1.0, 0.0, 1.0]], lengths=[[8, 2, 1, 4]])   # r/L = .125 .5 0 .25
+    >>> fb = Feedback([0], [[1.0, 1.0, 0.0, 1.0]], lengths=[[8, 2, 1, 4]], step=0)   # r/L = .125 .5 0 .25
     >>> p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5)).keep.tolist()
     [[False, True, False, True]]
     """

@@ -37,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import Pool
-from ._base import MIXTURE, REWEIGHTING, DataPolicy, compose
+from ._base import MIXTURE, REWEIGHTING, DataPolicy
+from ._compose import compose
 from ._criticality import _DEFAULTS, _checked, _core, _q_of, proposal_metrics, weight_metrics
 
 __all__ = ["criticality_grid", "grid_proposal", "grid_weights", "cell_pool"]

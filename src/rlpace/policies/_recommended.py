@@ -40,7 +40,8 @@ mixture.
 
 from __future__ import annotations
 
-from ._base import Method, compose
+from ._base import Method
+from ._compose import compose
 from ._dump import dump_ucb
 from ._mopps import mopps
 

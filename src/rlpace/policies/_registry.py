@@ -27,7 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from ._base import DataPolicy, Method, compose
+from ._base import DataPolicy, Method
+from ._compose import compose
 
 _REGISTRY: dict[str, Callable[..., DataPolicy | Method]] = {}
 # id -> factory of every function marked with @policy_factory (identity, not an attribute

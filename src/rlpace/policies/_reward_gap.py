@@ -111,7 +111,7 @@ def reward_gap(temperature: float = 1.0, floor: float = 0.05, window: int = 50,
 
     >>> from rlpace import Pool, Feedback; from rlpace.types import Batch
     >>> pool = Pool(["a", "b"]); m = reward_gap()
-    >>> b = Batch.from_feedback(Feedback([0, 1], [[1, 1, 1, 0], [0, 0, 1, 0]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0, 1], [[1, 1, 1, 0], [0, 0, 1, 0]], step=0), pool, 0.5)
     >>> m.apply(m.update(m.init(pool), pool, b), pool).round(6).tolist()
     [0.389787, 0.610213]
     """

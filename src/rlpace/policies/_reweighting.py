@@ -41,7 +41,7 @@ def per_advantage(alpha: float = 0.5) -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = per_advantage(alpha=1.0)
-    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[1.0, -3.0]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[1.0, -3.0]], step=0), pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).tolist()     # |A| = [1, 3], mean 2
     [[0.5, 1.5]]
     """
@@ -70,7 +70,7 @@ def difficulty_band(low_q: float = 0.25, high_q: float = 0.75, inside: float = 2
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = difficulty_band()
-    >>> b = Batch.from_feedback(Feedback([0], [[0.0, 0.4, 0.6, 1.0]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0], [[0.0, 0.4, 0.6, 1.0]], step=0), pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).round(4).tolist()   # band [0.3, 0.7]: w = [1,2,2,1]/1.5
     [[0.6667, 1.3333, 1.3333, 0.6667]]
     """
@@ -101,7 +101,7 @@ def softmax_advantage(temperature: float = 1.0) -> DataPolicy:
     >>> import numpy as np; from rlpace import Pool, Feedback
     >>> from rlpace.types import Batch
     >>> pool = Pool([0]); p = softmax_advantage()
-    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[0.0, np.log(3)]]), pool, 0.5)
+    >>> b = Batch.from_feedback(Feedback([0], [[1, 0]], advantages=[[0.0, np.log(3)]], step=0), pool, 0.5)
     >>> p.apply(p.init(pool), pool, b).round(6).tolist()   # 2·[1, 3]/4
     [[0.5, 1.5]]
     """

@@ -18,7 +18,7 @@ Intuitor's advantage (SC − mean_g SC) / std_g SC; the −log V constant cancel
 >>> import numpy as np
 >>> from rlpace import Pool, Feedback, Scheduler
 >>> s = Scheduler(Pool(["x"] * 2, labeled=[True, False]), "self_certainty")
->>> s.rewards(Feedback([0, 1], [[1, 0], [0, 0]], self_certainty=[[.1, .2], [.3, .4]])).tolist()
+>>> s.rewards(Feedback([0, 1], [[1, 0], [0, 0]], self_certainty=[[.1, .2], [.3, .4]], step=0)).tolist()
 [[1.0, 0.0], [0.3, 0.4]]
 """
 

@@ -32,17 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import bad
+
 __all__ = ["check_tree", "check_finite", "bad", "COUNT_MAX", "count_limit"]
-
-
-def bad(key: str, what: str, arr: np.ndarray, mask: np.ndarray) -> InputError:
-    """The InputError for state[key] whose entries under `mask` break a rule."""
-    where = np.argwhere(np.atleast_1d(mask))[0]
-    val = np.atleast_1d(arr)[tuple(where)]
-    val = val.item() if hasattr(val, "item") else val
-    index = tuple(int(i) for i in where) if np.ndim(arr) else ()
-    return InputError(f"state[{key!r}] {what} (first: {val!r} at index {index}); the state is corrupt "
-                      f"or was edited: restore one written by Scheduler.state_dict().")
 
 
 def check_finite(key: str, arr: np.ndarray, nan_ok: bool = False) -> None:

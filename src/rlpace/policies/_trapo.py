@@ -34,7 +34,7 @@ last `promote_window` majorities are one answer: that answer becomes its persist
 >>> import numpy as np
 >>> from rlpace import Pool, Feedback, Scheduler
 >>> s = Scheduler(Pool(["x"] * 2, labeled=[True, False]), "trapo", warm_up=1)
->>> fb = Feedback([0, 1], [[1, 0], [1, 1]], answers=[["1", "2"], ["5", "5"]])
+>>> fb = Feedback([0, 1], [[1, 0], [1, 1]], answers=[["1", "2"], ["5", "5"]], step=0)
 >>> s.targets(fb)
 [None, '5']
 >>> s.observe(fb); s.admit(fb).tolist()                         # warm-up: unlabelled dropped
@@ -48,7 +48,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._base import ADMISSION, TARGET, Admission, DataPolicy, Method, Targets, compose
+from ._base import ADMISSION, TARGET, Admission, DataPolicy, Method, Targets
+from ._compose import compose
 from ._checks import check_choice, check_int, check_real
 from ._vote import answer_hash, ols_slope, require_answers, unique_majority
 

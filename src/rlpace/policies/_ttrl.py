@@ -19,7 +19,7 @@ Labelled prompts keep their dataset label.
 >>> import numpy as np
 >>> from rlpace import Pool, Feedback, Scheduler
 >>> s = Scheduler(Pool(["x"] * 2, labeled=[False, False]), "ttrl", vote_rollouts=2)
->>> s.targets(Feedback([0, 1], np.zeros((2, 3)), answers=[["5", "6", "6"], [None, " ", "1"]]))
+>>> s.targets(Feedback([0, 1], np.zeros((2, 3)), answers=[["5", "6", "6"], [None, " ", "1"]], step=0))
 ['5', None]
 """
 
