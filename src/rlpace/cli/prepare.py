@@ -2,7 +2,8 @@
 
 ADS's offline pipeline (arXiv 2606.22305; docs/methods/ads.md): embed → L2 → PCA → k-means, mean NLL of the
 reference answer under a local causal LM, rank inside each cluster. Writes OUTPUT (format by
-suffix: .parquet, .jsonl, else a Hugging Face dataset directory) with every input column plus
+suffix: .parquet, .jsonl, else a Hugging Face dataset directory; a suffix of another file
+format, such as .csv, is refused rather than made a directory) with every input column plus
 cluster_id, rank_in_cluster, cluster_size, difficulty (top level and in extra_info), and beside
 it <stem>.embeddings.npy, <stem>.summary.json, <stem>.summary.png.
 
@@ -42,7 +43,10 @@ def _ints(value: str) -> list[int]:
 def add_arguments(parser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("input", help="verl-schema .parquet, .jsonl, or a save_to_disk dataset directory")
-    parser.add_argument("--out", required=True, help="output path; .parquet, .jsonl, else a dataset directory")
+    parser.add_argument("--out", required=True,
+                        help="output path: .parquet, .jsonl (.json: JSON lines too), or a path without a file "
+                             "suffix for a Hugging Face dataset directory; another file suffix (.csv, .txt, ...) "
+                             "is refused")
     g = parser.add_argument_group("clustering")
     g.add_argument("--k", type=_k, default=None,
                    help="clusters, or 'auto' for a silhouette pick; default clamp(round(sqrt(N/2)), 2, 64) "
