@@ -151,3 +151,30 @@ def test_api_reference_fences_bare_doctests_and_leaves_examples_sections():
     assert mod.fence_doctests(doc).split("\n") == [
         "Sum.", "", "```pycon", ">>> f(1)", "2", ">>> f(2)", "3", "```", "", "Args:", "    x: a number.",
         "", "Examples:", "    >>> f(3)", "    4", "", "```", ">>> in a fence", "```"]
+
+
+def _strict_build(tmp_path, change=None):
+    """`mkdocs build --strict` of a copy of the site (the API page without its generated part,
+    which is slow and tested by the real build), after `change(docs_dir)`; returns (rc, log)."""
+    import shutil
+    import subprocess
+    import sys
+    pytest.importorskip("mkdocs")
+    root = tmp_path / "repo"
+    shutil.copytree(DOCS, root / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", root / "mkdocs.yml")
+    (root / "docs" / "api.md").write_text("# API reference\n", encoding="utf-8")
+    if change:
+        change(root / "docs")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_strict_site_build_fails_on_a_broken_link_or_a_page_missing_from_the_nav(tmp_path):
+    rc, log = _strict_build(tmp_path / "a")
+    assert rc == 0, log
+    rc, log = _strict_build(tmp_path / "b", lambda d: (d / "iso.md").open("a").write("\n[gone](no-such-page.md)\n"))
+    assert rc != 0 and "no-such-page.md" in log
+    rc, log = _strict_build(tmp_path / "c", lambda d: (d / "orphan.md").write_text("# Orphan\n"))
+    assert rc != 0 and "orphan.md" in log
