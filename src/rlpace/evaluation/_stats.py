@@ -302,8 +302,8 @@ def paired_bootstrap_interval(method: np.ndarray, baseline: np.ndarray, *, confi
     """Paired percentile bootstrap CI of the mean difference.
 
     Seeds are resampled with replacement *as pairs* (the same seed index for the method and
-    the baseline, which keeps the pairing): d*_b = mean(d[idx_b]), CI = the
-    ((1−c)/2, (1+c)/2) quantiles of {d*_b}. Estimate = mean(d).
+    the baseline, which keeps the pairing): `d*_b = mean(d[idx_b])`, CI = the
+    ((1−c)/2, (1+c)/2) quantiles of `{d*_b}`. Estimate = mean(d).
 
     Args:
         method, baseline: float[S] summary score per seed.
@@ -363,8 +363,8 @@ def poi_bootstrap_interval(method: np.ndarray, baseline: np.ndarray, *, confiden
                            random_state: int | np.random.Generator) -> Interval:
     """Bootstrap CI of `probability_of_improvement` for 1-D summary scores, resampling *paired*
     seeds: replicate b draws one index vector idx_b (n seeds with replacement) and uses it for
-    both the method and the baseline, PoI*_b = PoI(x[idx_b], y[idx_b]); the CI is the
-    percentile interval of the PoI*_b. Seeds where either is NaN are dropped first.
+    both the method and the baseline, `PoI*_b = PoI(x[idx_b], y[idx_b])`; the CI is the
+    percentile interval of the `PoI*_b`. Seeds where either is NaN are dropped first.
 
     Why paired, unlike rliable: rliable's `get_interval_estimates` resamples each algorithm's
     runs independently, because its runs are unrelated. Ours are matched (seed s of the
