@@ -122,12 +122,24 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
     assert len(nav) == len(set(nav))
 
 
-def test_readme_links_point_at_existing_files():
+def _slug(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_point_at_existing_files_and_headings():
     text = README.read_text(encoding="utf-8")
-    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
-               if not re.match(r"[a-z]+://|#", t)]
-    assert targets, "the README links no docs page"
-    assert [t for t in targets if not (ROOT / t).exists()] == []
+    links = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+://|#", t)]
+    assert links, "the README links no docs page"
+    assert [t for t in links if not (ROOT / t.split("#")[0]).exists()] == []
+    missing = []
+    for link in (t for t in links if "#" in t):
+        path, anchor = link.split("#", 1)
+        headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(encoding="utf-8"), re.M)
+        if anchor not in {_slug(h) for h in headings}:
+            missing.append(link)
+    assert missing == []
+    assert _slug("Use with TRL") == "use-with-trl" and _slug("Trust boundary") == "trust-boundary"
 
 
 def test_every_method_page_rlpace_policies_prints_exists():
