@@ -4,7 +4,7 @@ the ISO-Merger against task arithmetic and TIES (arXiv 2607.19331; docs/methods/
     python benchmarks/iso.py overhead                 # step time of every optimizer, one process
     python benchmarks/iso.py efficiency --seeds 8     # rollouts to 80% of AdamW's gain
     python benchmarks/iso.py merge                    # specialists on disjoint families, merged
-    python benchmarks/iso.py merge-time --shape 0.5b  # merge time of a random 0.5B-shaped model
+    python benchmarks/iso.py merge-time --shape 0.5b  # merge time and peak memory, random 0.5B-shaped model
 
 overhead: the trainer runs each optimizer for --steps steps from the same base policy, in
 one process, round-robin --repeats times; reports the median per-step time of the
@@ -223,19 +223,26 @@ def merge(args):
 
 
 def merge_time(args):
+    """Time and peak memory of `merge_checkpoints` on a random Qwen2.5-0.5B-shaped model (bf16,
+    2 experts = base + 1e-3 Gaussian noise per entry), each method in a fresh child process
+    (`merge-one`) so its peak resident memory is its own; printed beside the model's size and
+    the load average (the machine may be shared)."""
+    import os
     import shutil
+    import subprocess
     import tempfile
 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlpace.merge import merge_checkpoints
-    torch.set_num_threads(args.threads)
     shapes = {"0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                            num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
               "0.5b-1layer": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                                  tie_word_embeddings=True)}
+                                  tie_word_embeddings=True),
+              "0.5b-noembed": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
+                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=64,
+                                   tie_word_embeddings=True)}
     if args.tmp:
         Path(args.tmp).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="iso-merge-time-", dir=args.tmp))
@@ -243,6 +250,7 @@ def merge_time(args):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(**shapes[args.shape])).to(torch.bfloat16)
         n = sum(p.numel() for p in model.parameters())
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
         model.save_pretrained(tmp / "base")
         for i in range(2):
             with torch.no_grad():
@@ -251,13 +259,32 @@ def merge_time(args):
             model.save_pretrained(tmp / f"e{i}")
         del model
         for method in args.methods.split(","):
-            t0 = time.perf_counter()
-            merge_checkpoints(tmp / "base", [tmp / "e0", tmp / "e1"], tmp / f"m_{method}", method=method,
-                              progress=False)
-            print(f"{args.shape} ({n / 1e6:.0f} M parameters, bf16, 2 experts, CPU {args.threads} thread(s)): "
-                  f"{method} {time.perf_counter() - t0:.1f} s", flush=True)
+            load = os.getloadavg()
+            res = subprocess.run([sys.executable, __file__, "merge-one", str(tmp), method, str(args.threads)],
+                                 capture_output=True, text=True, check=True)
+            secs, peak = (float(x) for x in res.stdout.split())
+            print(f"{args.shape} ({n / 1e6:.0f} M parameters, bf16 {size / 2**30:.2f} GiB, 2 experts, CPU "
+                  f"{args.threads} thread(s)): {method} {secs:.1f} s, peak memory {peak / 2**30:.2f} GiB "
+                  f"({peak / size:.1f}× the model); load average before {load[0]:.1f}, after "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+            shutil.rmtree(tmp / f"m_{method}", ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def merge_one(args):
+    """Child of merge-time: one merge; prints seconds and peak resident bytes."""
+    import resource
+
+    import torch
+
+    from rlpace.merge import merge_checkpoints
+    torch.set_num_threads(args.threads)
+    d = Path(args.dir)
+    t0 = time.perf_counter()
+    merge_checkpoints(d / "base", [d / "e0", d / "e1"], d / f"m_{args.method}", method=args.method, progress=False)
+    secs = time.perf_counter() - t0
+    print(secs, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def main(argv=None):
@@ -284,14 +311,19 @@ def main(argv=None):
     m.add_argument("--lr", type=float, default=3e-4)
     m.add_argument("--seeds", type=int, default=4)
     t = sub.add_parser("merge-time")
-    t.add_argument("--shape", default="0.5b", choices=["0.5b", "0.5b-1layer"])
+    t.add_argument("--shape", default="0.5b", choices=["0.5b", "0.5b-1layer", "0.5b-noembed"])
     t.add_argument("--methods", default="iso,task_arithmetic,ties")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--tmp", default=None)
+    one = sub.add_parser("merge-one")
+    one.add_argument("dir")
+    one.add_argument("method")
+    one.add_argument("threads", type=int)
     for p in (o, e, m):
         p.add_argument("--out", default="runs/bench_iso")
     args = ap.parse_args(argv)
-    {"overhead": overhead, "efficiency": efficiency, "merge": merge, "merge-time": merge_time}[args.cmd](args)
+    {"overhead": overhead, "efficiency": efficiency, "merge": merge, "merge-time": merge_time,
+     "merge-one": merge_one}[args.cmd](args)
     return 0
 
 

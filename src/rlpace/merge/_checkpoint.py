@@ -201,12 +201,13 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
                 ws = [] if kind == "copy" else [_load(lay, n, device) for lay in layouts]
                 for lay, w in zip([base_layout, *layouts], [w0, *ws]):
                     _refuse_non_finite(w, n, lay[n][0])
+                out_dt = DTYPES[out_dtype] if out_dtype else w0.dtype
                 if kind == "copy":
                     merged = w0
                 elif method == "task_arithmetic":
-                    merged = task_arithmetic(w0, ws, scale=scale)
+                    merged = _chunked(lambda a, bs: task_arithmetic(a, bs, scale=scale), w0, ws, out_dt)
                 elif method == "ties":
-                    merged = ties(w0, ws, density=density, scale=scale)
+                    merged = _ties_chunked(w0, ws, density, scale, out_dt)
                 elif kind == "mean":
                     merged = task_vector_mean(w0, ws)
                 else:
@@ -256,6 +257,47 @@ def _iso_stack(w0, ws, rho_keep, dtype=torch.float64):
         outs.append(w)
         cs.append(c)
     return torch.stack(outs).reshape(*lead, *w0.shape[-2:]), cs
+
+
+_CHUNK = 1 << 22           # elements per chunk of the elementwise rules (32 MiB in float64)
+
+
+def _chunked(rule, w0, ws, dtype):
+    """An elementwise rule (float64 inside) over flat chunks, written in `dtype`: memory stays
+    at the inputs, the output and a few chunks, not K + 2 float64 copies of the tensor."""
+    flat0, flats = w0.reshape(-1), [w.reshape(-1) for w in ws]
+    out = torch.empty(flat0.numel(), dtype=dtype, device=w0.device)
+    for i in range(0, flat0.numel(), _CHUNK):
+        out[i:i + _CHUNK] = rule(flat0[i:i + _CHUNK], [f[i:i + _CHUNK] for f in flats]).to(dtype)
+    return out.reshape(w0.shape)
+
+
+def _ties_chunked(w0, ws, density, scale, dtype):
+    """TIES (`ties`) over flat chunks. The trim threshold of each task vector is the k-th
+    largest |τ_i| of the whole tensor, selected on a float32 |τ_i| (one tensor-sized float32
+    buffer at a time instead of a float64 stack of all K); the kept entries, the elected sign
+    and the mean are float64 as in `ties`. The selection can differ from `ties` only between
+    entries whose |τ| agree to float32 rounding (6e-8 relative)."""
+    flat0, flats = w0.reshape(-1), [w.reshape(-1) for w in ws]
+    p = flat0.numel()
+    k = max(1, int(round(density * p)))
+    f0 = flat0.float()
+
+    def abs_tau32(f, lo=0, hi=None):
+        return (f[lo:hi].float() - f0[lo:hi]).abs_()
+
+    thresholds = [torch.kthvalue(abs_tau32(f), p - k + 1).values for f in flats]
+    out = torch.empty(p, dtype=dtype, device=w0.device)
+    for i in range(0, p, _CHUNK):
+        j = min(p, i + _CHUNK)
+        base = flat0[i:j].double()
+        taus = torch.stack([torch.where(abs_tau32(f, i, j) >= t, f[i:j].double() - base, 0.0)
+                            for f, t in zip(flats, thresholds)])                      # [K, chunk] trimmed
+        elected = torch.sign(taus.sum(0))
+        agree = (torch.sign(taus) == elected) & (taus != 0)
+        mean = (taus * agree).sum(0) / agree.sum(0).clamp(min=1)
+        out[i:j] = (base + scale * mean).to(dtype)
+    return out.reshape(w0.shape)
 
 
 def _write_side_files(base, tmp, cfg, by_file, sizes, out_dtype, dtypes_written):

@@ -163,50 +163,58 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
         vecs.append(va)
     sig = [la.sqrt() for la in lam]
     qs = [va / sa for va, sa in zip(vecs, sig)]                       # U_a = W_a·Q_a
-    o = {(a, c): qs[a].T @ gram(a, c) @ qs[c] for a in range(k + 1) for c in range(k + 1)}   # U_aᵀU_c
+    # U_aᵀU_c for a < c; U_aᵀU_a = I by construction, U_cᵀU_a the transpose
+    o = {(a, c): qs[a].T @ gram(a, c) @ qs[c] for a in range(k + 1) for c in range(a + 1, k + 1)}
     s0, v0 = sig[0], vecs[0]
     keep = max(1, int(round(rho_keep * n)))
     mask = torch.ones(n, dtype=f64, device=dev)
     mask[keep:] = 0.0
-    alphas, betas, a_s, xvs, b_s = [], [], [], [], []
+    alphas, betas, a_s, b_s = [], [], [], []
     for i in range(1, k + 1):
-        lead = torch.diagonal(v0.T @ vecs[i]) if wide else torch.diagonal(o[0, i])   # ⟨left vectors⟩
+        oi = o[0, i]
+        pv = v0.T @ vecs[i]                                            # V₀ᵀV_i (V₀ is n × n orthogonal)
+        lead = torch.diagonal(pv if wide else oi)                      # ⟨left vectors of the original⟩
         sign = torch.where(lead >= 0, 1.0, -1.0).to(f64)
-        mi = o[0, i] * sign                                            # U₀ᵀŨ_i
+        mi = oi * sign                                                 # U₀ᵀŨ_i
         alpha = -_sym(mi) * mask                                       # ξ_u,i = U₀·α_i + U_i·diag(β_i)
         beta = sign * mask
         alphas.append(alpha)
         betas.append(beta)
-        a_s.append(o[0, 0] @ alpha + o[0, i] * beta)                   # U₀ᵀξ_u,i
-        vt = vecs[i] * sign
-        xv = (vt - v0 @ _sym(v0.T @ vt)) * mask                        # ξ_v,i, explicit n × n
-        xvs.append(xv)
-        b_s.append(v0.T @ xv)
+        a_s.append(alpha + oi * beta)                                  # U₀ᵀξ_u,i
+        pv = pv * sign
+        b_s.append((pv - _sym(pv)) * mask)                             # ξ_v,i = V₀·b_i
     ss = s0[:, None] * s0[None, :]
     s2 = s0 * s0
     gm = np.zeros((k, k))
     for i in range(k):
         for j in range(k):
             ai, bi, aj, bj = alphas[i], betas[i], alphas[j], betas[j]
-            # diag(ξ_u,iᵀ ξ_u,j) with ξ_u = U₀·α + U_i·diag(β)
-            fu = ((ai * (o[0, 0] @ aj)).sum(0) + (ai * (o[0, j + 1] * bj)).sum(0)
-                  + bi * (o[i + 1, 0] @ aj).diagonal() + bi * bj * o[i + 1, j + 1].diagonal())
-            uu = (s2 * fu).sum()
-            vv = (s2 * (xvs[i] * xvs[j]).sum(0)).sum()
+            oij = torch.eye(n, dtype=f64, device=dev) if i == j else (o[i + 1, j + 1] if i < j else o[j + 1, i + 1].T)
+            # diag(ξ_u,iᵀξ_u,j) with ξ_u = U₀·α + U_i·diag(β): no product bigger than elementwise
+            fu = ((ai * aj).sum(0) + (ai * (o[0, j + 1] * bj)).sum(0) + bi * (o[0, i + 1] * aj).sum(0)
+                  + bi * bj * oij.diagonal())
+            uu = (s2 * fu).sum()                                       # ⟨ξ_u,iΣ₀, ξ_u,jΣ₀⟩
+            vv = (s2 * (b_s[i] * b_s[j]).sum(0)).sum()                 # ⟨ξ_v,iΣ₀, ξ_v,jΣ₀⟩
             cross = (ss * a_s[i].T * b_s[j]).sum() + (ss * a_s[j].T * b_s[i]).sum()
             gm[i, j] = float(uu + vv + cross)
     c = _retention(gm, ridge, clip)
-    ct = torch.as_tensor(c, dtype=f64, device=dev)
+    ct = [float(x) for x in c]
     a_star = sum(ci * ai for ci, ai in zip(ct, a_s))                   # U₀ᵀ·Σ c_i ξ_u,i
-    gammas = [torch.eye(n, dtype=f64, device=dev) + sum(ci * al for ci, al in zip(ct, alphas)) - _sym(a_star)]
-    gammas += [torch.diag(ci * be) for ci, be in zip(ct, betas)]       # Y = Σ_a U_a·γ_a = U₀ + Π_U₀(Σ c_i ξ_u,i)
-    yty = sum(gammas[a].T @ o[a, c] @ gammas[c] for a in range(k + 1) for c in range(k + 1))
+    g0 = torch.eye(n, dtype=f64, device=dev) + sum(ci * al for ci, al in zip(ct, alphas)) - _sym(a_star)
+    gd = [ci * be for ci, be in zip(ct, betas)]                        # Y = U₀·γ₀ + Σ U_i·diag(γ_i)
+    yty = g0.T @ g0                                                    # = U₀ + Π_U₀(Σ c_i ξ_u,i)
+    for i in range(k):
+        t = g0.T @ (o[0, i + 1] * gd[i])
+        yty = yty + t + t.T
+        for j in range(k):
+            oij = torch.eye(n, dtype=f64, device=dev) if i == j else (o[i + 1, j + 1] if i < j else o[j + 1, i + 1].T)
+            yty = yty + gd[i][:, None] * oij * gd[j][None, :]
     h = _inv_sqrt(yty)                                                 # U★ = Y·(YᵀY)^(-1/2)
-    xv = sum(ci * x for ci, x in zip(ct, xvs))
-    yv = v0 + xv - v0 @ _sym(v0.T @ xv)
-    v_star = yv @ _inv_sqrt(yv.T @ yv)
+    b_star = sum(ci * bi for ci, bi in zip(ct, b_s))
+    tv = torch.eye(n, dtype=f64, device=dev) + b_star - _sym(b_star)   # V₀ + Π_V₀(Σ c_i ξ_v,i) = V₀·tv
+    v_star = v0 @ (tv @ _inv_sqrt(tv.T @ tv))                          # V★ = V₀·polar(tv)
     r = (h * s0) @ v_star.T                                            # W★ = Σ_a U_a·γ_a·R
-    zs = [qs[a] @ gammas[a] @ r for a in range(k + 1)]
+    zs = [qs[0] @ (g0 @ r)] + [(qs[i + 1] * gd[i]) @ r for i in range(k)]
     zsum = sum(zs)
     out = torch.empty(m, n, dtype=dtype, device=dev)
     for r0 in range(0, m, block_rows):
