@@ -62,7 +62,8 @@ class Advice(NamedTuple):
         import scipy
         return {"recommended": self.recommended, "sentence": self.sentence,
                 "usage": usage_lines(self.recommended or "uniform"),
-                "oracle": row(pr.oracle), "policies": [row(p) for p in pr.policies],
+                "oracle": row(pr.oracle), "oracles": {o: row(v) for o, v in pr.oracles.items()},
+                "policies": [row(p) for p in pr.policies],
                 "uniform": {"base": pr.base, "final": pr.uniform_final},
                 "budget_rollouts": pr.budget_rollouts, "pilot_rollouts": pr.pilot_rollouts,
                 "simulated_steps": pr.steps, "batch_size": pr.batch_size, "group_size": pr.group_size,
@@ -146,7 +147,8 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
 
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-           from_start: bool = False, step_norm: str = "batch", jobs: int = 1, progress=None) -> Advice:
+           from_start: bool = False, step_norm: str = "batch", jobs: int = 1, oracle: dict | None = None,
+           progress=None) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     Example:
@@ -161,7 +163,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     check_pilot(pilot, pool, int(budget_rollouts))
     fit = fit_learner(pilot, pool, step_norm=step_norm)
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
-                 draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs, progress=progress)
+                 draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs,
+                 progress=progress, **(oracle or {}))
     best = pr.policies[0] if pr.policies else None
     o = pr.oracle
     if 1 - o.ratio <= SAVING_BAR:

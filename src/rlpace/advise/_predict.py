@@ -53,6 +53,7 @@ class PolicyPrediction(NamedTuple):
 class Prediction(NamedTuple):
     policies: list           # [PolicyPrediction] candidates, best ratio first
     oracle: PolicyPrediction  # the better oracle per draw
+    oracles: dict             # name -> PolicyPrediction of each oracle alone
     uniform_final: float     # median final accuracy of uniform
     base: float              # accuracy before the pilot
     curves: dict             # policy -> (rollouts float64[E], accuracy float64[D, E]) on a common grid
@@ -101,7 +102,8 @@ def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                   # e.g. gfpo: the simulator has no lengths
         res = simulate(sc, policy, steps=steps, seed=seed, batch_size=b, group_size=g, eval_every=eval_every,
-                       world=world, policy_kwargs=kw, measure_every=measure if oracle else 0, measure_rollouts=16,
+                       world=world, policy_kwargs=kw, measure_every=measure[0] if oracle else 0, measure_rollouts=measure[1],
+                       measure_exact=measure[2],
                        step_norm=step_norm)
     return res.eval_rollouts.astype(np.float64), res.mean_accuracy
 
@@ -138,7 +140,8 @@ def _one_draw(job) -> tuple:
 
 def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts: int,
             policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-            from_start: bool = False, fraction: float = 0.8, jobs: int = 1, progress=None) -> Prediction:
+            from_start: bool = False, fraction: float = 0.8, jobs: int = 1, oracle_every: int | None = None,
+            oracle_rollouts: int = 16, oracle_exact: bool = True, progress=None) -> Prediction:
     """Simulate uniform, the oracles and `policies` on `draws` learners from the fit.
 
     Args:
@@ -150,6 +153,11 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         from_start: simulate every policy from the pilot's start (no pilot counted) instead
             of after it — what a headroom table measures.
         jobs: worker processes, one draw each at a time (1 = in this process).
+        oracle_every, oracle_rollouts, oracle_exact: how the oracles measure every prompt's
+            pass rate (`simulate`'s measure_*): by default the true rate quantised to 1/16
+            every max(1, steps // 50) steps, an upper bound; a trainer's oracle measures m
+            Bernoulli draws every k steps (`oracle_exact=False`), which is what its headroom
+            table measured.
         progress: a callable(str) told each finished draw.
 
     Returns:
@@ -167,7 +175,8 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
                          f"{b}×{g}; raise --budget-rollouts.")
     policies = default_candidates() if policies is None else list(policies)
     eval_every = max(1, steps // 25)
-    measure = max(1, steps // 50)
+    measure = (max(1, steps // 50) if oracle_every is None else int(oracle_every), int(oracle_rollouts),
+               bool(oracle_exact))
     run_names = ["uniform", *ORACLES, *[p for p in policies if p not in ("uniform", *ORACLES)]]
     rng_draw = np.random.default_rng([seed, 0xAD715E])
     params = draw_params(fit, draws, rng_draw)
@@ -214,6 +223,7 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         preds.append(pp._replace(captured=captured_share(pp.ratio, oracle.ratio)))
     preds.sort(key=lambda x: x.ratio)
     curves = {p: (grid, np.asarray(acc_grid[p])) for p in run_names}
-    return Prediction(preds, oracle, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
+    each = {o: summary(o, ratio[o]) for o in ORACLES}
+    return Prediction(preds, oracle, each, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
                       int(budget_rollouts), int(pilot_rollouts), steps, b, g, draws, seeds,
                       time.perf_counter() - t0)
