@@ -135,7 +135,7 @@ def learnability_buffer(buffer_size: int = 1000, refresh_every: int = 100, mix: 
 
     def refresh(state):
         filled = min(int(state.pending_count), max_candidates)
-        cand = np.unique(np.concatenate([state.buffer[:int(state.buffer_len)], state.pending[:filled]]))
+        cand = _unique(np.concatenate([state.buffer[:int(state.buffer_len)], state.pending[:filled]]))
         score = _learnability(state.successes[cand], state.attempts[cand])
         cand, score = cand[score > 0], score[score > 0]
         top = cand[np.lexsort((cand, -score))[:buffer_size]]
