@@ -6,7 +6,9 @@ bookkeeping the way the reference codes do (DUMP's `LearnabilityEstimator` and
     .venv/bin/python benchmarks/overhead.py            # N = 1e4, 1e5, 1e6, 1e7 (several minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # N = 1e4, 1e5, 1e6, fewer steps
     RLPACE_SRC=/path/to/other/checkout/src .venv/bin/python benchmarks/overhead.py ...
-                                                       # time another checkout (before / after)
+                                                       # time another checkout alone
+    .venv/bin/python benchmarks/overhead.py --against /path/to/other/checkout/src --cpu-time
+                                                       # before / after, steps interleaved
 
 What is timed, per step: `Scheduler.propose(512)`, building the `Feedback` (validation)
 and `Scheduler.observe(fb)`. Policies that act after rollout only (admission, reweighting,
@@ -112,14 +114,14 @@ def feedback_extras(reads: frozenset, t: int, seed: int = 0) -> dict:
     return out
 
 
-def make_pool(n: int, seed: int = 0) -> tuple[Pool, np.ndarray]:
+def make_pool(n: int, seed: int = 0, pool_class=Pool) -> tuple[Pool, np.ndarray]:
     """K domains, 64 clusters, a noisy offline difficulty; hidden pass rate per prompt."""
     rng = np.random.default_rng(seed)
     dom = rng.integers(0, K, size=n)
     clusters = (dom * (CLUSTERS // K) + rng.integers(0, CLUSTERS // K, size=n)).astype(np.int64)
     logit = rng.normal(0.0, 2.0, size=n) + (dom - K / 2) * 0.5
     p = 1.0 / (1.0 + np.exp(logit))
-    pool = Pool(dom, clusters=clusters, difficulty=logit + 0.3 * rng.standard_normal(n))
+    pool = pool_class(dom, clusters=clusters, difficulty=logit + 0.3 * rng.standard_normal(n))
     return pool, p
 
 
@@ -128,16 +130,20 @@ def policy_kwargs(name: str) -> dict:
     return {"mini_cluster_size": B // 4} if name == "ads" else {}
 
 
-def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counter):
-    sched = Scheduler(pool, name, seed=seed, **policy_kwargs(name))
+def stepper(pool, p, name, seed=0, clock=time.perf_counter, lib=None):
+    """step(t) -> (μs of step t's timed part, ids, rewards) for a fresh Scheduler of `name`;
+    `lib` is the package to build it from (this checkout's rlpace by default; another
+    checkout's with --against), `pool` one of its Pools."""
+    lib_scheduler, lib_feedback = (Scheduler, Feedback) if lib is None else (lib.Scheduler, lib.Feedback)
+    sched = lib_scheduler(pool, name, seed=seed, **policy_kwargs(name))
     reads = reads_of(name)
     post = after_rollout(name)
     supervised = any(getattr(sched.method, place, None) is not None and
                      getattr(getattr(sched.method, place), "name", "") not in
                      ("dataset_labels", "identity_reward", "unit_advantage")
                      for place in ("target", "reward", "advantage"))
-    trace, per_step = [], []
-    for t in range(warmup + steps):
+
+    def step(t):
         u = np.random.default_rng([seed, t]).random((B, G))
         extras = feedback_extras(reads, t, seed) if post else {}
         t0 = clock()
@@ -145,7 +151,7 @@ def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counte
         t1 = clock()
         rewards = (u < p[ids][:, None]).astype(np.float64)   # the stream: not timed
         t2 = clock()
-        fb = Feedback(ids, rewards, step=t, **extras)
+        fb = lib_feedback(ids, rewards, step=t, **extras)
         if supervised:
             sched.targets(fb)
             sched.rewards(fb)
@@ -155,10 +161,47 @@ def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counte
             sched.admit(fb)
             sched.loss_weights(fb)
         t3 = clock()
+        return ((t1 - t0) + (t3 - t2)) * 1e6, ids, rewards
+    return step
+
+
+def time_vectorised(pool, p, name, steps, warmup, seed=0, clock=time.perf_counter):
+    step = stepper(pool, p, name, seed, clock)
+    trace, per_step = [], []
+    for t in range(warmup + steps):
+        us, ids, rewards = step(t)
         if t >= warmup:
-            per_step.append((t1 - t0) + (t3 - t2))
+            per_step.append(us)
             trace.append((ids, rewards))
-    return np.asarray(per_step) * 1e6, trace
+    return np.asarray(per_step), trace
+
+
+def load_other(src: str):
+    """Another checkout's rlpace (its `src` folder), imported as the package `rlpace_before`
+    next to this one (the core imports itself relatively, so both live in one process)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("rlpace_before", str(Path(src) / "rlpace" / "__init__.py"),
+                                                  submodule_search_locations=[str(Path(src) / "rlpace")])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["rlpace_before"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_paired(pools, p, name, steps, warmup, other, seed=0, clock=time.perf_counter):
+    """(μs before, μs after): the other checkout's Scheduler and this one's on the same stream,
+    their steps interleaved (before, after, after, before, ...), so both see the same load."""
+    a = stepper(pools[0], p, name, seed, clock, lib=other)
+    b = stepper(pools[1], p, name, seed, clock)
+    before, after = [], []
+    for t in range(warmup + steps):
+        first, second = (a, b) if t % 2 == 0 else (b, a)
+        x, y = first(t)[0], second(t)[0]
+        ua, ub = (x, y) if t % 2 == 0 else (y, x)
+        if t >= warmup:
+            before.append(ua)
+            after.append(ub)
+    return np.asarray(before), np.asarray(after)
 
 
 class DumpLoop:
@@ -264,7 +307,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the thread's CPU clock instead of the wall clock (both sides)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--against", metavar="SRC",
+                    help="another checkout's src folder (e.g. a git worktree of an older commit): time "
+                         "its Scheduler and this one's side by side, steps interleaved (no loop baseline)")
     args = ap.parse_args(argv)
+    if args.against:
+        return compare(args)
     clock = time.thread_time if args.cpu_time else time.perf_counter
     load_before = os.getloadavg()[0]
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else \
@@ -340,6 +388,65 @@ def main(argv=None) -> int:
                        "results": [{"policy": k[0], "N": k[1], **v} for k, v in results.items()]}, f, indent=1)
     print(f"loop = per-rollout Python bookkeeping ({'MoPPS-style for mopps, ' if 'mopps' in names else ''}"
           f"DUMP-style otherwise); × = loop / vectorised; growth = cost at N={sizes[-1]:.0e} / N={sizes[0]:.0e}.")
+    return 0
+
+
+def _verdict(name: str, r6: dict) -> str:
+    budget = 300 if name in DOMAIN_LEVEL else 1000
+    out = []
+    if r6["p50"] > budget:
+        out.append(f"{r6['p50'] / 1000:.2f} ms > {budget / 1000:g} ms")
+    if r6["mean"] > 2 * r6["p50"]:
+        out.append(f"mean {r6['mean'] / r6['p50']:.1f}× median")
+    return "; ".join(out) or "ok"
+
+
+def compare(args) -> int:
+    """--against: before (the other checkout) and after (this one), steps interleaved."""
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    other = load_other(args.against)
+    load_before = os.getloadavg()[0]
+    sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else [10**6]
+    steps = args.steps or 30
+    names = args.policies.split(",") if args.policies else all_policy_names()
+    known = set(other.policies.names())
+    names = [n for n in names if n in known]
+    warmup = 5
+    results = []
+    for n in sizes:
+        pools = (make_pool(n, pool_class=other.Pool)[0],) + make_pool(n)
+        p = pools[2]
+        for name in names:
+            before, after = time_paired(pools[:2], p, name, steps, warmup, other, clock=clock)
+            row = {"policy": name, "N": n}
+            for side, us in (("before", before), ("after", after)):
+                row[side] = {"p50": float(np.median(us)), "mean": float(us.mean()), "max": float(us.max())}
+            row["paired_ratio"] = float(np.median(after / before))
+            results.append(row)
+            print(f"  {name:26s} N={n:.0e} before {row['before']['p50']:7.0f} after {row['after']['p50']:7.0f} μs "
+                  f"(median of paired ratios {row['paired_ratio']:.2f})", file=sys.stderr, flush=True)
+            gc.collect()
+        del pools, p
+        gc.collect()
+    load_after = os.getloadavg()[0]
+    print(f"\nμs per step, before = {args.against}, after = this checkout; steps interleaved; {steps} steps "
+          f"after {warmup} warm-up steps; clock: {'thread CPU time' if args.cpu_time else 'wall'}; 1-min load "
+          f"average {load_before:.1f} → {load_after:.1f} on {os.cpu_count()} cores.")
+    head = f"{'policy':26s}{'N':>7s}{'before median/mean/max':>26s}{'after median/mean/max':>26s}{'ratio':>7s}  targets (after)"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        b, a = r["before"], r["after"]
+        print(f"{r['policy']:26s}{r['N']:7.0e}{b['p50']:10.0f}{b['mean']:8.0f}{b['max']:8.0f}"
+              f"{a['p50']:10.0f}{a['mean']:8.0f}{a['max']:8.0f}{r['paired_ratio']:7.2f}  "
+              f"{_verdict(r['policy'], a) if r['N'] == 10**6 else ''}")
+    print("ratio = median over steps of after / before (paired by step).")
+    if args.json:
+        import json
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"B": B, "G": G, "steps": steps, "against": args.against,
+                       "clock": "thread_time" if args.cpu_time else "perf_counter",
+                       "load_average": [load_before, load_after], "results": results}, f, indent=1)
     return 0
 
 
