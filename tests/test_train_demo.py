@@ -89,12 +89,13 @@ def test_compare_runs_by_hand():
 def test_demo_defaults_are_recommended_on_mostly_solved(tmp_path, monkeypatch, capsys):
     import rlpace.train
     from rlpace.cli import main
+    from rlpace.errors import InputError
     seen = []
 
     def stop(cfg):                                   # record both configs, then stop before any work
         seen.append(cfg)
         if len(seen) == 2:
-            raise ValueError("stop here")
+            raise InputError("stop here")           # a user error: the CLI's one line, exit 2
     monkeypatch.setattr(rlpace.train, "check_config", stop)
     assert main(["demo", "--out", str(tmp_path / "d")]) == 2
     assert "stop here" in capsys.readouterr().err
