@@ -1,11 +1,13 @@
 """The README is a front page and the documentation site is whole.
 
-The README stays short (≤ 300 lines) with exactly the two set-up commands and the way to reach
-the `rlpace` command afterwards; every page under docs/ is in mkdocs.yml's nav and every nav
-entry and README link points at a file that exists; every method page `rlpace policies` prints
-exists; no text cites a tracker a user cannot open ("issue 14", "#23"), while public references
-(`huggingface/trl#3708`, `verl PR #6302`, `AReaL#450`) stay allowed. The strict site build
-itself (`mkdocs build --strict`) is the `test-docs` suite of `make test`.
+The README stays short (≤ 300 lines) with exactly the two set-up commands, the way to reach
+the `rlpace` command afterwards and a quick start that runs as written; every page under docs/
+is in mkdocs.yml's nav and every nav entry and README link points at a file (and heading) that
+exists; every method page `rlpace policies` prints exists; no text cites a tracker a user
+cannot open ("issue 14", "#23"), while public references (`huggingface/trl#3708`,
+`verl PR #6302`, `AReaL#450`) stay allowed. The full strict site build (`mkdocs build
+--strict`, API reference included) is the `test-docs` suite of `make test`; here a copy
+without the generated API part checks that the strictness holds.
 """
 
 import io
