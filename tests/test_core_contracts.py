@@ -3,6 +3,8 @@ records' invariants (a user policy is never mistaken for a built-in by its name)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -100,7 +102,8 @@ def test_step_resumes_exactly(name):
 def _features(d=3):
     calls = []
 
-    def features(keep):
+    def features(adm):
+        keep = adm.keep
         calls.append(keep.copy())
         # a deterministic stand-in for the loss-gradient features: 0 on dropped rollouts
         g = np.arange(keep.size * d, dtype=np.float32).reshape(*keep.shape, d) % 7 - 3
@@ -120,7 +123,7 @@ def test_step_with_features_admits_then_updates_the_readers(name):
         r = a.step(fb, features=features)
         # reference: admission before the features exist, then observe with them, then weights
         keep = b.admission(fb).keep
-        fg = fb.with_grads(features(keep))
+        fg = fb.with_grads(features(b.admission(fb)))
         b.observe(fg)
         np.testing.assert_array_equal(r.keep, keep)
         np.testing.assert_array_equal(calls[0], keep)
@@ -155,7 +158,7 @@ def test_step_rejects_bad_features_and_leaves_the_readers_alone():
     fb = Feedback(s.propose(2), [[1.0, 0.0], [0.0, 1.0]], step=0)
     before = s.state_dict()
     with pytest.raises(InputError, match="grads"):
-        s.step(fb, features=lambda keep: np.ones((2, 3, 4), np.float32))     # G = 2, not 3
+        s.step(fb, features=lambda adm: np.ones((2, 3, 4), np.float32))     # G = 2, not 3
     after = s.state_dict()
     mixture = [k for k in before if k.startswith("policy/mixture")]
     assert mixture
@@ -223,3 +226,80 @@ def test_supervision_checks_say_what_they_check():
     assert has_supervision_places(ttrl) and needs_supervision_pass(ttrl)
     assert has_supervision_places(sc) and needs_supervision_pass(sc)
     assert not has_supervision_places(dump) and not needs_supervision_pass(dump)
+
+
+# ---- what the adapters share ---------------------------------------------------------------------
+def test_admitted_advantages_by_hand():
+    from rlpace.adapters._convert import admitted_advantages
+    r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    keep = np.array([[True, True, False, False],       # thinned: kept pair {1, 0} -> ±1/(0.5 + 1e-6)
+                     [True, True, True, True],         # whole: untouched
+                     [False, False, False, False]])    # dropped: 0
+    replace, value = admitted_advantages(r, keep)
+    a = 0.5 / (0.5 + 1e-6)
+    assert replace.tolist() == [[True] * 4, [False] * 4, [True] * 4]
+    np.testing.assert_allclose(value, [[a, -a, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], rtol=1e-12)
+    # topk's full-group advantages: only the dropped rollouts change
+    replace, value = admitted_advantages(r, keep, full_group_advantages=True)
+    assert replace.tolist() == [[False, False, True, True], [False] * 4, [True] * 4]
+    assert not value.any()
+
+
+def test_dump_floor_is_with_floor():
+    from rlpace.errors import InputError
+    pool = Pool(["a"] * 6 + ["b"] * 2 + ["c"] * 2)
+    fb = Feedback(np.arange(10), np.tile([[1.0, 0.0]], (10, 1)) * (np.arange(10) < 6)[:, None], step=0)
+    plain, floored = Scheduler(pool, "dump"), Scheduler(pool, "dump", floor=0.2)
+    for s in (plain, floored):
+        s.observe(fb)
+    p = plain.domain_probs()
+    np.testing.assert_array_equal(floored.domain_probs(), (1 - 3 * 0.2) * p + 0.2)
+    assert floored.method.mixture.name == "dump" and floored.domain_probs().min() >= 0.2
+    with pytest.raises(InputError, match="infeasible for 3 arms"):
+        Scheduler(pool, "dump", floor=0.4)
+
+
+def test_chosen_rewards_one_rule():
+    from rlpace.adapters._convert import chosen_rewards
+    calls = []
+    score = lambda: calls.append(1) or np.array([2.0, -1.0])            # noqa: E731
+    assert chosen_rewards({"acc": [1, 0], "score": [2, -1]}, "acc", score).tolist() == [1.0, 0.0]
+    assert calls == []                                                  # the fallback is not computed
+    assert chosen_rewards({"score": [2, -1]}, "acc", score).tolist() == [2.0, -1.0]
+    assert chosen_rewards({"acc": [1, 0]}, None, score).tolist() == [2.0, -1.0] and len(calls) == 2
+
+
+def test_step_targets_and_retargeted_shared_by_both_verl_paths():
+    from rlpace.adapters._supervision import retargeted, step_targets
+    s = Scheduler(Pool(["a", "a", "a"], labeled=[True, False, False]), "ttrl")
+    fb = Feedback([0, 1, 2], np.zeros((3, 2)), step=0, answers=[["3", "3"], ["5", "5"], [None, None]])
+    target, zero = step_targets(s, [(fb, np.array([[0, 3], [1, 4], [2, 5]]))], 7)
+    # labelled: its dataset label (None); unlabelled with a majority: "5"; no answer: unverified (0)
+    assert target.tolist() == [None, "5", None, None, "5", None, None]
+    assert zero.tolist() == [False, False, True, False, False, True, False]
+    rm = {"ground_truth": "4", "style": "rule"}
+    assert retargeted(rm, "5") == {"ground_truth": "5", "style": "rule", "dataset_ground_truth": "4"}
+    assert rm == {"ground_truth": "4", "style": "rule"}
+
+
+# ---- state value rules: one place per record ----------------------------------------------------
+class _CountState(NamedTuple):
+    n: np.ndarray                    # int64[] groups seen
+    STATE_RULES = {"n": "nonneg"}
+
+
+def test_state_rules_live_on_the_record_and_reach_user_states():
+    from rlpace.errors import InputError
+    from rlpace.policies._dump import DumpState
+    assert DumpState.STATE_RULES == {"count": "nonneg"}
+    mine = DataPolicy("reweighting", lambda pool: _CountState(np.zeros((), np.int64)),
+                      lambda s, pool, b: _CountState(s.n + b.prompt_ids.size),
+                      lambda s, pool, b: np.ones(b.rewards.shape), name="counting")
+    s = Scheduler(POOL, compose(mine))
+    s.observe(Feedback([0, 1], np.ones((2, 2)), step=0))
+    sd = s.state_dict()
+    key = next(k for k in sd if k.endswith("/n"))
+    assert int(sd[key]) == 2
+    bad = dict(sd, **{key: np.array(-3, np.int64)})
+    with pytest.raises(InputError, match=r"has values outside \[0, "):
+        Scheduler(POOL, compose(mine)).load_state_dict(bad)

@@ -85,6 +85,8 @@ class History(NamedTuple):
     attempts: np.ndarray   # int64[N] rollouts ever observed per prompt
     successes: np.ndarray  # int64[N] successful rollouts per prompt
     last_step: np.ndarray  # int64[N] latest Feedback.step observed; -1 = never
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"attempts": "nonneg", "successes": "nonneg", "last_step": "step"}
 
 
 class Counters(NamedTuple):
@@ -95,6 +97,9 @@ class Counters(NamedTuple):
     informative: np.ndarray      # int64[] groups with non-zero advantage
     last_informative: np.ndarray  # float64[] informative fraction of the last batch
     last_proposed: np.ndarray    # int64[K] domain counts of the last proposal
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"proposals": "nonneg", "observations": "nonneg", "rollouts": "nonneg", "groups": "nonneg",
+                   "informative": "nonneg", "last_informative": "unit", "last_proposed": "nonneg"}
 
 
 class StepResult(NamedTuple):

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..types import Feedback, Pool, group_advantages
+from ..types import Feedback, Pool, group_advantages, kept_group_advantages
+from ._supervision import SIGNALS as _SIGNALS   # the per-rollout signals a Feedback carries
 
 __all__ = ["Rows", "group_rows", "feedbacks_from_rows", "dataproto_rows", "scatter_to_rows"]
 
@@ -35,9 +36,6 @@ class Rows(NamedTuple):
     self_certainty: np.ndarray | None = None   # float64[R] mean self-certainty of each rollout
     mean_logprob: np.ndarray | None = None     # float64[R] mean sampled-token log-prob of each rollout
     order: np.ndarray | None = None            # int64[R] generation order (rows of a group are taken in it)
-
-
-_SIGNALS = ("answers", "token_entropy", "self_certainty", "mean_logprob")
 
 
 def group_rows(group_keys: Sequence, prompt_ids: Sequence) -> list[np.ndarray]:
@@ -116,6 +114,43 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
     return out
 
 
+def chosen_rewards(fields, reward_key: str | None, score) -> np.ndarray:
+    """The reward rlpace observes, by one rule for every verl path: `fields[reward_key]` when
+    the reward function returned that field (verl's `non_tensor_batch`, or one rollout's
+    `reward_extra_info`: e.g. `acc` 0/1 beside math_dapo's ±1 score), else `score` — the
+    sequence score, or a callable that computes it (or raises) only when needed.
+
+    >>> chosen_rewards({"acc": [1, 0]}, "acc", None).tolist(), chosen_rewards({}, "acc", [-1.0, 1.0]).tolist()
+    ([1.0, 0.0], [-1.0, 1.0])
+    """
+    if reward_key and reward_key in fields:
+        return np.asarray(fields[reward_key], dtype=np.float64)
+    return np.asarray(score() if callable(score) else score, dtype=np.float64)
+
+
+def admitted_advantages(rewards: np.ndarray, keep: np.ndarray, full_group_advantages: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Where admission changes a rollout's advantage, and to what: (replace bool[B, G],
+    value float64[B, G]) — the one rule every engine adapter applies to its own tensors.
+
+    A dropped rollout gets advantage 0 (its loss mask is zeroed as well, by the adapter). A
+    group that keeps a strict subset (PODS, GFPO) trains on `kept_group_advantages` of its
+    kept rewards, unless `full_group_advantages` (`Admission.full_group_advantages`,
+    DataFlex-RL's `topk`) keeps the full group's. Groups kept whole are left alone.
+
+    >>> r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 0.0]])
+    >>> keep = np.array([[True, True, False, False], [True, True, True, True]])
+    >>> replace, value = admitted_advantages(r, keep)
+    >>> replace.tolist(), np.round(value[0], 4).tolist()
+    ([[True, True, True, True], [False, False, False, False]], [1.0, -1.0, 0.0, 0.0])
+    """
+    keep = np.asarray(keep, dtype=bool)
+    thinned = (keep.any(axis=1) & ~keep.all(axis=1))[:, None] & (not full_group_advantages)
+    replace = ~keep | thinned
+    value = np.where(keep & thinned, kept_group_advantages(rewards, keep), 0.0)
+    return replace, value
+
+
 def scatter_to_rows(values: np.ndarray, row_index: np.ndarray, n_rows: int, fill: float = 1.0) -> np.ndarray:
     """float64[n_rows]: `values[b, g]` written at engine row `row_index[b, g]`; rows not
     covered keep `fill`."""
@@ -154,15 +189,16 @@ def dataproto_rows(batch: Any, reward_key: str | None = "acc") -> Rows:
     except (KeyError, TypeError):
         raise InputError("a row's extra_info has no 'index'; write extra_info.index (a unique prompt "
                          "id) into the parquet.") from None
+    def sequence_scores():
+        if "token_level_scores" not in td.keys():
+            raise InputError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
+                             f"batch['token_level_scores']; feed it after the reward is computed.")
+        return td["token_level_scores"].sum(-1).double().cpu().numpy()
+
     if "rlpace_reward" in nt:               # the reward place's output (supervision transforms)
         rewards = np.asarray(nt["rlpace_reward"], dtype=np.float64)
-    elif reward_key and reward_key in nt:
-        rewards = np.asarray(nt[reward_key], dtype=np.float64)
-    elif "token_level_scores" in td.keys():
-        rewards = td["token_level_scores"].sum(-1).double().cpu().numpy()
     else:
-        raise InputError(f"the verl batch has neither non_tensor_batch[{reward_key!r}] nor "
-                         f"batch['token_level_scores']; feed it after the reward is computed.")
+        rewards = chosen_rewards(nt, reward_key, sequence_scores)
     signals = {k: nt[key] for k, key in (("answers", "rlpace_answer"), ("token_entropy", "rlpace_token_entropy"),
                                         ("mean_logprob", "rlpace_mean_logprob"), ("order", "rlpace_order"))
                if key in nt}                             # written by the supervision transforms

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SIGNALS", "TOKEN_SIGNALS", "needs", "needs_supervision_pass", "has_supervision_places", "extract_answer", "token_stats",
+__all__ = ["SIGNALS", "TOKEN_SIGNALS", "needs", "needs_supervision_pass", "has_supervision_places", "step_targets", "retargeted", "extract_answer", "token_stats",
            "row_targets", "pool_labeled"]
 
 SIGNALS = ("answers", "token_entropy", "self_certainty", "mean_logprob")
@@ -130,6 +130,38 @@ def row_targets(targets: Sequence, labeled: np.ndarray, row_index: np.ndarray, n
         elif not bool(labeled[b]):
             zero[rows] = True
     return target, zero
+
+
+def step_targets(sched, feedbacks, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """`Scheduler.targets` of each (Feedback, row_index int64[B, G]) spread onto the engine's
+    `n_rows` rows (`row_targets`): (target object[n_rows], zero bool[n_rows]) — what every
+    engine's re-verification reads, whatever the engine.
+
+    >>> from rlpace import Feedback, Pool, Scheduler
+    >>> s = Scheduler(Pool(["a", "a"], labeled=[True, False]), "ttrl")
+    >>> fb = Feedback([0, 1], np.zeros((2, 2)), step=0, answers=[["3", "3"], ["5", "5"]])
+    >>> t, z = step_targets(s, [(fb, np.array([[0, 1], [2, 3]]))], 4)
+    >>> t.tolist(), z.tolist()
+    ([None, None, '5', '5'], [False, False, False, False])
+    """
+    target, zero = np.full(n_rows, None, dtype=object), np.zeros(n_rows, dtype=bool)
+    for fb, idx in feedbacks:
+        t, z = row_targets(sched.targets(fb), pool_labeled(sched.pool, fb.prompt_ids), idx, n_rows)
+        hit = np.flatnonzero(t != None)  # noqa: E711 (object array)
+        target[hit] = t[hit]
+        zero |= z
+    return target, zero
+
+
+def retargeted(reward_model: dict, target: str) -> dict:
+    """A fresh copy of a row's verl `reward_model` whose `ground_truth` is `target`; the
+    dataset's label stays beside it as `dataset_ground_truth` (the original dict is shared by
+    the group's rows and is not touched).
+
+    >>> retargeted({"ground_truth": "4", "style": "rule"}, "5")
+    {'ground_truth': '5', 'style': 'rule', 'dataset_ground_truth': '4'}
+    """
+    return {**reward_model, "dataset_ground_truth": reward_model.get("ground_truth"), "ground_truth": target}
 
 
 def pool_labeled(pool, positions: np.ndarray) -> np.ndarray:

@@ -13,8 +13,8 @@ import verl
 
 from ..policies import active_supervision_places
 from ..scheduler import Scheduler
-from ..types import Pool, kept_group_advantages
-from ._convert import dataproto_rows, feedbacks_from_rows, scatter_to_rows
+from ..types import Pool
+from ._convert import admitted_advantages, dataproto_rows, feedbacks_from_rows, scatter_to_rows
 
 # feature -> [lowest, highest) verl release checked against it.
 SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10")}
@@ -113,8 +113,9 @@ class VerlFeedback:
     the rewards, never verl's advantages (one scale for every policy, whatever
     `algorithm.adv_estimator`). `apply_admission` removes the rollouts `Scheduler.admit`
     drops from the loss (their `response_mask` row is zeroed, advantage 0) and gives a
-    group that keeps a strict subset (PODS) `kept_group_advantages` of its kept rewards;
-    groups kept whole keep verl's advantages. `scale_advantages` writes the Scheduler's
+    group that keeps a strict subset (PODS) `kept_group_advantages` of its kept rewards
+    (full-group advantages under `topk`; `_convert.admitted_advantages`); groups kept whole
+    keep verl's advantages. `scale_advantages` writes the Scheduler's
     loss weights into `batch.batch["advantages"]`: for weights w ≥ 0 the PPO/GRPO clipped
     surrogate is positively homogeneous in A, so −min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A))
     exactly, and verl's `rollout_is_weights` (rollout correction) still multiplies on top.
@@ -146,7 +147,8 @@ class VerlFeedback:
         results = [self.scheduler.step(fb) for fb, _ in fbs]
         batch.meta_info[_SEEN] = True
         if fbs and "advantages" in batch.batch.keys():
-            self._admit_rows(batch, [(fb, rows, r.keep) for (fb, rows), r in zip(fbs, results)])
+            self._admit_rows(batch, [(fb, rows, r.keep, r.full_group_advantages)
+                                     for (fb, rows), r in zip(fbs, results)])
             _scale_rows(batch, [(rows, r.weights) for (_, rows), r in zip(fbs, results)])
             if active_supervision_places(self.scheduler.method):
                 _scale_rows(batch, [(rows, r.advantage_weights) for (_, rows), r in zip(fbs, results)])
@@ -155,19 +157,19 @@ class VerlFeedback:
     def apply_admission(self, batch, fbs: list) -> None:
         """`Scheduler.admit` of each (Feedback, rows) written into the batch (see the class)."""
         if fbs and "advantages" in batch.batch.keys():
-            self._admit_rows(batch, [(fb, rows, self.scheduler.admit(fb)) for fb, rows in fbs])
+            decided = [(fb, rows, self.scheduler.admission(fb)) for fb, rows in fbs]
+            self._admit_rows(batch, [(fb, rows, a.keep, a.full_group_advantages) for fb, rows, a in decided])
 
     def _admit_rows(self, batch, decided: list) -> None:
         import torch
         n = len(batch)
         replace, value, kept = np.zeros(n, bool), np.zeros(n), np.ones(n, bool)
-        for fb, rows, keep in decided:                                        # keep: bool[B, G]
+        for fb, rows, keep, full in decided:                                  # keep: bool[B, G]
             if keep.all():
                 continue
-            thinned = (keep.any(axis=1) & ~keep.all(axis=1))[:, None]         # PODS-style groups
-            rep = ~keep | thinned
+            rep, val = admitted_advantages(fb.rewards, keep, full)
             replace[rows[rep]] = True
-            value[rows[rep]] = np.where(keep & thinned, kept_group_advantages(fb.rewards, keep), 0.0)[rep]
+            value[rows[rep]] = val[rep]
             kept[rows[~keep]] = False
         if not replace.any():
             return

@@ -40,8 +40,8 @@ import asyncio
 
 import numpy as np
 
-from ._convert import Rows, feedbacks_from_rows
-from ._supervision import TOKEN_SIGNALS, extract_answer, needs, pool_labeled, row_targets
+from ._convert import Rows, chosen_rewards, feedbacks_from_rows
+from ._supervision import TOKEN_SIGNALS, extract_answer, needs, retargeted, step_targets
 
 __all__ = ["supervise_batch", "apply_deferred", "check_token_signals", "ANSWER", "TARGET", "ENTROPY", "LOGPROB",
            "REWARD", "ORDER"]
@@ -78,10 +78,8 @@ def _feedbacks(sched, batch, rewards: np.ndarray, step: int, **signals):
 
 
 def _sequence_rewards(batch, reward_key: str | None) -> np.ndarray:
-    nt = batch.non_tensor_batch
-    if reward_key and reward_key in nt:
-        return np.asarray(nt[reward_key], dtype=np.float64)
-    return batch.batch["rm_scores"].sum(-1).double().cpu().numpy()
+    return chosen_rewards(batch.non_tensor_batch, reward_key,
+                          lambda: batch.batch["rm_scores"].sum(-1).double().cpu().numpy())
 
 
 def _write(batch, i: int, score: float, extra: dict, valid: np.ndarray, keys: list) -> None:
@@ -104,9 +102,7 @@ def _rescore(manager, batch, rows: np.ndarray, target: np.ndarray) -> tuple[list
     items = []
     for i in rows:
         item = batch[int(i):int(i) + 1]
-        rm = dict(item.non_tensor_batch["reward_model"][0])          # a copy: the original is shared
-        rm["dataset_ground_truth"] = rm.get("ground_truth")
-        rm["ground_truth"] = target[i]
+        rm = retargeted(item.non_tensor_batch["reward_model"][0], target[i])
         item.non_tensor_batch["reward_model"] = np.array([rm], dtype=object)
         item.non_tensor_batch["extra_info"] = np.array([dict(item.non_tensor_batch["extra_info"][0])], dtype=object)
         items.append(item)
@@ -138,13 +134,7 @@ def supervise_batch(bridge, batch, *, manager, tokenizer, step: int, extractor=e
     keys = list(batch.meta_info.get("reward_extra_keys", []))
 
     # targets: a placeholder reward (the target place must not read rewards)
-    target = np.full(n, None, dtype=object)
-    zero = np.zeros(n, dtype=bool)
-    for fb, idx in _feedbacks(sched, batch, np.zeros(n), step, answers=answers):
-        t, z = row_targets(sched.targets(fb), pool_labeled(sched.pool, fb.prompt_ids), idx, n)
-        hit = np.flatnonzero(t != None)  # noqa: E711 (object array)
-        target[hit] = t[hit]
-        zero |= z
+    target, zero = step_targets(sched, _feedbacks(sched, batch, np.zeros(n), step, answers=answers), n)
     nt[TARGET] = target
     rescored = np.flatnonzero(target != None)  # noqa: E711
     if rescored.size:

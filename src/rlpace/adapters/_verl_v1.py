@@ -41,7 +41,7 @@ from collections import Counter
 import numpy as np
 from verl.trainer.ppo.v1 import replay_buffer as _rb
 
-from ._convert import Rows, feedbacks_from_rows
+from ._convert import Rows, chosen_rewards, feedbacks_from_rows
 from ._supervision import extract_answer, needs_supervision_pass
 from ._verl_core import _SHARED, VerlFeedback, check_verl_version
 
@@ -151,7 +151,7 @@ class _RlpaceAdmission:
         import torch
         from tensordict import TensorDict
 
-        from ._supervision import pool_labeled, row_targets
+        from ._supervision import retargeted, step_targets
         sched = self.rlpace.scheduler
         sessions = {k.rsplit("_", 1)[0] for k in keys}
         if any(k.rsplit("_", 1)[0] in sessions and k.rsplit("_", 1)[1] != "0" for k in self.partitions[partition_id]):
@@ -169,13 +169,8 @@ class _RlpaceAdmission:
         # a group's rollouts in session order (keys sort as strings): TTRL's first-seen tie rule
         rows = rows._replace(answers=answers, order=np.array([int(k.rsplit("_", 2)[1]) for k in keys]))
         n = len(keys)
-        target, zero = np.full(n, None, dtype=object), np.zeros(n, dtype=bool)
-        placeholder = rows._replace(rewards=np.zeros(n))
-        for fb, idx in feedbacks_from_rows(sched.pool, placeholder, step=step):
-            t, z = row_targets(sched.targets(fb), pool_labeled(sched.pool, fb.prompt_ids), idx, n)
-            hit = np.flatnonzero(t != None)  # noqa: E711 (object array)
-            target[hit] = t[hit]
-            zero |= z
+        target, zero = step_targets(sched, feedbacks_from_rows(sched.pool, rows._replace(rewards=np.zeros(n)),
+                                                               step=step), n)
         rewards = np.array(rows.rewards, dtype=np.float64)
         # the score verl trains on (rm_scores), where it changes: the reward manager's
         # `reward_score` for a re-verified rollout (which may differ from the observed
@@ -190,7 +185,7 @@ class _RlpaceAdmission:
             items = []
             for i in rescored:
                 resp = responses[i].reshape(1, -1)
-                rm = {**rms[i], "dataset_ground_truth": rms[i].get("ground_truth"), "ground_truth": target[i]}
+                rm = retargeted(rms[i], target[i])
                 items.append(DataProto.from_dict(
                     tensors={"responses": resp, "attention_mask": torch.ones_like(resp)},
                     non_tensors={"reward_model": np.array([rm], dtype=object),
@@ -202,8 +197,7 @@ class _RlpaceAdmission:
                 return await asyncio.gather(*(manager.run_single(it) for it in items))
             for i, res in zip(rescored, manager.loop.run_until_complete(run())):
                 info = res.get("reward_extra_info", {})
-                key = self.rlpace.reward_key
-                rewards[i] = float(info[key]) if key and key in info else float(res["reward_score"])
+                rewards[i] = float(chosen_rewards(info, self.rlpace.reward_key, res["reward_score"]))
                 scores[i] = float(res["reward_score"])
         rewards[zero] = scores[zero] = 0.0
         out = rewards.copy()
@@ -237,9 +231,8 @@ class _RlpaceAdmission:
         key = self.rlpace.reward_key
         extra = [getattr(v, "data", v) for v in data["extra_fields"]]
         infos = [e.get("reward_extra_info", {}) if isinstance(e, dict) else {} for e in extra]
-        if key and all(key in i for i in infos):
-            rewards = np.array([float(i[key]) for i in infos])
-        else:
+
+        def sequence_scores():
             try:
                 scores = data["rm_scores"]
             except (KeyError, TypeError):
@@ -252,7 +245,11 @@ class _RlpaceAdmission:
                     f"enable_resource_pool) scores only after sampling. Use a rule-based reward or set "
                     f"reward.reward_model.enable_resource_pool=True (verl's own condition for "
                     f"algorithm.filter_groups).")
-            rewards = np.array([float(s.sum()) for s in scores])
+            return np.array([float(s.sum()) for s in scores])
+
+        # the reward function's field counts only when every rollout carries it
+        fields = {key: [float(i[key]) for i in infos]} if key and all(key in i for i in infos) else {}
+        rewards = chosen_rewards(fields, key, sequence_scores)
         ids = np.array([getattr(v, "data", v) for v in data["index"]], dtype=object)
         return Rows(np.array([k.split("_")[0] for k in keys], dtype=object), ids, rewards)
 

@@ -14,7 +14,8 @@
   `completion_mask` row is zeroed (no policy or KL term, not in `num_items_in_batch`) and
   its advantage set to 0; a group that keeps a strict subset (PODS) trains on
   `rlpace.kept_group_advantages(rewards, keep)`, GRPO advantages of the kept rollouts
-  only. Groups kept whole keep TRL's advantages. (`loss_type` "grpo"/"sapo"/"luspo"
+  only, unless the admission keeps full-group advantages (`topk`); groups kept whole keep
+  TRL's advantages (the rule: `rlpace.adapters._convert.admitted_advantages`). (`loss_type` "grpo"/"sapo"/"luspo"
   average per sequence over the whole micro-batch, so dropped rows still count in that
   mean; "dapo", "bnpo", "cispo" and "vespo" normalise by tokens and exclude them.)
 * Lag: the sampler draws a chunk when the dataloader first asks for one of its rows, and
@@ -79,7 +80,7 @@ from collections import deque
 import numpy as np
 
 from ..scheduler import Scheduler
-from ..types import Feedback, Pool, group_advantages, kept_group_advantages
+from ..types import Feedback, Pool, group_advantages
 
 try:
     import torch
@@ -91,6 +92,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.trl needs trl: pip install 'rlpace[trl]'") from e
 from ..train.gradfeatures import GradFeatures, needs_grad_features
+from ._convert import admitted_advantages
 from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
@@ -323,9 +325,9 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
         admitted = []
 
-        def features(keep):
+        def features(adm):
             # the features of the loss as admitted (a dropped rollout's are 0)
-            self._rlpace_admit(output, rewards, keep, local)
+            self._rlpace_admit(output, rewards, adm.keep, local, adm.full_group_advantages)
             admitted.append(True)
             grads = self._rlpace_grad_features(output).cpu().numpy().reshape(*rewards.shape, -1)  # [B, G, d]
             return grads, self.rlpace_ref_grad
@@ -334,7 +336,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         r = self.scheduler.step(fb, features=features if self.rlpace_gf is not None else None)
         self.rlpace_sampler.scored(pos[:, 0])
         if not admitted:
-            self._rlpace_admit(output, rewards, r.keep, local)
+            self._rlpace_admit(output, rewards, r.keep, local, r.full_group_advantages)
         if r.feedback.grads is not None and self.rlpace_grad_reference == "previous":
             self.rlpace_ref_grad = r.feedback.grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
         if self.rlpace_loss_weights:
@@ -404,13 +406,14 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             entropy = -(logp.exp() * logp).sum(-1) if compute_entropy else None
         return per_token, entropy, (out.aux_loss if compute_aux_loss else None)
 
-    def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice) -> None:
-        """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages."""
+    def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice,
+                      full_group_advantages: bool = False) -> None:
+        """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages
+        (`admitted_advantages`)."""
         if keep.all():
             return
-        thinned = keep.any(axis=1) & ~keep.all(axis=1)                      # [B] PODS-style groups
-        replace = (~keep | thinned[:, None]).ravel()[local]                  # rows whose advantage changes
-        value = np.where(keep & thinned[:, None], kept_group_advantages(rewards, keep), 0.0).ravel()[local]
+        replace, value = admitted_advantages(rewards, keep, full_group_advantages)
+        replace, value = replace.ravel()[local], value.ravel()[local]        # rows whose advantage changes
         adv = output["advantages"]
         rep = torch.as_tensor(replace, device=adv.device)
         val = torch.as_tensor(value, dtype=adv.dtype, device=adv.device)

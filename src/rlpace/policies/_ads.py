@@ -54,6 +54,7 @@ from ._admission import drop_all_wrong
 from ._base import MIXTURE, SELECTION, DataPolicy, Method
 from ._compose import compose
 from ._checks import check_int, check_real
+from ._state_checks import bad, check_range
 
 __all__ = ["ads", "ads_cluster_ema", "ads_boundary_window", "move_window"]
 
@@ -75,6 +76,8 @@ class ClusterEmaState(NamedTuple):
     rate: np.ndarray   # float64[C] running success rate r_k (stale when not sampled)
     prob: np.ndarray   # float64[C] sampling distribution p over clusters
     steps: np.ndarray  # int64[] updates since the last epoch reset
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"rate": "unit", "prob": "prob", "steps": "nonneg"}
 
 
 def ads_cluster_ema(alpha: float = 0.3, r_init: float = 0.5, epoch_reset_steps: int | None = None,
@@ -142,6 +145,23 @@ class BoundaryWindowState(NamedTuple):
     width: np.ndarray      # int64[C] B_k = min(B, cluster size)
     steps: np.ndarray      # int64[] updates since the last epoch reset
     last_moves: np.ndarray  # int64[3] last batch's in-window groups: too hard, keep, too easy
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"width": "nonneg", "steps": "nonneg", "last_moves": "nonneg"}
+
+    def check_values(self, key: str, pool) -> None:
+        """Each cluster's window inside the cluster: width ≤ size, positions in [0, size)."""
+        if pool is None:
+            return
+        pos, width = np.asarray(self.positions), np.asarray(self.width)
+        sizes = np.bincount(pool.clusters, minlength=pool.n_clusters)
+        if width.shape != sizes.shape:
+            return                                         # caught by the shape check
+        check_range(f"{key}width", width - sizes, None, 0, high_open=False)   # width ≤ cluster size
+        cols = np.arange(pos.shape[1])[None, :]
+        too_big = (cols < width[:, None]) & ((pos < 0) | (pos >= sizes[:, None]))
+        if too_big.any():
+            raise bad(f"{key}positions", "has window positions outside their cluster [0, size)",
+                      pos, too_big)
 
 
 def _nearest_free(desired: int, direction: int, taken: set, size: int) -> int:

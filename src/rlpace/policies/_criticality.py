@@ -57,6 +57,8 @@ class CriticalityState(NamedTuple):
     switch_step: np.ndarray  # int64[] Feedback.step of the batch that ended the last stage; −1 none
     cdf: np.ndarray          # float64[N] cumulative q of the current stage (selection); [0] (weights)
     ess: np.ndarray          # float64[2] [ESS = (Σw)²/Σw² of the last batch's weights, its B]
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"switch_step": "step", "ess": "nonneg"}
 
 
 def _check_bool(owner: str, name: str, value) -> bool:

@@ -28,19 +28,20 @@ Deviations and options:
 
 from __future__ import annotations
 
-from ..errors import InputError
 from typing import NamedTuple
 
 import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
-from ._base import MIXTURE, DataPolicy, softmax
+from ._base import MIXTURE, DataPolicy, softmax, with_floor
 from ._checks import check_choice, check_int, check_real, clip_signal, shifted
 
 
 class DumpState(NamedTuple):
     window: Window     # |A| entries per arm, float64[K, W] ring buffer
     count: np.ndarray  # int64[K] entries ever pushed per arm (cumulative)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"count": "nonneg"}
 
 
 def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
@@ -78,8 +79,6 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
 
     def init(pool):
         k = pool.n_arms(arms)
-        if floor * k > 1:
-            raise InputError(f"dump floor={floor} is infeasible for {k} arms (needs ≤ 1/{k}).")
         return DumpState(window_init(k, window), np.zeros(k, dtype=np.int64))
 
     def update(state, pool, batch):
@@ -113,11 +112,12 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         if base == "pool":        # tilt the pool's shares: p ∝ s·exp(score/T); an empty arm gets 0
             with np.errstate(divide="ignore"):
                 score = score + temperature * np.log(pool.arm_share(arms))
-        p = softmax(shifted(score), temperature)
-        k = p.shape[0]
-        return (1.0 - k * floor) * p + floor
+        return softmax(shifted(score), temperature)
 
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}
 
-    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics)
+    p = DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics)
+    # the floor is `with_floor`'s (one rule, checked for feasibility when the Scheduler is built);
+    # the name stays "dump": the floor is one of dump's recorded hyperparameters
+    return with_floor(p, floor)._replace(name="dump") if floor else p

@@ -52,6 +52,7 @@ import numpy as np
 
 from ._base import MIXTURE, DataPolicy, softmax
 from ._checks import check_choice, check_int, check_real, clip_signal, shifted
+from ._state_checks import check_range
 
 __all__ = ["dvc", "exp3s_parameters", "exp3s_probs", "exp3s_update", "dvc_values"]
 
@@ -65,6 +66,12 @@ class DvcState(NamedTuple):
     counts: np.ndarray   # float64[W, K] per-step number of groups per arm
     cursor: np.ndarray   # int64[] next ring slot
     t: np.ndarray        # int64[] updates so far
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"prob": "prob", "counts": "nonneg", "t": "nonneg"}
+
+    def check_values(self, key: str, pool) -> None:
+        """The cursor inside the ring of sums (restored state)."""
+        check_range(f"{key}cursor", self.cursor, 0, np.asarray(self.sums).shape[0])
 
 
 def exp3s_parameters(k: int, horizon: int, switches: int) -> tuple[float, float]:

@@ -62,6 +62,10 @@ class EpiplexityState(NamedTuple):
     rmse: np.ndarray         # float64[K] fit residual RMS
     fitted: np.ndarray       # bool[K] the domain has a fit (see fallbacks)
     observations: np.ndarray  # int64[] observe_losses calls with ≥ 1 point (refit cadence)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"tokens": "nonneg", "losses": "nonneg", "n_points": "nonneg", "first_tokens": "nonneg",
+                   "last_tokens": "nonneg", "last_loss": "nonneg", "loss_area": "nonneg", "E": "nonneg",
+                   "A": "nonneg", "alpha": "nonneg", "rmse": "nonneg", "observations": "nonneg"}
 
 
 def epiplexity_values(state: EpiplexityState, horizon: float) -> np.ndarray:

@@ -41,6 +41,8 @@ class Exp3State(NamedTuple):
     prob: np.ndarray    # float64[K] current distribution π
     eps: np.ndarray     # float64[] current exploration rate ε_t (ε_0 = 1/K)
     t: np.ndarray       # int64[] updates so far
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"prob": "prob", "eps": "unit", "t": "nonneg"}
 
 
 def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:

@@ -57,6 +57,9 @@ class GresoState(NamedTuple):
     p_explore: np.ndarray    # float64[2] [p_easy, p_hard] bases of the keep probability
     last_ratio: np.ndarray   # float64[2] all-correct, all-wrong share of the last batch
     skipped: np.ndarray      # float64[2] [estimated candidates skipped in total, in the last batch]
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"easy_streak": "nonneg", "hard_streak": "nonneg", "p_explore": "unit",
+                   "last_ratio": "unit", "skipped": "nonneg"}
 
 
 def greso_keep_prob(easy: np.ndarray, hard: np.ndarray, p_easy: float, p_hard: float,

@@ -39,6 +39,7 @@ from ._base import SELECTION, DataPolicy
 from ._checks import check_int, check_real
 from ._mopps import beta_posterior_update
 from ._uniform import split_by_arm
+from ._state_checks import bad, check_range
 
 __all__ = ["learnability_buffer", "prioritized_learnability"]
 
@@ -70,6 +71,19 @@ class LearnabilityBufferState(NamedTuple):
     pending: np.ndarray        # int64[P] ring of prompt ids observed since the last refresh
     pending_count: np.ndarray  # int64[] pushes into the ring since the last refresh
     since_refresh: np.ndarray  # int64[] updates since the last refresh
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"attempts": "nonneg", "successes": "nonneg", "pending": "ids", "pending_count": "nonneg",
+                   "since_refresh": "nonneg"}
+
+    def check_values(self, key: str, pool) -> None:
+        """buffer_len ≤ capacity, prompt ids in its valid prefix, −1 after it (restored state)."""
+        buf, length = np.asarray(self.buffer), int(np.asarray(self.buffer_len))
+        check_range(f"{key}buffer_len", self.buffer_len, 0, buf.shape[0], high_open=False)
+        if pool is not None:
+            check_range(f"{key}buffer", buf[:length], 0, len(pool))     # the valid prefix: prompt ids
+        if (buf[length:] != -1).any():
+            raise bad(f"{key}buffer", "has entries after buffer_len that are not −1 (empty)",
+                      buf, np.r_[np.zeros(length, bool), buf[length:] != -1])
 
 
 def learnability_buffer(buffer_size: int = 1000, refresh_every: int = 100, mix: float = 0.5,
@@ -207,6 +221,8 @@ class PrioritizedState(NamedTuple):
     attempts: np.ndarray   # float64[N] decayed rollouts observed per prompt
     successes: np.ndarray  # float64[N] decayed successful rollouts per prompt
     tree: SumTree          # leaves: priority (p̂(1 − p̂) + eps)^alpha, unseen at the maximum
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"attempts": "nonneg", "successes": "nonneg"}
 
 
 def prioritized_learnability(alpha: float = 0.6, eps: float = 1e-6, decay: float = 0.5) -> DataPolicy:

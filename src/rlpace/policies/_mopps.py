@@ -42,6 +42,8 @@ __all__ = ["mopps", "beta_posterior_update"]
 class MoppsState(NamedTuple):
     alpha: np.ndarray  # float64[N] Beta α per prompt (prior α0)
     beta: np.ndarray   # float64[N] Beta β per prompt (prior β0)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"alpha": "pos", "beta": "pos"}
 
 
 class MoppsPriorState(NamedTuple):
@@ -50,6 +52,8 @@ class MoppsPriorState(NamedTuple):
     alpha: np.ndarray         # float64[N] Beta α per prompt (prior α0)
     beta: np.ndarray          # float64[N] Beta β per prompt (prior β0)
     predictor: PredictorState  # the pass-rate model over prompt features (rlpace.predict)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"alpha": "pos", "beta": "pos"}
 
 
 def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,

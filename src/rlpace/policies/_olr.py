@@ -57,6 +57,9 @@ class OlrState(NamedTuple):
     relabels: np.ndarray    # int64[]       visits relabelled with the majority
     kept: np.ndarray        # int64[]       visits that kept the dataset label
     no_answers: np.ndarray  # int64[]       groups observed without Feedback.answers (not recorded)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"rate": "unit", "visits": "nonneg", "label_rate": "unit", "relabels": "nonneg",
+                   "kept": "nonneg", "no_answers": "nonneg"}
 
 
 def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,

@@ -10,10 +10,13 @@ Three layers of checks, each a ValueError naming the state key and the fix:
    or NaN, in an array whose fresh `init` state holds NaN (the policy's "not measured yet"
    marker, as `oracle_boundary` uses). Policies keep their state finite for any finite
    input, so inf, or NaN elsewhere, can only come from a corrupt or edited file.
-2. by state type, for the records rlpace itself defines (`Window`, `SumTree`, `History`,
-   the built-in policies' states): counts ≥ 0, probabilities a distribution, Beta
-   parameters > 0, prompt ids in [0, N) (−1 where the type documents it as "empty"),
-   ring cursors inside their ring. A rule whose field a state does not have is skipped.
+2. by state type, for the records rlpace itself defines: each record declares its field
+   rules beside its fields, as a class attribute `STATE_RULES = {field: rule}` (rules:
+   "nonneg" counts ≥ 0, "pos" > 0, "unit" in [0, 1], "prob" a distribution, "ids" prompt
+   ids in [0, N) or −1 = empty, "step" a step ≥ −1) — `History`, `Counters` and every
+   built-in policy's state, one place per record. The structural rules of the shared
+   records (`Window`, `SumTree`: ring cursors, sum-tree sums) and the few that relate two
+   fields of a policy's state are below (`_special`).
 3. the policy's own `DataPolicy.check_state(state, pool)`, when it defines one: the place
    for constraints only the policy knows (see `rlpace.policies.DataPolicy`).
 
@@ -34,7 +37,7 @@ import numpy as np
 
 from .._checks import bad
 
-__all__ = ["check_tree", "check_finite", "bad", "COUNT_MAX", "count_limit"]
+__all__ = ["check_tree", "check_finite", "check_range", "check_ring", "bad", "COUNT_MAX", "count_limit"]
 
 
 def check_finite(key: str, arr: np.ndarray, nan_ok: bool = False) -> None:
@@ -86,38 +89,6 @@ def count_limit(dtype) -> int:
         return COUNT_MAX
     return min(COUNT_MAX, (int(np.iinfo(dtype).max) + 1) // 2)
 
-_FIELD_RULES: dict[str, dict[str, str]] = {
-    "History": {"attempts": NONNEG, "successes": NONNEG, "last_step": STEP},
-    "Counters": {"proposals": NONNEG, "observations": NONNEG, "rollouts": NONNEG, "groups": NONNEG,
-                 "informative": NONNEG, "last_informative": UNIT, "last_proposed": NONNEG},
-    "DumpState": {"count": NONNEG},
-    "Exp3State": {"prob": PROB, "eps": UNIT, "t": NONNEG},
-    "DvcState": {"prob": PROB, "counts": NONNEG, "t": NONNEG},
-    "LearnabilityBufferState": {"attempts": NONNEG, "successes": NONNEG, "pending": IDS,
-                                "pending_count": NONNEG, "since_refresh": NONNEG},
-    "PrioritizedState": {"attempts": NONNEG, "successes": NONNEG},
-    "MoppsState": {"alpha": POS, "beta": POS},
-    "MoppsPriorState": {"alpha": POS, "beta": POS},
-    "PredictorState": {"buf_ids": IDS, "buf_wins": NONNEG, "buf_n": NONNEG, "buf_weight": NONNEG,
-                       "buf_len": NONNEG, "steps": NONNEG, "stage": NONNEG},
-    "CriticalityState": {"switch_step": STEP, "ess": NONNEG},
-    "GresoState": {"easy_streak": NONNEG, "hard_streak": NONNEG, "p_explore": UNIT,
-                   "last_ratio": UNIT, "skipped": NONNEG},
-    "TsclState": {"step": NONNEG},
-    "ClusterEmaState": {"rate": UNIT, "prob": PROB, "steps": NONNEG},
-    "BoundaryWindowState": {"width": NONNEG, "steps": NONNEG, "last_moves": NONNEG},
-    "TtrlState": {"pseudo_labels": NONNEG, "no_answer": NONNEG},
-    "OlrState": {"rate": UNIT, "visits": NONNEG, "label_rate": UNIT, "relabels": NONNEG, "kept": NONNEG,
-                 "no_answers": NONNEG},
-    "TrapoState": {"rate": UNIT, "visits": NONNEG, "db": UNIT, "db_len": NONNEG, "selected_at": STEP,
-                   "steps": NONNEG, "selected": NONNEG, "dropped": NONNEG, "promotions": NONNEG,
-                   "scored_at": STEP, "compared": NONNEG},
-    "EpiplexityState": {k: NONNEG for k in ("tokens", "losses", "n_points", "first_tokens", "last_tokens",
-                                            "last_loss", "loss_area", "E", "A", "alpha", "rmse",
-                                            "observations")},
-}
-
-
 def _field_rule(key: str, arr, rule: str, n: int | None) -> None:
     if rule == NONNEG:
         _range(key, arr, 0, count_limit(np.asarray(arr).dtype))
@@ -142,10 +113,10 @@ def _ring(key: str, node) -> None:
 
 def _special(name: str, key: str, node, pool) -> None:
     n = None if pool is None else len(pool)
-    if name == "Window" or name == "TsclState":
+    if hasattr(node, "check_values"):      # rules that relate fields, declared by the record
+        node.check_values(key, pool)
+    if name == "Window":
         _ring(key, node)
-    elif name == "DvcState":
-        _range(f"{key}cursor", node.cursor, 0, np.asarray(node.sums).shape[0])
     elif name == "SumTree":
         tree, size = np.asarray(node.tree, dtype=np.float64), int(np.asarray(node.size))
         cap = tree.shape[0] // 2
@@ -164,26 +135,6 @@ def _special(name: str, key: str, node, pool) -> None:
             if not np.allclose(tree[1:cap], child, rtol=1e-9, atol=1e-12):
                 raise bad(f"{key}tree", "is not a sum tree (an inner node differs from the sum of its "
                           "children)", tree[1:cap], ~np.isclose(tree[1:cap], child, rtol=1e-9, atol=1e-12))
-    elif name == "LearnabilityBufferState":
-        buf, length = np.asarray(node.buffer), int(np.asarray(node.buffer_len))
-        _range(f"{key}buffer_len", node.buffer_len, 0, buf.shape[0], high_open=False)
-        if n is not None:
-            _range(f"{key}buffer", buf[:length], 0, n)     # the valid prefix: prompt ids
-        if (buf[length:] != -1).any():
-            raise bad(f"{key}buffer", "has entries after buffer_len that are not −1 (empty)",
-                      buf, np.r_[np.zeros(length, bool), buf[length:] != -1])
-    elif name == "BoundaryWindowState" and pool is not None:
-        pos, width = np.asarray(node.positions), np.asarray(node.width)
-        sizes = np.bincount(pool.clusters, minlength=pool.n_clusters)
-        if width.shape != sizes.shape:
-            return                                         # caught by the shape check
-        _range(f"{key}width", width - sizes, None, 0, high_open=False)   # width ≤ cluster size
-        cols = np.arange(pos.shape[1])[None, :]
-        inside = cols < width[:, None]
-        too_big = inside & ((pos < 0) | (pos >= sizes[:, None]))
-        if too_big.any():
-            raise bad(f"{key}positions", "has window positions outside their cluster [0, size)",
-                      pos, too_big)
 
 
 def check_tree(node: Any, prefix: str, pool, nan_ok: frozenset = frozenset()) -> None:
@@ -204,7 +155,7 @@ def check_tree(node: Any, prefix: str, pool, nan_ok: frozenset = frozenset()) ->
         if fields is not None:
             tname = type(node).__name__
             n = None if pool is None else len(pool)
-            for field, rule in _FIELD_RULES.get(tname, {}).items():
+            for field, rule in getattr(type(node), "STATE_RULES", {}).items():
                 if field in fields:
                     _field_rule(f"{prefix}{field}", getattr(node, field), rule, n)
             _special(tname, prefix, node, pool)
@@ -213,3 +164,9 @@ def check_tree(node: Any, prefix: str, pool, nan_ok: frozenset = frozenset()) ->
         return
     key = prefix.rstrip("/")
     check_finite(key, np.asarray(node), key in nan_ok)
+
+
+#: For the `check_values(key, pool)` of a state record: `check_range(key, arr, low, high,
+#: high_open=True, low_open=False)` and `check_ring(key, ring)` (cursor in [0, W), filled in
+#: [0, W]), each raising the InputError that names state[key].
+check_range, check_ring = _range, _ring

@@ -73,6 +73,10 @@ class TrapoState(NamedTuple):
                               #               scored or shorter than the database (not selectable)
     scored_at: np.ndarray     # int64[N]      step of that round; −1 never
     compared: np.ndarray      # int64[2]      (L, database rows) of the last selection round
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"rate": "unit", "visits": "nonneg", "db": "unit", "db_len": "nonneg",
+                   "selected_at": "step", "steps": "nonneg", "selected": "nonneg", "dropped": "nonneg",
+                   "promotions": "nonneg", "scored_at": "step", "compared": "nonneg"}
 
 
 def _znorm(x: np.ndarray) -> np.ndarray:

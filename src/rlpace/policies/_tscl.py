@@ -49,6 +49,7 @@ import numpy as np
 from ._base import MIXTURE, DataPolicy, softmax
 from ._checks import check_int, clip_signal, shifted
 from ._reward_gap import apply_floor, check_floor_feasible, check_mixer_args
+from ._state_checks import check_ring
 
 __all__ = ["tscl", "windowed_slopes"]
 
@@ -60,6 +61,12 @@ class TsclState(NamedTuple):
     step: np.ndarray    # int64[K, W]   Feedback.step of the same slot
     cursor: np.ndarray  # int64[K] next slot to write per arm
     filled: np.ndarray  # int64[K] valid slots per arm (≤ W); slots [0, filled) are valid
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"step": "nonneg"}
+
+    def check_values(self, key: str, pool) -> None:
+        """The ring's cursor and fill inside the window (restored state)."""
+        check_ring(key, self)
 
 
 def windowed_slopes(reward: np.ndarray, step: np.ndarray, filled: np.ndarray) -> np.ndarray:

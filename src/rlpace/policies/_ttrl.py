@@ -38,6 +38,8 @@ from ._vote import require_answers, unique_majority
 class TtrlState(NamedTuple):
     pseudo_labels: np.ndarray   # int64[] visits whose target was a majority answer
     no_answer: np.ndarray       # int64[] visits of target-less prompts with no valid vote (no target)
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"pseudo_labels": "nonneg", "no_answer": "nonneg"}
 
 
 def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPolicy:

@@ -62,6 +62,9 @@ class PredictorState(NamedTuple):
     buf_len: np.ndarray      # int64[] groups written this stage (slot of the next: buf_len % M)
     steps: np.ndarray        # int64[] non-empty updates so far
     stage: np.ndarray        # int64[] refits done so far
+    #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
+    STATE_RULES = {"buf_ids": "ids", "buf_wins": "nonneg", "buf_n": "nonneg", "buf_weight": "nonneg",
+                   "buf_len": "nonneg", "steps": "nonneg", "stage": "nonneg"}
 
 
 class Predictor(NamedTuple):
