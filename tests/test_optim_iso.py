@@ -386,3 +386,23 @@ def test_non_finite_gradient_skips_the_step_and_the_next_step_is_the_fresh_one(b
         assert torch.equal(u, u2) and torch.equal(v, v2) and torch.isfinite(u).all()
     assert float((net[2].weight.detach() - before[2]).abs().max()) > 1e-4   # and it did move
     assert opt.state_dict()["iso"]["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-9, 1e-5, 1e-3, 1e-2, 0.05, 0.5, "ill"])
+def test_polar_equals_numpys_svd_polar_factor_on_every_route(eps):
+    """Newton–Schulz (‖XᵀX − I‖ ≤ 0.1), eigh of XᵀX, and the SVD for cond X > 1e4; batched."""
+    g = np.random.default_rng(7)
+    xs = []
+    for _ in range(3):
+        q, _ = np.linalg.qr(g.standard_normal((40, 6)))
+        if eps == "ill":
+            x = q * np.array([1, 1, 1, 1, 1, 1e-6])
+        else:
+            x = q + eps * g.standard_normal((40, 6))
+        xs.append(x)
+    x = np.stack(xs)
+    a, _, bt = np.linalg.svd(x, full_matrices=False)
+    want = a @ bt
+    got = polar(torch.from_numpy(x)).numpy()
+    assert np.abs(got - want).max() < 1e-12
+    assert np.abs(polar(torch.from_numpy(x[1])).numpy() - want[1]).max() < 1e-12
