@@ -181,7 +181,7 @@ def test_demo_end_to_end(tmp_path, parallel, capsys, monkeypatch):
         assert "no multi-seed figure is recorded for recommended vs uniform on embedded:max2,last3" in cap.out
         summary = json.loads((out / "summary.json").read_text())
         assert summary["seeds"] == [0, 1] and (out / "summary_seed0.json").is_file()
-        assert want["line"] in (out / "report.html").read_text()
+        assert html.escape(want["line"]) in (out / "report.html").read_text()
         assert main(["report", str(out), "--n-boot", "200"]) == 0
         printed = capsys.readouterr().out
         assert "recommended" in printed and "zero excluded" in printed
