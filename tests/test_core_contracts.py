@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from rlpace import Feedback, Pool, Scheduler
+from rlpace import Feedback, InputError, Pool, Scheduler
 from rlpace.policies import (Admission, DataPolicy, EmptyState, compose, dataset_labels, identity_reward,
                              is_neutral, keep_all, make_policy, active_supervision_places, unit_advantage,
                              unit_weights)
@@ -303,3 +303,19 @@ def test_state_rules_live_on_the_record_and_reach_user_states():
     bad = dict(sd, **{key: np.array(-3, np.int64)})
     with pytest.raises(InputError, match=r"has values outside \[0, "):
         Scheduler(POOL, compose(mine)).load_state_dict(bad)
+
+
+def test_one_json_lines_reader_names_the_bad_line(tmp_path):
+    from rlpace.experiments import RecordError, records_from_trainer_jsonl
+    from rlpace.tasks._parquet import read_jsonl as task_items
+    from rlpace.types import read_jsonl
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"a": 1}\n\n{"b": 2}\n{oops\n')
+    with pytest.raises(InputError, match=r"x.jsonl: line 4 is not valid JSON"):
+        read_jsonl(f)
+    with pytest.raises(InputError, match="line 4 is not valid JSON"):
+        task_items(f)
+    with pytest.raises(RecordError, match="line 4 is not valid JSON"):
+        records_from_trainer_jsonl(f, run_id="r", label="l", policy="p", seed=0, suite="s")
+    f.write_text('{"a": 1}\n\n{"b": 2}\n')
+    assert read_jsonl(f) == [{"a": 1}, {"b": 2}]

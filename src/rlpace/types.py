@@ -475,16 +475,7 @@ class Pool:
     @classmethod
     def from_jsonl(cls, path, **keys) -> "Pool":
         """Build from a JSON-lines file in the verl schema (see `from_records`)."""
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise InputError(f"{path}: line {lineno} is not valid JSON ({e.msg}); fix or "
-                                         f"remove that line.") from None
-        return cls.from_records(rows, **keys)
+        return cls.from_records(read_jsonl(path), **keys)
 
     @classmethod
     def from_parquet(cls, path, **keys) -> "Pool":
@@ -509,6 +500,22 @@ _MISSING = _Missing()
 # that step arithmetic (lags, differences, int64 history) cannot overflow.
 STEP_MAX = 2**62
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def read_jsonl(path, error: type = InputError) -> list:
+    """The JSON value of every non-blank line of a JSON-lines file, in order; a line that is
+    not valid JSON raises `error` (an InputError; `rlpace.experiments.RecordError` for run
+    records) naming the file and the line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise error(f"{str(path)}: line {lineno} is not valid JSON ({e.msg}); fix or "
+                                f"remove that line.") from None
+    return rows
 
 
 def _numeric(name: str, values: Any) -> np.ndarray:

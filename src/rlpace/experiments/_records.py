@@ -77,6 +77,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..types import read_jsonl
+
 __all__ = ["SCHEMA_VERSION", "REQUIRED_FIELDS", "validate_record", "write_record", "append_record",
            "read_records", "provenance", "minimal_record", "record_from_step_log",
            "records_from_trainer_jsonl", "RecordError"]
@@ -560,12 +562,4 @@ def record_from_step_log(rows: Sequence[Mapping[str, Any]], *, run_id: str, labe
 def records_from_trainer_jsonl(path: str | os.PathLike, **identity) -> dict:
     """Read a trainer's per-step JSONL (one flat dict per line) and convert it with
     `record_from_step_log(rows, **identity)`."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise RecordError(f"{path}:{lineno} is not valid JSON ({e.msg}).") from None
-    return record_from_step_log(rows, **identity)
+    return record_from_step_log(read_jsonl(path, RecordError), **identity)

@@ -18,6 +18,7 @@ from ..errors import InputError
 import math
 from pathlib import Path
 
+from ..types import read_jsonl as json_lines
 from ._types import Item, TaskSet
 
 __all__ = ["items_to_rows", "rows_to_items", "write_parquet", "read_parquet",
@@ -98,20 +99,10 @@ def read_parquet(path) -> list[Item]:
 
 def read_jsonl(path) -> list[Item]:
     """Items from a verl-schema JSON-lines file (what `rlpace prepare --out x.jsonl` writes)."""
-    import json
-
     path = Path(path)
     if not path.is_file():
         raise InputError(f"JSON-lines file {str(path)!r} does not exist.")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{str(path)!r} line {lineno} is not valid JSON ({e.msg}).") from None
-    return rows_to_items(rows)
+    return rows_to_items(json_lines(path))
 
 
 def _read_named(path, what: str) -> list[Item]:
