@@ -406,3 +406,23 @@ def test_polar_equals_numpys_svd_polar_factor_on_every_route(eps):
     got = polar(torch.from_numpy(x)).numpy()
     assert np.abs(got - want).max() < 1e-12
     assert np.abs(polar(torch.from_numpy(x[1])).numpy() - want[1]).max() < 1e-12
+
+
+@pytest.mark.parametrize("base,kw", [("adamw", dict(lr=3e-2)),
+                                     ("muon", dict(lr=3e-2, adjust_lr_fn="match_rms_adamw"))])
+def test_float32_frames_keep_the_spectrum_to_float32_rounding(base, kw):
+    """frame_dtype=float32: after 100 steps every spectrum is the base's within 2e-6 of σ_max
+    (float32 rounding, not drift: it is re-retracted every step), frames orthonormal to 2e-6."""
+    net = mlp(torch.float32)
+    mats = [m.weight for m in net if isinstance(m, torch.nn.Linear)]
+    s0 = [torch.linalg.svdvals(w.detach().double()) for w in mats]
+    opt = IsoSpectral(net, base, frame_dtype=torch.float32, **kw)
+    train(net, opt, 100, dtype=torch.float32)
+    for w, s in zip(mats, s0):
+        assert float((torch.linalg.svdvals(w.detach().double()) - s).abs().max() / s[0]) < 2e-6
+    for u, s, v in opt.frames().values():
+        assert u.dtype == torch.float32
+        eye = torch.eye(s.numel())
+        assert float((u.T @ u - eye).abs().max()) < 2e-6 and float((v.T @ v - eye).abs().max()) < 2e-6
+    with pytest.raises(ValueError, match="frame_dtype"):
+        IsoSpectral(net, base, frame_dtype=torch.float16, **kw)

@@ -32,7 +32,8 @@ __all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "defaul
 
 
 NEWTON_MAX = 0.1           # ‖XᵀX − I‖_F up to which Newton–Schulz is used (then ≤ 4 iterations)
-GRAM_MIN_RATIO = 1e-8      # λ_min/λ_max of XᵀX below this (cond X > 1e4): an SVD instead
+GRAM_MIN_RATIO = {torch.float64: 1e-8, torch.float32: 1e-2}   # λ_min/λ_max of XᵀX below this
+                           # (cond X above 1e4, or 10 in float32, error eps·cond²): an SVD instead
 
 
 def polar(x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ def polar(x: torch.Tensor) -> torch.Tensor:
             y, z = y @ t, t @ z                # y → A^(1/2), z → A^(-1/2)
         return (xd @ z).to(x.dtype)
     lam, vec = torch.linalg.eigh((a + a.mT) / 2)
-    if bool((lam[..., 0] <= GRAM_MIN_RATIO * lam[..., -1]).any()):
+    if bool((lam[..., 0] <= GRAM_MIN_RATIO[dt] * lam[..., -1]).any()):
         u, _, vh = torch.linalg.svd(xd, full_matrices=False)
         return (u @ vh).to(x.dtype)
     return (xd @ ((vec * lam.rsqrt().unsqueeze(-2)) @ vec.mT)).to(x.dtype)
@@ -117,8 +118,10 @@ class IsoSpectral(torch.optim.Optimizer):
             base="muon" (default: `lr` and `weight_decay` of `base_kwargs`).
         **base_kwargs: the base optimizer's arguments (lr, betas, weight_decay, ...).
 
-    Frames are float64 (U: [m, q], V: [n, q], Σ₀: [q]) whatever the model's dtype; the
-    base optimizer's state of the frames is float64 too. Unmanaged parameters (1-D norms
+    Frames are float64 (U: [m, q], V: [n, q], Σ₀: [q]) whatever the model's dtype, and the
+    base optimizer's state of the frames with them; `frame_dtype=torch.float32` keeps them
+    in float32 instead (half the memory and about half the time on a CPU; the spectrum then
+    holds to float32 rounding, see docs/methods/iso.md "Cost"). Unmanaged parameters (1-D norms
     and biases, embeddings, the head) are stepped by the base optimizer as usual.
 
     Momentum: the base state (Adam moments, Muon's buffer) is kept in the ambient
@@ -138,7 +141,9 @@ class IsoSpectral(torch.optim.Optimizer):
     """
 
     def __init__(self, model_or_params, base: str | Callable = "adamw", *, manage=None, project: bool = True,
-                 aux_kwargs: dict | None = None, **base_kwargs):
+                 aux_kwargs: dict | None = None, frame_dtype: torch.dtype = torch.float64, **base_kwargs):
+        if frame_dtype not in (torch.float64, torch.float32):
+            raise InputError(f"frame_dtype must be torch.float64 or torch.float32; got {frame_dtype}.")
         if isinstance(model_or_params, torch.nn.Module):
             named = list(model_or_params.named_parameters())
             rule = manage or default_managed(model_or_params)
@@ -164,9 +169,9 @@ class IsoSpectral(torch.optim.Optimizer):
                 u, s, vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
                 self.managed.append(name)
                 self._weights.append(p)
-                self._u.append(u.contiguous().requires_grad_(False))
-                self._v.append(vh.T.contiguous().requires_grad_(False))
-                self._sigma.append(s)
+                self._u.append(u.to(frame_dtype).contiguous().requires_grad_(False))
+                self._v.append(vh.T.to(frame_dtype).contiguous().requires_grad_(False))
+                self._sigma.append(s.to(frame_dtype))
             else:
                 others.append(p)
                 self._other_names.append(name)
