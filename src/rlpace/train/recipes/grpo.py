@@ -24,11 +24,18 @@ and called by name at fixed points of the loop. The points, in the order they ru
                  Supervision.trained_feedback  the batch's answers, the advantage place
                  GradSignal.forward, .observe  per-rollout features of the unit-weight loss, then
                                                every round observed, trained groups with features
+                 (nothing trained: GradSignal.observe without features, here)
     5  end       FreshItems.after_update       generated: the generator's step, gen/* fields
                  Supervision.step_metrics      sup/* fields
 
 A new signal is a new file with a `build(...)` that returns None unless the policy reads it,
 and one call at the point where its input exists.
+
+The Scheduler is driven by its separate calls (observe and admission per round; token_weights
+and advantage_weights on the trained batch), not `Scheduler.step`: the loss and advantage
+weights are those of the trained batch — the first B admitted groups across refill rounds —
+not of each round; and with gradient features, admission reads the state before the step and
+the features exist only for the trained groups, once every round is in.
 
 The objectives are pure functions in `rlpace.train.losses`; sampling and log-probs in
 `rlpace.train.rollout`; rollout groups in `rlpace.train.sampling`. Everything that can be
@@ -279,13 +286,12 @@ def train(cfg: TrainConfig) -> dict:
 
         # 2e. one JSONL record per step
         all_rewards = np.concatenate([p[0].rewards.ravel() for p in pieces])
-        first = pieces[0][0].rewards
         dt = time.perf_counter() - t0
         seconds += dt
         rec.update(stats)
         rec.update({
             "reward_mean": float(all_rewards.mean()),
-            "informative_groups": float((first.std(axis=1) > 0).mean()),
+            "informative_groups": float((pieces[0][0].rewards.std(axis=1) > 0).mean()),    # first round
             "groups_trained": batch.taken, "refill_rounds": round_,
             "prompt_ids": [int(i) for p in pieces for i in p[0].ids],
             "rollouts": rollouts, "probe_rollouts": probe_rollouts, "rollouts_total": spent,
@@ -302,8 +308,7 @@ def train(cfg: TrainConfig) -> dict:
 
         # 2f. checkpoint (model, optimizer, Scheduler, counters; the RNG is the step)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                            counters=counters())
+            save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg, counters=counters())
     bar.close()
 
     # ---- 3. final evaluation, checkpoint, summary --------------------------------------
@@ -311,8 +316,7 @@ def train(cfg: TrainConfig) -> dict:
     evaluate(final)
     log(final)
     log.close()
-    save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg,
-                    counters=counters())
+    save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg, counters=counters())
     summary = summarize(out / "metrics.jsonl")
     summary.update({"policy": sched.name, "model_dir": str(model_dir), "config": cfg.to_dict()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
