@@ -514,6 +514,8 @@ def test_v1_feedback_carries_grpo_advantages_of_the_rewards(v1):
     buf, sched, _ = make(lambda b: np.ones(b.rewards.shape, bool), batch=1)
     observe = sched.observe
     sched.observe = lambda fb: got.append(fb) or observe(fb)
+    _step = sched.step       # Scheduler.step observes too (the replay buffer calls it)
+    sched.step = lambda fb, features=None: got.append(fb) or _step(fb, features)
     fake.add_group("uA", 100, [1.0, 0.0, 0.0, 0.0], 1)
     buf.sample(global_steps=1, partition_id="train", batch_size=1)
     # (r − 0.25) / (sqrt(0.1875) + 1e-6), by hand

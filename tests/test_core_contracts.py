@@ -319,3 +319,13 @@ def test_one_json_lines_reader_names_the_bad_line(tmp_path):
         records_from_trainer_jsonl(f, run_id="r", label="l", policy="p", seed=0, suite="s")
     f.write_text('{"a": 1}\n\n{"b": 2}\n')
     assert read_jsonl(f) == [{"a": 1}, {"b": 2}]
+
+
+def test_a_bug_in_a_chained_reweighter_keeps_its_own_error():
+    # token_weights used to rewrite any ValueError of a chain as "a token-level reweighter
+    # cannot be chained", hiding a member's real bug
+    def buggy(s, pool, b):
+        raise ValueError("bug in my reweighter")
+    s = Scheduler(POOL, compose(make_policy("ar"), _mine("reweighting", "mine", buggy)))
+    with pytest.raises(ValueError, match="bug in my reweighter"):
+        s.token_weights(Feedback([0], [[1.0, 0.0]], step=0), np.full((1, 2, 3), 0.5), np.ones((1, 2, 3), bool))

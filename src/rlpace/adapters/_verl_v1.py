@@ -49,14 +49,13 @@ __all__ = ["RlpaceReplayBuffer", "RlpaceReplayBufferAsync", "decide_groups"]
 
 
 def decide_groups(bridge: VerlFeedback, rows: Rows, keys: list[str], step: int) -> tuple[set, set, dict]:
-    """Observe finished groups and apply admission.
+    """Observe finished groups and apply admission (`Scheduler.step`: observe, then admission).
 
     Returns (evicted uids, trajectory keys to clear inside kept groups, {uid: mean reward}).
     """
     evicted, cleared, mean = set(), set(), {}
     for fb, idx in feedbacks_from_rows(bridge.scheduler.pool, rows, step=step):
-        bridge.scheduler.observe(fb)
-        keep = bridge.scheduler.admit(fb)
+        keep = bridge.scheduler.step(fb).keep              # observe, then admission: one validation
         for b in range(idx.shape[0]):
             uid = str(rows.group_keys[idx[b, 0]])
             mean[uid] = float(fb.rewards[b].mean())
