@@ -123,7 +123,8 @@ def test_polar_retraction_removes_a_normal_step_exactly():
     assert float((q - u).abs().max()) > 1e-4
 
 
-@pytest.mark.parametrize("base,kw", [("adamw", dict(lr=1e-2)), ("muon", dict(lr=1e-2))])
+@pytest.mark.parametrize("base,kw", [("adamw", dict(lr=1e-2)), ("muon", dict(lr=1e-2)),
+                                     ("adamw", dict(lr=1e-2, frame_dtype=torch.float32))])
 def test_exact_resume(base, kw):
     dtype = torch.float32
     ref = mlp(dtype, seed=3)
