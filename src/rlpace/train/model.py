@@ -134,7 +134,8 @@ def warmup_corpus(taskset, size_per_domain: int, decay: float, seed: int, mistak
 def supervised_warmup(model, tokenizer, items, weights, *, steps: int, batch: int, lr: float,
                       seed: int, progress: bool = True) -> list[float]:
     """Teacher-forced training on `answer + EOS` given `prompt` (loss on answer tokens only).
-    AdamW, 5% linear warm-up then cosine decay to 10% of `lr`. Returns the loss curve."""
+    AdamW, 5% linear warm-up then cosine decay to 10% of `lr`, on the model's device.
+    Returns the loss curve."""
     from tqdm.auto import tqdm
 
     rng = np.random.default_rng([seed, 0x5F7])
@@ -145,14 +146,16 @@ def supervised_warmup(model, tokenizer, items, weights, *, steps: int, batch: in
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
     model.train()
+    dev = next(model.parameters()).device
     losses = []
     bar = tqdm(range(steps), desc="warm-up base policy", disable=not progress, leave=False)
     for _ in bar:
         idx = rng.choice(len(items), size=batch, p=weights)
         p_ids, p_mask = left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
         c_ids, c_mask = right_pad([answers[i] for i in idx], tokenizer.pad_token_id)
-        logp = completion_logprobs(model, Rollout(p_ids, p_mask, c_ids, c_mask))
-        loss = -(logp.sum() / c_mask.sum())
+        batch_ = Rollout(*(x.to(dev) for x in (p_ids, p_mask, c_ids, c_mask)))   # on the model's device
+        logp = completion_logprobs(model, batch_)
+        loss = -(logp.sum() / batch_.completion_mask.sum())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
