@@ -85,6 +85,18 @@ def _load(layout: dict, name: str, device) -> torch.Tensor:
         return h.get_tensor(name).to(device)
 
 
+def _relative_distance(w0: torch.Tensor, w: torch.Tensor) -> float:
+    """‖w − w₀‖/‖w₀‖ (Frobenius, float64) over flat chunks: no float64 copy of a whole
+    vocab × hidden embedding."""
+    a, b = w0.reshape(-1), w.reshape(-1)
+    num = den = 0.0
+    for i in range(0, a.numel(), _CHUNK):
+        x = a[i:i + _CHUNK].double()
+        num += float((b[i:i + _CHUNK].double() - x).square().sum())
+        den += float(x.square().sum())
+    return (num ** 0.5) / max(den ** 0.5, 1e-30)
+
+
 def _refuse_non_finite(w: torch.Tensor, name: str, path: str) -> None:
     """A NaN or inf weight would make ISO's SVD fail, task arithmetic write NaN, and TIES
     silently put the base's value in its place: refuse the input instead (the caller's
@@ -176,8 +188,7 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
     probe = [n for n in names if kinds[n] != "copy" and len(base_layout[n][2]) == 2][:3]
     for e, lay in zip(experts, layouts):
         for n in probe:
-            w0 = _load(base_layout, n, "cpu").double()
-            rel = float((_load(lay, n, "cpu").double() - w0).norm() / w0.norm().clamp(min=1e-30))
+            rel = _relative_distance(_load(base_layout, n, "cpu"), _load(lay, n, "cpu"))
             if rel > MAX_RELATIVE_DELTA:
                 raise InputError(f"expert {str(e)!r} differs from the base by {rel:.2f} (relative Frobenius norm) "
                                  f"on {n!r}; it is not a fine-tune of this base (RL fine-tunes move ~1e-3). Pass "
