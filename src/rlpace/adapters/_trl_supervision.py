@@ -35,8 +35,8 @@ from accelerate.utils import gather_object
 
 from ..policies import is_neutral
 from ..types import Feedback, group_advantages
-from ._supervision import (TOKEN_SIGNALS, extract_answer, has_supervision_places, needs, needs_supervision_pass,
-                           pool_labeled, row_targets, token_stats)
+from ._supervision import (TOKEN_SIGNALS, extract_answer, needs, needs_supervision_pass, pool_labeled, row_targets,
+                           token_stats)
 
 __all__ = ["TrlSupervision"]
 
@@ -156,10 +156,9 @@ class TrlSupervision:
         self._rlpace_sup = signals
         return per_func
 
-    def _rlpace_weight_advantages(self, output: dict, weights: np.ndarray, local: slice) -> None:
-        """Ã = w·Â with `weights` = `Scheduler.step(...).advantage_weights` (float64[B, G])."""
-        if not has_supervision_places(self.scheduler):
-            return
+    def _rlpace_scale_advantages(self, output: dict, weights: np.ndarray, local: slice) -> None:
+        """Multiply this rank's advantages by its rows of `weights` (float64[B, G]: the step's
+        loss weights, or its advantage weights Ã = w·Â); untouched when every weight is 1."""
         w = weights.ravel()[local]
         if np.all(w == 1.0):
             return

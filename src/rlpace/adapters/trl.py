@@ -93,6 +93,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.trl needs trl: pip install 'rlpace[trl]'") from e
 from ..train.gradfeatures import GradFeatures, needs_grad_features
 from ._convert import admitted_advantages
+from ._supervision import has_supervision_places
 from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
@@ -340,11 +341,9 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         if r.feedback.grads is not None and self.rlpace_grad_reference == "previous":
             self.rlpace_ref_grad = r.feedback.grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
         if self.rlpace_loss_weights:
-            adv = output["advantages"]
-            w = torch.as_tensor(r.weights.ravel()[local], dtype=adv.dtype, device=adv.device)
-            output["advantages"] = adv * (w if adv.dim() == 1 else w[:, None])
-        if self.rlpace_supervises:
-            self._rlpace_weight_advantages(output, r.advantage_weights, local)
+            self._rlpace_scale_advantages(output, r.weights, local)
+        if self.rlpace_supervises and has_supervision_places(self.scheduler):
+            self._rlpace_scale_advantages(output, r.advantage_weights, local)    # Ã = w·Â
         for k, v in self.scheduler.metrics().items():
             self._metrics["train"][f"rlpace/{k}"].append(v)
 
