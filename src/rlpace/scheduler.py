@@ -4,6 +4,8 @@ It owns a `Pool`, a `Method` (one policy per place, see `rlpace.policies`), ever
 policy's state, and a shared per-prompt history. Each training step:
 
     ids  = sched.propose(n)            # before rollout: which prompts
+    n_i  = sched.allocate(ids, B * G)  # how many rollouts each (uniform G without an allocation
+                                       #   policy; ragged feedback: Feedback(group_sizes=n_i))
     ...generate G rollouts for each id, score them...
     r    = sched.step(fb)              # observe → admission → loss / advantage weights, one
                                        #   validation (`step`; features=fn adds gradient features)
@@ -56,7 +58,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .policies._base import ADVANTAGE, MIXTURE, REWARD, TARGET, Admission, Method, active_supervision_places
+from .policies._base import (ADVANTAGE, ALLOCATION, MIXTURE, REWARD, TARGET, Admission, Method,
+                             active_supervision_places)
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._sumtree import _unique as sorted_unique
@@ -239,10 +242,106 @@ class Scheduler:
         whose `update` raises leaves the history and the policies before it updated (no
         snapshot is taken: copying 10⁷-entry arrays every step would cost more than the step).
         """
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            parts = self._parts(feedback)                 # validates every part; nothing changed
+            for _, batch, wins, informative in parts:
+                self._observe(batch, wins, informative, tally=False)
+            self._tally(parts)
+            return
         self._observe(*self._batch_and_counts(feedback))  # validates; nothing changed before
 
+    # ---- ragged feedback (an allocation gave prompts different numbers of rollouts) --------
+    def _parts(self, feedback: Feedback) -> list:
+        """[(rows, batch, wins, informative)] for each group size of a ragged `feedback`
+        (`Feedback.by_size`), every part validated before anything changes. Each policy reads
+        full groups of one size, exactly as in a step whose groups all have that size."""
+        self._batch_and_counts(feedback)          # type and id range, over every row
+        return [(rows,) + self._batch_and_counts(sub) for rows, sub in feedback.by_size()]
+
+    def _tally(self, parts: list) -> None:
+        """The counters of one observed step made of several parts (one observation)."""
+        b = sum(int(batch.prompt_ids.shape[0]) for _, batch, _, _ in parts)
+        if b == 0:
+            return
+        n_inf = sum(int(np.count_nonzero(inf)) for _, _, _, inf in parts)
+        c = self.counters
+        c.observations[...] += 1
+        c.rollouts[...] += sum(int(batch.rewards.size) for _, batch, _, _ in parts)
+        c.groups[...] += b
+        c.informative[...] += n_inf
+        c.last_informative[...] = n_inf / b
+
+    def _scatter(self, feedback: Feedback, view, fill, dtype) -> np.ndarray:
+        """[B, G] array of `view(sub_feedback)` over the parts of a ragged `feedback`, `fill`
+        on padding and on rows without rollouts."""
+        out = np.full(feedback.rewards.shape, fill, dtype=dtype)
+        for rows, sub in feedback.by_size():
+            out[rows, :sub.rewards.shape[1]] = view(sub)
+        return out
+
+    def allocate(self, ids, budget) -> np.ndarray:
+        """int64[B] rollouts N_i for each proposed prompt: N_i ≥ 0, Σ N_i = `budget` exactly,
+        each within the allocation policy's `bounds`. Pure: state unchanged.
+
+        Without an allocation policy every prompt gets budget // B, and the first
+        budget mod B prompts one more (plain GRPO: budget = B·G gives G each). With one
+        (`knapsack`, `gvm`, `oracle_allocation`: docs/methods/knapsack.md) its `apply`
+        decides. The trainer generates N_i rollouts of prompt i and reports them as ragged
+        groups: `Feedback(ids, rewards[B, max N], group_sizes=N, step=t)`.
+
+        Bad input (one InputError, nothing changes): ids that are not pool positions, a budget
+        that is not an integer, a budget below B·min_n or above B·max_n (the policy's bounds).
+        A policy that returns a wrong sum, shape or a value outside its bounds is a bug in that
+        policy: a RuntimeError naming it.
+
+        >>> import numpy as np
+        >>> from rlpace import Pool, Scheduler
+        >>> Scheduler(Pool(["a"] * 4), "uniform").allocate(np.array([0, 1, 2]), 10).tolist()
+        [4, 3, 3]
+        """
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise InputError(f"allocate: ids must be int[B] pool positions (what propose returned); got "
+                             f"{ids.dtype} of shape {ids.shape}.")
+        ids = ids.astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.pool)):
+            raise InputError(f"allocate: ids must be pool positions in [0, {len(self.pool)}); got "
+                             f"{int(ids.min())}..{int(ids.max())}.")
+        if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
+            raise InputError(f"allocate: budget must be an int (rollouts this step, e.g. B·G); got "
+                             f"{budget!r} ({type(budget).__name__}).")
+        budget, b = int(budget), int(ids.shape[0])
+        policy = self.method.allocation
+        lo, hi = (0, None) if policy is None else (policy.bounds or (0, None))
+        if budget < b * lo or budget < 0:
+            raise InputError(f"allocate: budget {budget} is below B·min_n = {b}·{lo} = {b * lo} (policy "
+                             f"{policy.name if policy else 'uniform'!r} gives each prompt at least "
+                             f"min_n = {lo}); raise the budget or lower min_n.")
+        if hi is not None and budget > b * hi:
+            raise InputError(f"allocate: budget {budget} is above B·max_n = {b}·{hi} = {b * hi} (policy "
+                             f"{policy.name!r} gives a prompt at most max_n = {hi}); lower the budget "
+                             f"or raise max_n.")
+        if b == 0:
+            if budget:
+                raise InputError(f"allocate: budget {budget} for 0 prompts; an empty batch has budget 0.")
+            return np.zeros(0, np.int64)
+        if policy is None:
+            out = np.full(b, budget // b, dtype=np.int64)
+            out[:budget % b] += 1
+            return out
+        out = np.asarray(policy.apply(self.states[ALLOCATION], self.pool, ids, budget))
+        ok = (out.shape == (b,) and out.dtype.kind in "iu" and int(out.sum()) == budget
+              and int(out.min()) >= lo and (hi is None or int(out.max()) <= hi))
+        if not ok:
+            got = (f"sum {int(out.sum())}" if out.shape == (b,) and out.dtype.kind in "iuf"
+                   else f"shape {out.shape} dtype {out.dtype}")
+            raise RuntimeError(f"allocation policy {policy.name!r} returned {got} for {b} prompts and "
+                               f"budget {budget} (expected int[{b}] summing to {budget}, each in "
+                               f"[{lo}, {hi}]): a bug in that policy.")
+        return out.astype(np.int64)
+
     def _observe(self, batch: Batch, wins: np.ndarray, informative: np.ndarray,
-                 defer: frozenset = frozenset()) -> None:
+                 defer: frozenset = frozenset(), tally: bool = True) -> None:
         """`observe` of a validated batch; the policies of the kinds in `defer` are left for
         `_update_deferred` (`step` with `features`: the policies that read the features)."""
         b = batch.prompt_ids.shape[0]
@@ -268,6 +367,8 @@ class Scheduler:
         window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
         self._log_decisions(batch, decisions)
         self._update_deferred(batch, frozenset(self.method.policies()) - defer)
+        if not tally:           # one part of a ragged step: `_tally` counts the step once
+            return
         n_informative = int(np.count_nonzero(informative))
         c = self.counters
         c.observations[...] += 1
@@ -318,6 +419,8 @@ class Scheduler:
         >>> r.keep.tolist(), r.refill, r.weights.tolist()
         ([[True, True], [False, False]], 1, [[1.0, 1.0], [1.0, 1.0]])
         """
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            return self._step_ragged(feedback, features)
         batch, wins, informative = self._batch_and_counts(feedback)    # validates; nothing changed
         policies = self.method.policies()
         readers = frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS)
@@ -336,6 +439,30 @@ class Scheduler:
             self._update_deferred(batch, defer)
         return StepResult(adm.keep, adm.refill, adm.full_group_advantages, self._loss_weights(batch),
                           self._advantage_weights(batch), feedback)
+
+    def _step_ragged(self, feedback: Feedback, features) -> StepResult:
+        """`step` of ragged feedback: each part (one group size) is observed as a full batch,
+        the step counted once; keep / weights scattered back to [B, G], padding False / 0."""
+        parts = self._parts(feedback)                                # validates; nothing changed
+        policies = self.method.policies()
+        readers = frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS)
+        defer = readers if features is not None and parts else frozenset()
+        if defer and "admission" in defer:
+            raise InputError(f"admission policy {self.method.admission.name!r} reads gradient features, "
+                             f"which step(features=) computes after admission; pass the features in the "
+                             f"Feedback (Feedback.with_grads) and call step without features.")
+        for _, batch, wins, informative in parts:
+            self._observe(batch, wins, informative, defer, tally=False)
+        self._tally(parts)
+        adm = self.admission(feedback)
+        if defer:
+            out = features(adm)
+            grads, ref = out if isinstance(out, tuple) else (out, None)
+            feedback = feedback.with_grads(grads, ref)               # validates the features
+            for (_, batch, _, _), (_, sub) in zip(parts, feedback.by_size()):
+                self._update_deferred(batch._replace(grads=sub.grads, ref_grad=sub.ref_grad), defer)
+        return StepResult(adm.keep, adm.refill, adm.full_group_advantages, self.loss_weights(feedback),
+                          self.advantage_weights(feedback), feedback)
 
     def _update_deferred(self, batch: Batch, kinds) -> None:
         for kind, policy in self.method.policies().items():
@@ -398,6 +525,13 @@ class Scheduler:
         >>> s.targets(fb)       # labelled: dataset label; unlabelled: unique majority; tie: first seen
         [None, '7', '3']
         """
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)                                      # validates every part
+            labels = [None] * feedback.batch_size
+            for rows, sub in feedback.by_size():
+                for r, t in zip(rows.tolist(), self.targets(sub)):
+                    labels[r] = t
+            return labels
         batch = self._batch(feedback)
         target = self.method.target
         if target is None:
@@ -414,6 +548,9 @@ class Scheduler:
         trainer's verifier gave against `targets`). Identity without a reward policy; the
         trainer uses the returned rewards from then on (group advantages, `observe`, `admit`).
         Changes nothing."""
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)
+            return self._scatter(feedback, self.rewards, 0.0, np.float64)
         batch = self._batch(feedback)
         reward = self.method.reward
         if reward is None:
@@ -428,6 +565,9 @@ class Scheduler:
         """float64[B, G] in [0, 1]: the advantage place's weights w (DE-Venus Eq. 5,
         Ã = w·Â; 0 filters a rollout, (0, 1) softly reweights it). The trainer multiplies the
         advantages by them before the loss. Ones without an advantage policy. Changes nothing."""
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)
+            return self._scatter(feedback, self.advantage_weights, 0.0, np.float64)
         return self._advantage_weights(self._batch(feedback))
 
     def _advantage_weights(self, batch: Batch) -> np.ndarray:
@@ -471,6 +611,13 @@ class Scheduler:
         whether a partly kept group trains on its full-group advantages (True: `topk`) or on
         advantages recomputed over its kept rollouts (False: PODS, GFPO; see
         `rlpace.kept_group_advantages`). `admit(fb)` is `admission(fb).keep`."""
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)
+            outs = []
+            keep = self._scatter(feedback, lambda sub: outs.append(self.admission(sub)) or outs[-1].keep,
+                                 False, bool)
+            return Admission(keep, int(sum(o.refill for o in outs)),
+                             any(o.full_group_advantages for o in outs))
         return self._admission(self._batch(feedback))
 
     def _admission(self, batch: Batch) -> Admission:
@@ -487,7 +634,11 @@ class Scheduler:
         return self.admission(feedback).keep
 
     def loss_weights(self, feedback: Feedback) -> np.ndarray:
-        """float64[B, G] per-rollout loss weights (1 = unchanged)."""
+        """float64[B, G] per-rollout loss weights (1 = unchanged; 0 on the padding of ragged
+        feedback)."""
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)
+            return self._scatter(feedback, self.loss_weights, 0.0, np.float64)
         return self._loss_weights(self._batch(feedback))
 
     def _loss_weights(self, batch: Batch) -> np.ndarray:
@@ -527,6 +678,18 @@ class Scheduler:
         >>> s.token_weights(fb, probs, mask).round(6).tolist()   # 0.5π + 0.5 = .6, 1, .8; mean 1 over 3 tokens
         [[[0.75, 1.25], [1.0, 0.0]]]
         """
+        if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
+            self._parts(feedback)
+            probs, mask = np.asarray(token_probs), np.asarray(token_mask)
+            if probs.ndim != 3 or probs.shape[:2] != feedback.rewards.shape or mask.shape != probs.shape:
+                raise InputError(f"token_probs and token_mask must be [B, G, T] with [B, G] = "
+                                 f"{feedback.rewards.shape} (the rewards' shape); got {probs.shape}, "
+                                 f"{mask.shape}.")
+            out = np.zeros(probs.shape, dtype=np.float64)
+            for rows, sub in feedback.by_size():
+                n = sub.rewards.shape[1]
+                out[rows, :n] = self.token_weights(sub, probs[rows, :n], mask[rows, :n])
+            return out
         batch = self._batch(feedback)
         shape = batch.rewards.shape
         probs = np.asarray(token_probs, dtype=np.float64)

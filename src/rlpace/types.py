@@ -600,6 +600,25 @@ def _feedback_lengths(values: Any, shape: tuple) -> np.ndarray:
     return arr.astype(np.int64).reshape(shape)
 
 
+def _feedback_group_sizes(values: Any, shape: tuple) -> np.ndarray | None:
+    """int64[B] rollouts of each group in [0, G] (a copy), None when every group is full, or a
+    ValueError naming Feedback.group_sizes."""
+    arr = _numeric("group_sizes", values)
+    if arr.ndim != 1 or arr.shape[0] != shape[0]:
+        raise InputError(f"Feedback.group_sizes must be int[B] with B = {shape[0]} (one rollout count per "
+                         f"prompt); got shape {arr.shape}.")
+    if arr.dtype.kind == "b" or (arr.dtype.kind == "f" and not (np.isfinite(arr).all()
+                                                                 and (arr == np.round(arr)).all())):
+        raise InputError(f"Feedback.group_sizes must be whole numbers of rollouts; got {arr.dtype} values.")
+    g = shape[1] if len(shape) > 1 else 0
+    bad = (arr < 0) | (arr > g)
+    if bad.any():
+        raise InputError(f"Feedback.group_sizes must be in [0, G] with G = {g} (the rewards' columns); got "
+                         f"{arr[bad][0]!r}. Row i's rollouts are rewards[i, :group_sizes[i]].")
+    arr = arr.astype(np.int64)
+    return None if (arr == g).all() else arr
+
+
 def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
     """object[B, G] of str / None (a copy), or a ValueError naming Feedback.answers."""
     if isinstance(values, (str, bytes)):
@@ -750,6 +769,14 @@ class Feedback:
             of V (Intuitor, arXiv 2505.19590; `self_certainty`).
         mean_logprob: float64[B, G] or None — mean over valid response tokens of the sampled
             token's log-probability log π(y_t), ≤ 0 (`entropy_min` with level="sequence").
+        group_sizes: int64[B] or None — ragged groups (an allocation policy gave prompt i
+            N_i rollouts, `Scheduler.allocate`): row i's rollouts are the first
+            `group_sizes[i]` columns of every [B, G] field, G = max N_i; the columns after them
+            are padding that nothing reads. 0 is a prompt that got no rollouts. None (also
+            when every size equals G) is the rectangular batch. The Scheduler hands a ragged
+            batch to the policies as one rectangular group per size (`by_size`), so every
+            policy reads full groups only; what it returns is scattered back to [B, G] with
+            padding False / 0 (docs/methods/knapsack.md, "Variable group sizes").
 
     Validation (each a ValueError naming the field and the fix): ids must be non-negative
     integers (integral floats are accepted) within int64; rewards and advantages real
@@ -781,10 +808,11 @@ class Feedback:
     token_entropy: np.ndarray | None = None
     self_certainty: np.ndarray | None = None
     mean_logprob: np.ndarray | None = None
+    group_sizes: np.ndarray | None = None
 
     def __init__(self, prompt_ids, rewards, advantages=None, step: int = _REQUIRED, lengths=None,
                  grads=None, ref_grad=None, answers=None, token_entropy=None, self_certainty=None,
-                 mean_logprob=None):
+                 mean_logprob=None, group_sizes=None):
         if step is _REQUIRED:
             raise TypeError("Feedback needs step=: the trainer step the rollouts were generated at "
                             "(History.last_step and every recency or lag rule read it). Pass the step "
@@ -808,7 +836,8 @@ class Feedback:
         sc = None if self_certainty is None else _feedback_stat("self_certainty", self_certainty, rew.shape)
         mlp = None if mean_logprob is None else _feedback_stat("mean_logprob", mean_logprob, rew.shape,
                                                                high=0.0)
-        for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp):
+        sizes = None if group_sizes is None else _feedback_group_sizes(group_sizes, rew.shape)
+        for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp, sizes):
             if arr is not None:
                 arr.setflags(write=False)
         object.__setattr__(self, "prompt_ids", ids)
@@ -822,6 +851,7 @@ class Feedback:
         object.__setattr__(self, "token_entropy", ent)
         object.__setattr__(self, "self_certainty", sc)
         object.__setattr__(self, "mean_logprob", mlp)
+        object.__setattr__(self, "group_sizes", sizes)
 
     def with_grads(self, grads, ref_grad=None) -> "Feedback":
         """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
@@ -854,6 +884,32 @@ class Feedback:
             if isinstance(v, np.ndarray):
                 v.setflags(write=False)
             object.__setattr__(out, f.name, v)
+        return out
+
+    def by_size(self) -> list[tuple[np.ndarray, "Feedback"]]:
+        """[(rows int64[b], Feedback with b full groups of size n)] for each group size n > 0
+        present, in increasing n: the ragged batch as rectangular ones (rows with
+        `group_sizes == 0` are left out: they have no rollouts). A rectangular Feedback gives
+        [(arange(B), self)]. Rows keep their batch order within each size.
+
+        >>> fb = Feedback([4, 5, 6], [[1, 0, 1], [1, 9, 9], [0, 0, 9]], step=0, group_sizes=[3, 1, 2])
+        >>> [(rows.tolist(), f.rewards.tolist()) for rows, f in fb.by_size()]
+        [([1], [[1.0]]), ([2], [[0.0, 0.0]]), ([0], [[1.0, 0.0, 1.0]])]
+        """
+        if self.group_sizes is None:
+            return [(np.arange(self.prompt_ids.shape[0], dtype=np.int64), self)]
+        out = []
+        per_rollout = ("rewards", "advantages", "lengths", "grads", "answers", "token_entropy",
+                       "self_certainty", "mean_logprob")
+        for n in np.unique(self.group_sizes):
+            if n == 0:
+                continue
+            rows = np.flatnonzero(self.group_sizes == n).astype(np.int64)
+            fields = {"prompt_ids": self.prompt_ids[rows], "step": self.step, "ref_grad": self.ref_grad}
+            for name in per_rollout:
+                v = getattr(self, name)
+                fields[name] = None if v is None else np.array(v[rows, :int(n)])
+            out.append((rows, Feedback._from_validated(**fields)))
         return out
 
     @property
@@ -992,8 +1048,27 @@ def _binary_advantage_table(g: int, eps: float = 1e-6
     return up, down, pairs
 
 
-def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+def group_advantages(rewards: np.ndarray, eps: float = 1e-6, *, group_sizes=None, ddof: int = 0,
+                     clip: float | None = None, leave_one_out: bool = False) -> np.ndarray:
     """GRPO advantages: A = (r − mean_group) / (std_group + eps), population std.
+
+    Options (keyword-only; the defaults are the formula above, bit for bit):
+        group_sizes: int[B] rollouts of each row (ragged groups, `Feedback.group_sizes`): row
+            i's group is `rewards[i, :N_i]`; its mean and std are over those N_i only, and the
+            padding columns get A = 0. A group of N_i = 1 gets A = 0 (no relative signal;
+            verl's GRPO gives a singleton A = r instead) and N_i = 0 a row of zeros.
+        ddof: 0 (population std, the default) or 1 (unbiased, N − 1: verl's and Knapsack
+            RL's `torch.std`). With ddof = 1 a binary group of N with one success gets
+            A = (1 − 1/N)/sqrt(1/N) ≈ sqrt(N): about 9.5 at N = 93.
+        clip: clamp A to [−clip, clip] (Knapsack RL's `adv_clip_value=5.0`, which bounds the
+            large advantages of rare successes in large groups); None (default) does not clip.
+        leave_one_out: the RLOO baseline instead: A_j = r_j − mean_{k≠j} r_k
+            = N/(N − 1)·(r_j − r̄), not divided by a std (`ddof` is then ignored); N = 1 gives 0.
+
+    >>> group_advantages(np.array([[1.0, 0.0, 0.0, 9.0]]), group_sizes=[3], ddof=1).round(3).tolist()
+    [[1.155, -0.577, -0.577, 0.0]]
+    >>> group_advantages(np.array([[1.0, 0.0, 0.0, 0.0]]), leave_one_out=True).round(3).tolist()
+    [[1.0, -0.333, -0.333, -0.333]]
 
     A group whose rewards are all equal (or G = 1) has A = 0. For binary rewards with pass
     rate p the mean |A| is 2·sqrt(p(1−p)) / (1 + eps/σ) ≈ 2·sqrt(p(1−p))
@@ -1008,6 +1083,8 @@ def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     >>> group_advantages(np.array([[1e308, -1e308]])).round(3).tolist()
     [[1.0, -1.0]]
     """
+    if group_sizes is not None or ddof != 0 or clip is not None or leave_one_out:
+        return _group_advantages_options(rewards, eps, group_sizes, ddof, clip, leave_one_out)
     r = np.asarray(rewards, dtype=np.float64)
     if r.size == 0:
         return np.zeros_like(r)
@@ -1018,6 +1095,38 @@ def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     centred = r - r.sum(axis=1, keepdims=True) / g
     std = np.sqrt((centred * centred).sum(axis=1, keepdims=True) / g)
     return np.where(std > 0, centred / (std + eps), 0.0)
+
+
+def _group_advantages_options(rewards, eps, group_sizes, ddof, clip, leave_one_out) -> np.ndarray:
+    """`group_advantages` with its options (ragged groups, unbiased std, clip, leave-one-out)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 2:
+        raise InputError(f"group_advantages: rewards must be 2-D [B, G]; got shape {r.shape}.")
+    if ddof not in (0, 1) or isinstance(ddof, bool):
+        raise InputError(f"group_advantages: ddof must be 0 (population std) or 1 (unbiased); got {ddof!r}.")
+    if clip is not None and not (isinstance(clip, (int, float, np.integer, np.floating)) and clip > 0):
+        raise InputError(f"group_advantages: clip must be a number > 0 or None; got {clip!r}.")
+    b, g = r.shape
+    if group_sizes is None:
+        n = np.full(b, g, dtype=np.int64)
+    else:
+        n = _feedback_group_sizes(group_sizes, r.shape)
+        n = np.full(b, g, dtype=np.int64) if n is None else n
+    if r.size == 0:
+        return np.zeros_like(r)
+    valid = np.arange(g)[None, :] < n[:, None]                       # [B, G]
+    r, eps = _tame_huge_rows(np.where(valid, r, 0.0), eps)
+    nf = n[:, None].astype(np.float64)                               # [B, 1]
+    mean = r.sum(axis=1, keepdims=True) / np.maximum(nf, 1.0)
+    centred = np.where(valid, r - mean, 0.0)
+    if leave_one_out:
+        adv = np.where(nf > 1, centred * nf / np.maximum(nf - 1.0, 1.0), 0.0)
+    else:
+        var = (centred * centred).sum(axis=1, keepdims=True) / np.maximum(nf - ddof, 1.0)
+        std = np.sqrt(var)
+        adv = np.where((std > 0) & (nf > 1), centred / (std + eps), 0.0)
+    adv = np.where(valid, adv, 0.0)
+    return adv if clip is None else np.clip(adv, -float(clip), float(clip))
 
 
 _HUGE = 1e150

@@ -10,7 +10,7 @@ cites its paper (arXiv id) and its page in the project's docs, `docs/methods/<na
 True
 """
 
-from ._base import (ADMISSION, ADVANTAGE, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET,
+from ._base import (ADMISSION, ADVANTAGE, ALLOCATION, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET,
                     Admission, DataPolicy, EmptyState, Method, Targets, chain, dataset_labels,
                     identity_reward, is_neutral, keep_all, softmax, active_supervision_places, supervising_places, unit_advantage, unit_weights,
                     with_floor)
@@ -44,6 +44,8 @@ from ._entropy_min import entropy_min
 from ._olr import olr
 from ._trapo import trapo
 from ._vote import agreement_rewards, unique_majority
+from ._knapsack import knapsack, oracle_allocation
+from ._gvm import gvm
 
 __all__ = [
     "DataPolicy", "Method", "Admission", "EmptyState", "KINDS", "MIXTURE", "SELECTION",
@@ -60,7 +62,7 @@ __all__ = [
     "criticality_grid", "grid_proposal", "grid_weights",
     "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "active_supervision_places", "supervising_places", "is_neutral",
     "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
-    "unique_majority",
+    "unique_majority", "knapsack", "gvm", "oracle_allocation", "ALLOCATION",
 ]
 
 
@@ -113,3 +115,7 @@ register("self_certainty", self_certainty)  # Intuitor reward, docs/methods/self
 register("entropy_min", entropy_min)        # EM-RL reward, docs/methods/entropy_min.md
 register("olr", olr)                        # noisy-label relabelling, docs/methods/olr.md
 register("trapo", trapo)                    # semi-supervised trajectory selection, docs/methods/trapo.md
+# Allocation: how many rollouts each proposed prompt gets (Scheduler.allocate; docs/methods/knapsack.md).
+register("knapsack", knapsack)              # Knapsack RL, docs/methods/knapsack.md
+register("gvm", gvm)                        # GVM-RAFT's closed form, docs/methods/gvm.md
+register("oracle_allocation", oracle_allocation)   # headroom tool (true p), docs/methods/knapsack.md

@@ -27,6 +27,14 @@ arXiv 2609.03324, Eq. 3–5: rollout → target → admission → reward → adv
 | `target`      | after rollout: verify against   | apply(state, pool, batch)                    | `Targets`        |
 | `reward`      | after verification: transform   | apply(state, pool, batch)                    | float64[B, G]    |
 | `advantage`   | after GRPO: Ã = w·Â, w ∈ [0, 1] | apply(state, pool, batch)                    | float64[B, G]    |
+| `allocation`  | before rollout: how many each   | apply(state, pool, ids, budget)              | int64[B] N_i     |
+
+The allocation place decides how many rollouts each proposed prompt gets (Knapsack RL, arXiv
+2509.25849; GVM-RAFT, arXiv 2505.02391): N_i ≥ 0 with Σ N_i = budget exactly, each within the
+policy's declared `bounds` (`Scheduler.allocate` checks both and names the policy when they
+fail). Its feedback arrives as ragged groups (`Feedback.group_sizes`), which the Scheduler
+hands to every other policy as rectangular groups of one size each (docs/methods/knapsack.md,
+"Variable group sizes").
 
 A `Method` holds one policy per place; `compose` (in `_compose`) builds one from any set of policies
 (filling the empty places with neutral defaults: every prompt keeps its dataset label,
@@ -45,14 +53,15 @@ import numpy as np
 from ..types import Batch, Pool
 
 __all__ = [
-    "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "KINDS",
+    "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "ALLOCATION", "KINDS",
     "DataPolicy", "Method", "Admission", "Targets", "chain", "with_floor",
     "softmax", "EmptyState", "dataset_labels", "identity_reward", "unit_advantage", "active_supervision_places", "supervising_places", "is_neutral",
 ]
 
 MIXTURE, SELECTION, ADMISSION, REWEIGHTING = "mixture", "selection", "admission", "reweighting"
 TARGET, REWARD, ADVANTAGE = "target", "reward", "advantage"
-KINDS = (MIXTURE, SELECTION, ADMISSION, REWEIGHTING, TARGET, REWARD, ADVANTAGE)
+ALLOCATION = "allocation"
+KINDS = (MIXTURE, SELECTION, ADMISSION, REWEIGHTING, TARGET, REWARD, ADVANTAGE, ALLOCATION)
 
 
 class EmptyState(NamedTuple):
@@ -127,6 +136,10 @@ class DataPolicy(NamedTuple):
             `unit_advantage`): the ones `compose` fills empty places with and drops when it
             merges methods. Decided by this flag, never by name, so a policy of your own
             named `keep_all` is kept. Test it with `is_neutral`.
+        bounds: for allocations, (min_n, max_n): the fewest and most rollouts the policy gives
+            one prompt (max_n may be None: no upper bound). `Scheduler.allocate` refuses a
+            budget outside [B·min_n, B·max_n] before calling `apply`, and raises a
+            RuntimeError naming the policy when `apply` leaves them.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
@@ -144,12 +157,15 @@ class DataPolicy(NamedTuple):
     reads: frozenset = frozenset()
     decisions: Callable[[Any, Pool, Batch], list] | None = None
     neutral: bool = False
+    bounds: tuple | None = None
 
 
 class Method(NamedTuple):
     """A full scheduling method: one policy at each place. `target`, `reward` and
     `advantage` may be None in a hand-built Method: the Scheduler then behaves as their
-    neutral defaults (`dataset_labels`, `identity_reward`, `unit_advantage`)."""
+    neutral defaults (`dataset_labels`, `identity_reward`, `unit_advantage`). `allocation`
+    None (the default) gives every prompt the same number of rollouts
+    (`Scheduler.allocate`)."""
 
     mixture: DataPolicy | None
     selection: DataPolicy
@@ -159,12 +175,14 @@ class Method(NamedTuple):
     target: DataPolicy | None = None
     reward: DataPolicy | None = None
     advantage: DataPolicy | None = None
+    allocation: DataPolicy | None = None
 
     def policies(self) -> dict[str, DataPolicy]:
         out = {SELECTION: self.selection, ADMISSION: self.admission, REWEIGHTING: self.reweighting}
         if self.mixture is not None:
             out[MIXTURE] = self.mixture
-        for kind, p in ((TARGET, self.target), (REWARD, self.reward), (ADVANTAGE, self.advantage)):
+        for kind, p in ((TARGET, self.target), (REWARD, self.reward), (ADVANTAGE, self.advantage),
+                        (ALLOCATION, self.allocation)):
             if p is not None:
                 out[kind] = p
         return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 
-from ._base import (ADMISSION, ADVANTAGE, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET, DataPolicy,
+from ._base import (ADMISSION, ADVANTAGE, ALLOCATION, KINDS, MIXTURE, REWARD, REWEIGHTING, SELECTION, TARGET, DataPolicy,
                     Method, chain, dataset_labels, identity_reward, is_neutral, keep_all, unit_advantage,
                     unit_weights)
 from ._uniform import uniform_pool, uniform_within_arm
@@ -17,7 +17,7 @@ __all__ = ["compose"]
 def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     """Build a `Method` from policies of any kinds (and/or other methods).
 
-    At most one mixture, one selection and one target; several admission, reweighting,
+    At most one mixture, one selection, one target and one allocation; several admission, reweighting,
     reward or advantage policies are stacked with `chain`. Empty places get neutral defaults: with a mixture, prompts are
     drawn arm by arm from it (`uniform_within_arm`); without, uniformly from the pool;
     admission keeps everything; weights are 1; every prompt keeps its dataset label; rewards
@@ -44,7 +44,7 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
             names.append(p.name)
         else:
             raise TypeError(f"compose takes DataPolicy or Method objects; got {type(p).__name__}.")
-    for kind in (MIXTURE, SELECTION, TARGET):
+    for kind in (MIXTURE, SELECTION, TARGET, ALLOCATION):
         if len(slots[kind]) > 1:
             raise InputError(f"a method has one {kind} policy; got {[q.name for q in slots[kind]]}. "
                              f"Keep one of them.")
@@ -71,4 +71,5 @@ def compose(*policies: DataPolicy | Method, name: str = "") -> Method:
     advantage = chain(*slots[ADVANTAGE]) if slots[ADVANTAGE] else unit_advantage()
     return Method(mixture, selection, admission, reweighting,
                   name=name or "+".join(n for n in names if n),
-                  target=target, reward=reward, advantage=advantage)
+                  target=target, reward=reward, advantage=advantage,
+                  allocation=slots[ALLOCATION][0] if slots[ALLOCATION] else None)
