@@ -1,0 +1,214 @@
+"""RlpaceSelector and RlpaceGroupFeedback against the installed Trinity-RFT 0.6 (run in
+.venv-trinity: `make test-trinity`; the main env has no Trinity and skips this module).
+
+The explorer's selector loop, with Trinity's own classes: `get_taskset_scheduler` builds the
+`TasksetScheduler` and loads the selector from its dotted `selector_type`; its `read()`
+gives `Task`s from a JSON-lines taskset through Trinity's `TaskFileReader`; each task's
+real `MathWorkflow` with Trinity's `AccuracyReward` scores the answers of a scripted model
+(what vLLM would return); the experiences go through a real `ExperiencePipeline` (serialized,
+operators from the registry) whose metrics reach `TasksetScheduler.feedback`; the checkpoint
+is `StateManager.save_explorer` / `load_explorer`, the explorer's own JSON file. Only the
+model is scripted: vLLM does not run on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trinity.buffer.task_scheduler")
+
+import torch  # noqa: E402
+from trinity.buffer.operators import create_operators  # noqa: E402
+from trinity.buffer.pipelines.experience_pipeline import ExperiencePipeline  # noqa: E402
+from trinity.buffer.task_scheduler import get_taskset_scheduler  # noqa: E402
+from trinity.common.config import (Config, DataSelectorConfig, FormatConfig, OperatorConfig,  # noqa: E402
+                                   StorageConfig)
+from trinity.common.experience import Experience  # noqa: E402
+from trinity.manager.state_manager import StateManager  # noqa: E402
+
+import rlpace.adapters.trinity as rt  # noqa: E402
+from rlpace import Feedback, InputError, Pool, Scheduler  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+N, B, G, SEED = 18, 4, 4, 3
+P = {"easy": 0.9, "hard": 0.1, "mid": 0.5}          # the scripted model's success rate per domain
+DOMAINS = [("easy", "hard", "mid")[i % 3] for i in range(N)]
+SELECTOR = "rlpace.adapters.trinity.RlpaceSelector"
+OPERATOR = "rlpace.adapters.trinity.RlpaceGroupFeedback"
+
+
+class ScriptedModel:
+    """Stands in for Trinity's ModelWrapper: `chat(messages, n)` answers task i correctly with
+    probability P[domain of i], drawn from rng([7, step, i]) (what `expected_rewards` redraws)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def chat(self, messages, n=1, **_):
+        i = int(re.search(r"What is (\d+)\+1", messages[-1]["content"]).group(1))
+        right = np.random.default_rng([7, self.step, i]).random(n) < P[DOMAINS[i]]
+        return [Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=1,
+                           response_text=f"The answer is \\boxed{{{i + 1 if r else -5}}}.") for r in right]
+
+
+def expected_rewards(step: int, i: int) -> list[float]:
+    return (np.random.default_rng([7, step, i]).random(G) < P[DOMAINS[i]]).astype(float).tolist()
+
+
+def config(root, policy="dump", operator=OPERATOR, **kwargs) -> Config:
+    root.mkdir(exist_ok=True)
+    with open(root / "train.jsonl", "w") as f:
+        for i, d in enumerate(DOMAINS):
+            f.write(json.dumps({"question": f"What is {i}+1?", "answer": str(i + 1), "data_source": d}) + "\n")
+    cfg = Config()
+    cfg.buffer.batch_size, cfg.buffer.total_epochs = B, 20
+    sel = DataSelectorConfig(selector_type=SELECTOR, seed=SEED,
+                             kwargs={"policy": policy, "domain_key": "data_source", **kwargs})
+    cfg.buffer.explorer_input.tasksets = [StorageConfig(
+        name="toy", path=str(root), split="train", repeat_times=G, batch_size=B, total_epochs=20,
+        default_workflow_type="math_workflow", default_reward_fn_type="accuracy_reward",
+        format=FormatConfig(prompt_key="question", response_key="answer"), data_selector=sel)]
+    cfg.buffer.trainer_input.experience_buffer = StorageConfig(
+        name="exp", storage_type="file", path=str(root / "exp.jsonl"), schema_type="experience", wrap_in_ray=False)
+    cfg.data_processor.experience_pipeline.save_input = False
+    cfg.data_processor.experience_pipeline.operators = [OperatorConfig(name=operator)]
+    return cfg
+
+
+async def pipeline(cfg) -> ExperiencePipeline:
+    pipe = ExperiencePipeline(cfg)
+    # ExperiencePipeline.prepare() minus the auxiliary-model allocation (it imports vLLM)
+    await pipe.output.acquire()
+    pipe.operators = create_operators(cfg.data_processor.experience_pipeline.operators, {})
+    return pipe
+
+
+async def explore(taskset, pipe, first: int, last: int) -> list[list[int]]:
+    """Explorer steps first..last: read → run each task's workflow → pipeline → feedback."""
+    batches = []
+    for step in range(first, last + 1):
+        tasks = await taskset.read()
+        exps = []
+        for t_id, task in enumerate(tasks):
+            task = dataclasses.replace(task, batch_id=step, task_id=t_id)      # as Trinity's scheduler
+            wf = task.to_workflow(model=ScriptedModel(step))
+            wf.set_repeat_times(G, 0)
+            for e in wf.run():                                                 # as WorkflowRunner
+                e.eid.batch, e.eid.task = task.batch_id, task.task_id
+                e.info["task_index"] = task.index
+                exps.append(e)
+        taskset.feedback(await pipe.process(Experience.serialize_many(exps)))
+        batches.append([t.index["index"] for t in tasks])
+    return batches
+
+
+def selector(taskset) -> rt.RlpaceSelector:
+    return taskset.tasksets[0].reader.selector
+
+
+def run(cfg, steps: int, state=None):
+    async def go():
+        taskset = get_taskset_scheduler(state or {}, cfg)
+        first = (state or {}).get("latest_iteration", 0) + 1
+        return taskset, await explore(taskset, await pipeline(cfg), first, first + steps - 1)
+    return asyncio.run(go())
+
+
+def assert_same_state(a: Scheduler, b: Scheduler):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
+def test_trinity_loads_the_selector_and_every_rollout_reaches_the_scheduler(tmp_path):
+    taskset, batches = run(config(tmp_path / "a"), steps=5)
+    sel = selector(taskset)
+    assert isinstance(sel, rt.RlpaceSelector) and sel.scheduler.name == "dump"
+    # reference: the same Scheduler driven by hand with the rewards the scripted model earns
+    ref = Scheduler(Pool(DOMAINS), "dump", seed=SEED)
+    for step, ids in enumerate(batches, start=1):
+        assert ref.propose(B).tolist() == ids                      # Trinity read what rlpace proposed
+        ref.observe(Feedback(np.array(ids), np.array([expected_rewards(step, i) for i in ids]),
+                             step=step - 1))
+    assert_same_state(sel.scheduler, ref)
+    m = sel.scheduler.metrics()
+    assert m["rollouts_observed"] == 5 * B * G and m["groups_observed"] == 5 * B
+    wins = sum(sum(expected_rewards(s, i)) for s, ids in enumerate(batches, 1) for i in ids)
+    assert int(sel.scheduler.history.successes.sum()) == wins and 0 < wins < 5 * B * G
+
+
+def test_resume_through_the_explorer_checkpoint_is_exact(tmp_path):
+    cfg = config(tmp_path / "a", policy="recommended")             # dump mixture + MoPPS selection
+    full, full_batches = run(cfg, steps=6)
+    first, _ = run(cfg, steps=3)
+    ckpt = tmp_path / "ckpt"
+    StateManager(str(ckpt), explorer_name="explorer").save_explorer(3, first.state_dict())
+    state = StateManager(str(ckpt), explorer_name="explorer").load_explorer()
+    assert json.load(open(ckpt / "explorer_meta.json"))["latest_iteration"] == 3
+    resumed, batches = run(cfg, steps=3, state=state)
+    assert batches == full_batches[3:]
+    assert_same_state(selector(resumed).scheduler, selector(full).scheduler)
+
+
+def test_groups_of_one_prompt_twice_in_a_batch_stay_apart(tmp_path):
+    cfg = config(tmp_path / "a", policy="uniform")
+    sel = selector(get_taskset_scheduler({}, cfg))
+    op = create_operators([OperatorConfig(name=OPERATOR)], {})[0]
+    exps = []
+    for task, rewards in ((0, [1.0, 0.0]), (1, [0.0, 0.0])):       # row 5 read twice in one batch
+        for run_id, r in enumerate(rewards):
+            e = Experience(tokens=torch.tensor([1, 2]), prompt_length=1, reward=r)
+            e.eid.batch, e.eid.task, e.eid.run = 1, task, run_id
+            e.info["task_index"] = {"index": 5, "taskset_id": 0}
+            exps.append(e)
+    _, metric = asyncio.run(op.process(exps))
+    assert metric["selector_metric"] == {0: {"indices": [5, 5], "values": [[1.0, 0.0], [0.0, 0.0]]}}
+    sel.feedback(**metric["selector_metric"][0])
+    assert sel.scheduler.history.attempts[5] == 4 and sel.scheduler.history.successes[5] == 1
+
+
+def test_group_means_are_refused_and_change_nothing(tmp_path):
+    """Trinity's own pass_rate_calculator sends one mean per task: not a group."""
+    cfg = config(tmp_path / "a", operator="pass_rate_calculator")
+    taskset = get_taskset_scheduler({}, cfg)
+    before = selector(taskset).state_dict()
+    with pytest.raises(InputError, match="RlpaceGroupFeedback"):
+        asyncio.run(explore(taskset, asyncio.run(pipeline(cfg)), 1, 1))
+    assert selector(taskset).state_dict()[rt._STATE] != before[rt._STATE]       # proposal counted
+    sched = selector(taskset).scheduler
+    assert int(sched.counters.observations) == 0 and sched.history.attempts.sum() == 0
+
+
+@pytest.mark.parametrize("policy, needs", [("dapo_dynamic_sampling", "admission"),
+                                           ("per_advantage", "reweighting"), ("ttrl", "target"),
+                                           ("oracle_boundary", "measurement"), ("epiplexity", "per-token losses")])
+def test_methods_the_selector_cannot_serve_are_refused(tmp_path, policy, needs):
+    with pytest.raises(InputError, match=needs):
+        get_taskset_scheduler({}, config(tmp_path / "a", policy=policy))
+
+
+def test_bad_config_and_foreign_checkpoints_are_refused(tmp_path):
+    with pytest.raises(InputError, match="unknown data_selector.kwargs"):
+        get_taskset_scheduler({}, config(tmp_path / "a", temperature=0.1))
+    with pytest.raises(InputError, match="not a column"):
+        get_taskset_scheduler({}, config(tmp_path / "b", domain_key="topic"))
+    shuffled = {"latest_iteration": 2, "taskset_states": [{"current_index": 8}]}    # Trinity's shuffle selector
+    with pytest.raises(InputError, match="another selector's state"):
+        get_taskset_scheduler(shuffled, config(tmp_path / "c"))
+
+
+def test_the_version_gate_refuses_releases_outside_the_tested_range(tmp_path, monkeypatch):
+    cfg = config(tmp_path / "a")
+    for v in ("0.7.0", "0.6.1.dev0", "0.5.2"):
+        monkeypatch.setattr(rt.trinity, "__version__", v)
+        with pytest.raises(InputError, match="trinity-rft"):
+            get_taskset_scheduler({}, cfg)
+    monkeypatch.setattr(rt.trinity, "__version__", "0.6.0")
+    get_taskset_scheduler({}, cfg)
