@@ -195,3 +195,13 @@ def test_strict_site_build_fails_on_a_broken_link_or_a_page_missing_from_the_nav
     assert rc != 0 and "no-such-page.md" in log
     rc, log = _strict_build(tmp_path / "c", lambda d: (d / "orphan.md").write_text("# Orphan\n"))
     assert rc != 0 and "orphan.md" in log
+
+
+def test_api_page_lists_every_name_rlpace_exports():
+    import rlpace
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    block = re.search(r"^::: rlpace\n    options:\n      members:\n((?:        - \w+\n)+)", text, re.M).group(1)
+    listed = re.findall(r"- (\w+)", block)
+    # rlpace.policies has its own section; __version__ is not API to document
+    assert sorted(listed) == sorted(set(rlpace.__all__) - {"policies", "__version__"})
+    assert "\n::: rlpace.policies\n" in text
