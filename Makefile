@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean test-main test-verl07 test-docs
+.PHONY: demo test install clean test-main test-verl07 test-docs test-trinity
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,7 @@ demo: $(STAMP)
 # which failed, and fails at the end if any did. A new suite is one line here plus its target.
 TEST_SUITES := test-main
 TEST_SUITES += test-verl07
+TEST_SUITES += test-trinity
 TEST_SUITES += test-docs
 
 test:
@@ -70,3 +71,23 @@ $(STAMP07): pyproject.toml Makefile
 test-verl07: $(STAMP07)
 	$(VENV07)/bin/python -m pytest tests/verl07 -p no:cacheprovider
 # ---- end of the verl 0.7 block ------------------------------------------------------------------
+
+# ---- Trinity-RFT environment: rlpace.adapters.trinity, tests/trinity_rft ------------------------
+# trinity-rft 0.6.0 needs transformers>=5.12.1 and verl 0.9.1 (the main venv) transformers<5.11,
+# so it lives in its own venv; pip then resolves verl 0.8.0, which pins numpy<2, so pyarrow must
+# stay <21 as in the verl 0.7 venv. SQLAlchemy's asyncio module (imported by Trinity's buffer)
+# needs greenlet, which trinity-rft does not declare. The main test run skips tests/trinity_rft.
+VENVTR  ?= .venv-trinity
+STAMPTR := $(VENVTR)/.rlpace-installed
+
+$(STAMPTR): pyproject.toml Makefile
+	test -x $(VENVTR)/bin/python || python3 -m venv $(VENVTR)
+	$(VENVTR)/bin/pip install -q --upgrade pip
+	$(VENVTR)/bin/pip install -q torch==2.13.0
+	$(VENVTR)/bin/pip install -q "trinity-rft==0.6.0" "pyarrow>=19,<21" greenlet
+	$(VENVTR)/bin/pip install -q -e ".[dev]"
+	touch $(STAMPTR)
+
+test-trinity: $(STAMPTR)
+	$(VENVTR)/bin/python -m pytest tests/trinity_rft -p no:cacheprovider -p no:logging
+# ---- end of the Trinity-RFT block ---------------------------------------------------------------
