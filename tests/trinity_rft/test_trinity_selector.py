@@ -162,16 +162,19 @@ def test_groups_of_one_prompt_twice_in_a_batch_stay_apart(tmp_path):
     sel = selector(get_taskset_scheduler({}, cfg))
     op = create_operators([OperatorConfig(name=OPERATOR)], {})[0]
     exps = []
-    for task, rewards in ((0, [1.0, 0.0]), (1, [0.0, 0.0])):       # row 5 read twice in one batch
-        for run_id, r in enumerate(rewards):
-            e = Experience(tokens=torch.tensor([1, 2]), prompt_length=1, reward=r)
-            e.eid.batch, e.eid.task, e.eid.run = 1, task, run_id
-            e.info["task_index"] = {"index": 5, "taskset_id": 0}
-            exps.append(e)
-    _, metric = asyncio.run(op.process(exps))
-    assert metric["selector_metric"] == {0: {"indices": [5, 5], "values": [[1.0, 0.0], [0.0, 0.0]]}}
+    # row 5 read twice in one batch (tasks 0 and 1); task 0's run 1 has two turns (the last
+    # one's reward counts), its run 2 no reward (left out)
+    for task, run_id, turn, r in ((0, 0, 0, 1.0), (0, 1, 0, 0.0), (0, 1, 1, 1.0), (0, 2, 0, None),
+                                  (1, 0, 0, 0.0), (1, 1, 0, 0.0)):
+        e = Experience(tokens=torch.tensor([1, 2]), prompt_length=1, reward=r)
+        e.eid.batch, e.eid.task, e.eid.run, e.eid.step = 1, task, run_id, turn
+        e.info["task_index"] = {"index": 5, "taskset_id": 0}
+        exps.append(e)
+    out, metric = asyncio.run(op.process(exps))
+    assert out == exps
+    assert metric["selector_metric"] == {0: {"indices": [5, 5], "values": [[1.0, 1.0], [0.0, 0.0]]}}
     sel.feedback(**metric["selector_metric"][0])
-    assert sel.scheduler.history.attempts[5] == 4 and sel.scheduler.history.successes[5] == 1
+    assert sel.scheduler.history.attempts[5] == 4 and sel.scheduler.history.successes[5] == 2
 
 
 def test_group_means_are_refused_and_change_nothing(tmp_path):

@@ -173,7 +173,7 @@ class RlpaceGroupFeedback(ExperienceOperator):
         runs: dict = defaultdict(dict)           # (taskset, batch, task) -> run -> (step, reward)
         rows: dict = {}
         for e in exps:
-            where = e.info.get("task_index") or {}
+            where = (e.info or {}).get("task_index") or {}
             if "taskset_id" not in where or "index" not in where or e.reward is None:
                 continue
             key = (where["taskset_id"], str(e.eid.batch), str(e.eid.task))
