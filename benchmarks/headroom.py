@@ -15,6 +15,12 @@ over S seeds (runs with one seed are paired):
   `oracle_progress`: the domain with the largest true expected accuracy gain;
   docs/methods/oracle.md). Their measurement rollouts are *not* charged: the oracle is an
   upper bound, not a method. Each policy's captured share = (1 − ratio) / (1 − oracle ratio).
+  `--oracles ...,oracle_allocation` adds the allocation headroom (Knapsack RL's DP on the
+  true pass rates; docs/methods/knapsack.md).
+* allocation policies (`knapsack`, `gvm`, `recommended+knapsack`, ...) run like any other:
+  each step's B·G rollouts are split by `Scheduler.allocate`; every rollout is counted.
+  The informative fraction (Knapsack RL's "effective gradient ratio") has a paired 95%
+  bootstrap CI of its difference to uniform.
 
 Suites: `sim:<scenario>` runs the simulator (exact oracle: true p every step, quantised to
 1/64); any other name is a built-in trainer task set looked up through `rlpace.tasks`
@@ -50,7 +56,8 @@ from pathlib import Path
 import numpy as np
 
 SIM_SUITES = ("sim:ladder", "sim:homogeneous", "sim:solved_majority")
-ORACLES = ("oracle_boundary", "oracle_progress")
+ORACLES = ("oracle_boundary", "oracle_progress", "oracle_allocation")
+DEFAULT_ORACLES = ("oracle_boundary", "oracle_progress")
 QUICK_TRAINER_POLICIES = ("uniform", "oracle_boundary", "dump", "dapo_dynamic_sampling")
 
 
@@ -60,7 +67,7 @@ def compared_policies() -> list[str]:
     from rlpace.policies import make_method, names
     from rlpace.sim import proposal_names
     adm = [n for n in names() if not n.startswith("oracle_") and make_method(n).admission.name != "keep_all"]
-    return ["uniform", *ORACLES] + list(dict.fromkeys(proposal_names() + adm))
+    return ["uniform", *DEFAULT_ORACLES] + list(dict.fromkeys(proposal_names() + adm))
 
 
 # ---- simulator --------------------------------------------------------------------------
@@ -90,7 +97,7 @@ def run_sim(suite: str, policies, seeds, args) -> tuple[dict, dict]:
         for _, p, s, cv, inf, _ in ex.map(_sim_one, jobs, chunksize=4):
             curves[p][s] = cv
             inform[p].append(inf)
-    return curves, {p: float(np.mean(v)) for p, v in inform.items()}
+    return curves, inform
 
 
 # ---- built-in trainer ---------------------------------------------------------------------
@@ -148,7 +155,7 @@ def run_trainer(suite: str, policies, seeds, args) -> tuple[dict, dict]:
         inform[p].append(float(np.mean([r["informative_groups"] for r in recs if "informative_groups" in r])))
         ess[p].append(ess_fraction(recs))
     args.ess = {**getattr(args, "ess", {}), suite: {p: float(np.mean(v)) for p, v in ess.items()}}
-    return curves, {p: float(np.mean(v)) for p, v in inform.items()}
+    return curves, inform
 
 
 def ess_fraction(recs) -> float:
@@ -160,11 +167,25 @@ def ess_fraction(recs) -> float:
 
 
 # ---- the table ------------------------------------------------------------------------------
+def informative_ci(inform: dict, p: str) -> tuple[float, float, float]:
+    """(mean difference, low, high): paired 95% bootstrap CI of policy p's informative fraction
+    minus uniform's over the seeds (lists in seed order); NaN without pairs."""
+    from rlpace.evaluation import paired_bootstrap_interval
+    a, b = np.asarray(inform.get(p, []), float), np.asarray(inform.get("uniform", []), float)
+    if p == "uniform" or a.size < 2 or a.size != b.size:
+        return (0.0, 0.0, 0.0) if p == "uniform" else (math.nan,) * 3
+    ci = paired_bootstrap_interval(a, b, n_boot=10_000, random_state=0)
+    return float(ci.estimate), float(ci.low), float(ci.high)
+
+
 def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, tail: int,
                   ess: dict | None = None) -> list[dict]:
     """One row per policy: ratios to uniform, the oracle's headroom and the captured share;
-    `ess` (policy -> mean ESS / B of its loss weights, NaN or absent = none) fills the ESS column."""
+    `ess` (policy -> mean ESS / B of its loss weights, NaN or absent = none) fills the ESS column.
+    `inform` holds each policy's per-seed informative fractions (lists, seed order) or a mean."""
     ess = ess or {}
+    per_seed = {p: list(np.atleast_1d(np.asarray(v, float))) for p, v in inform.items()}
+    inform = {p: float(np.mean(v)) for p, v in per_seed.items()}
     from rlpace.errors import InputError
     from rlpace.evaluation import captured_share, efficiency_vs_baseline
     try:
@@ -180,7 +201,8 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
              "ratio_high": 1.0, "bound": "", "reached": len(curves["uniform"]), "captured": 0.0,
              "final": float(u_final), "final_diff": 0.0, "final_low": 0.0, "final_high": 0.0,
              "informative": inform["uniform"], "auc_ratio": 1.0, "steps_ratio": 1.0,
-             "base": float(u_base), "headroom": best_oracle, "ess": ess.get("uniform", math.nan), "note": ""}]
+             "base": float(u_base), "headroom": best_oracle, "ess": ess.get("uniform", math.nan),
+             "inf_diff": 0.0, "inf_low": 0.0, "inf_high": 0.0, "note": ""}]
     for p, e in eff.items():
         r, d = e.rollouts, e.final_diff
         rows.append({"suite": suite, "policy": p, "seeds": len(e.seeds), "ratio": r.estimate, "ratio_low": r.low,
@@ -191,7 +213,8 @@ def headroom_rows(suite: str, curves: dict, inform: dict, *, fraction: float, ta
                      "final_high": d.high if d else math.nan, "informative": inform[p],
                      "auc_ratio": e.auc.estimate if e.auc else math.nan,
                      "steps_ratio": e.steps.estimate if e.steps else math.nan,
-                     "base": float(u_base), "headroom": best_oracle, "ess": ess.get(p, math.nan), "note": ""})
+                     "base": float(u_base), "headroom": best_oracle, "ess": ess.get(p, math.nan),
+                     **dict(zip(("inf_diff", "inf_low", "inf_high"), informative_ci(per_seed, p))), "note": ""})
     order = {p: i for i, p in enumerate(["uniform", *ORACLES])}
     rows.sort(key=lambda x: (order.get(x["policy"], 9), x["ratio"] if math.isfinite(x["ratio"]) else 9e9))
     return rows
@@ -205,12 +228,13 @@ def no_target_row(suite: str, curves: dict, inform: dict, why: str) -> dict:
     fraction-of-gain target to reach), uniform's accuracies and the reason in `note`."""
     u = curves["uniform"]
     nan = math.nan
+    inform = {p: float(np.mean(v)) for p, v in inform.items()}
     return {"suite": suite, "policy": "uniform", "seeds": len(u), "ratio": nan, "ratio_low": nan,
             "ratio_high": nan, "bound": "", "reached": 0, "captured": nan,
             "final": float(np.mean([c.accuracy[-1] for c in u.values()])), "final_diff": nan, "final_low": nan,
             "final_high": nan, "informative": inform.get("uniform", nan), "auc_ratio": nan, "steps_ratio": nan,
             "base": float(np.mean([c.accuracy[0] for c in u.values()])), "headroom": nan, "ess": nan,
-            "note": f"{NO_TARGET}: {why}"}
+            "inf_diff": nan, "inf_low": nan, "inf_high": nan, "note": f"{NO_TARGET}: {why}"}
 
 
 def _f(x, fmt="{:.2f}"):
@@ -220,8 +244,8 @@ def _f(x, fmt="{:.2f}"):
 def markdown(rows: list[dict], fraction: float) -> str:
     pct = f"{fraction:.0%}"
     head = ["policy", f"rollouts to {pct} gain / uniform [95% CI]", "reached", "captured share",
-            "final acc", "Δ final vs uniform [95% CI]", "informative", "AUC / uniform", "steps / uniform",
-            "ESS / B"]
+            "final acc", "Δ final vs uniform [95% CI]", "informative", "Δ informative [95% CI]",
+            "AUC / uniform", "steps / uniform", "ESS / B"]
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         rs = [r for r in rows if r["suite"] == suite]
@@ -239,7 +263,11 @@ def markdown(rows: list[dict], fraction: float) -> str:
             out.append("| " + " | ".join([
                 r["policy"], f"{r['bound']}{_f(r['ratio'])}×{ci}", f"{r['reached']}/{r['seeds']}",
                 _f(r["captured"], "{:.0%}"), f"{r['final']:.3f}", f"{_f(r['final_diff'], '{:+.3f}')}{dci}",
-                f"{r['informative']:.2f}", _f(r["auc_ratio"]), _f(r["steps_ratio"]),
+                f"{r['informative']:.2f}",
+                "" if r["policy"] == "uniform" else
+                f"{_f(r.get('inf_diff', math.nan), '{:+.3f}')} [{_f(r.get('inf_low', math.nan), '{:+.3f}')}, "
+                f"{_f(r.get('inf_high', math.nan), '{:+.3f}')}]",
+                _f(r["auc_ratio"]), _f(r["steps_ratio"]),
                 "" if not math.isfinite(r.get("ess", math.nan)) else f"{r['ess']:.2f}"]) + " |")
     return "\n".join(out) + "\n"
 
@@ -297,7 +325,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="", help="comma list (default: every proposal and admission policy); "
                                                    "uniform and the oracles are always run")
     ap.add_argument("--seeds", type=int, default=8)
-    ap.add_argument("--oracles", default=",".join(ORACLES),
+    ap.add_argument("--oracles", default=",".join(DEFAULT_ORACLES),
                     help="comma list of the oracles to run with --policies (trainer oracles cost m·N "
                          "measurement rollouts every k steps; oracle_progress only models the simulator)")
     ap.add_argument("--quick", action="store_true",

@@ -258,6 +258,16 @@ class Scheduler:
         self._batch_and_counts(feedback)          # type and id range, over every row
         return [(rows,) + self._batch_and_counts(sub) for rows, sub in feedback.by_size()]
 
+    def _check_ids(self, feedback: Feedback) -> None:
+        """The checks a view of ragged feedback needs before its parts (each part is checked
+        when its view runs): the record's type and its ids inside the pool."""
+        if not isinstance(feedback, Feedback):
+            raise TypeError(f"expected an rlpace.Feedback; got {type(feedback).__name__}.")
+        ids = feedback.prompt_ids
+        if ids.size and ids.max() >= len(self.pool):
+            raise InputError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
+                             f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
+
     def _tally(self, parts: list) -> None:
         """The counters of one observed step made of several parts (one observation)."""
         b = sum(int(batch.prompt_ids.shape[0]) for _, batch, _, _ in parts)
@@ -526,7 +536,7 @@ class Scheduler:
         [None, '7', '3']
         """
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)                                      # validates every part
+            self._check_ids(feedback)
             labels = [None] * feedback.batch_size
             for rows, sub in feedback.by_size():
                 for r, t in zip(rows.tolist(), self.targets(sub)):
@@ -549,7 +559,7 @@ class Scheduler:
         trainer uses the returned rewards from then on (group advantages, `observe`, `admit`).
         Changes nothing."""
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)
+            self._check_ids(feedback)
             return self._scatter(feedback, self.rewards, 0.0, np.float64)
         batch = self._batch(feedback)
         reward = self.method.reward
@@ -566,7 +576,7 @@ class Scheduler:
         Ã = w·Â; 0 filters a rollout, (0, 1) softly reweights it). The trainer multiplies the
         advantages by them before the loss. Ones without an advantage policy. Changes nothing."""
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)
+            self._check_ids(feedback)
             return self._scatter(feedback, self.advantage_weights, 0.0, np.float64)
         return self._advantage_weights(self._batch(feedback))
 
@@ -612,7 +622,7 @@ class Scheduler:
         advantages recomputed over its kept rollouts (False: PODS, GFPO; see
         `rlpace.kept_group_advantages`). `admit(fb)` is `admission(fb).keep`."""
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)
+            self._check_ids(feedback)
             outs = []
             keep = self._scatter(feedback, lambda sub: outs.append(self.admission(sub)) or outs[-1].keep,
                                  False, bool)
@@ -637,7 +647,7 @@ class Scheduler:
         """float64[B, G] per-rollout loss weights (1 = unchanged; 0 on the padding of ragged
         feedback)."""
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)
+            self._check_ids(feedback)
             return self._scatter(feedback, self.loss_weights, 0.0, np.float64)
         return self._loss_weights(self._batch(feedback))
 
@@ -679,7 +689,7 @@ class Scheduler:
         [[[0.75, 1.25], [1.0, 0.0]]]
         """
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
-            self._parts(feedback)
+            self._check_ids(feedback)
             probs, mask = np.asarray(token_probs), np.asarray(token_mask)
             if probs.ndim != 3 or probs.shape[:2] != feedback.rewards.shape or mask.shape != probs.shape:
                 raise InputError(f"token_probs and token_mask must be [B, G, T] with [B, G] = "

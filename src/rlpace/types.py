@@ -898,6 +898,9 @@ class Feedback:
         """
         if self.group_sizes is None:
             return [(np.arange(self.prompt_ids.shape[0], dtype=np.int64), self)]
+        cached = self.__dict__.get("_by_size")      # the record is immutable: split once
+        if cached is not None:
+            return list(cached)
         out = []
         per_rollout = ("rewards", "advantages", "lengths", "grads", "answers", "token_entropy",
                        "self_certainty", "mean_logprob")
@@ -910,6 +913,7 @@ class Feedback:
                 v = getattr(self, name)
                 fields[name] = None if v is None else np.array(v[rows, :int(n)])
             out.append((rows, Feedback._from_validated(**fields)))
+        object.__setattr__(self, "_by_size", tuple(out))
         return out
 
     @property

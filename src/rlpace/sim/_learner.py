@@ -26,6 +26,11 @@ accuracy of domain k is the exact mean of σ(s_k − d_j) over its held-out diff
 the reported accuracy is the mean over domains (domain-balanced, as DataFlex-RL's summary).
 Every generated rollout is counted in `rollouts`, including those admission drops.
 
+With an allocation policy (`knapsack`, `gvm`, `oracle_allocation`) the step's B·G rollouts
+are split as `sched.allocate(ids, B·G)` says: prompt i gets N_i Bernoulli rollouts, reported
+as ragged groups (`Feedback.group_sizes`); its signal is the mean |A'| over its N_i, so
+allocation changes how likely a group is to carry signal, not how much a group weighs.
+
 Cost per step is O(B·G) plus the Scheduler's own cost; the held-out evaluation is
 O(K·H) every `eval_every` steps. Nothing here is O(N) per step.
 """
@@ -382,6 +387,7 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     informative = np.zeros(steps)
     kept_frac = np.zeros(steps)
     has_mix = sched.method.mixture is not None
+    allocating = sched.method.allocation is not None
     dprob = np.full((steps, k), np.nan) if has_mix else None
     dshare = np.zeros((steps, k))
     rollouts = np.zeros(steps, dtype=np.int64)
@@ -417,8 +423,14 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             ids = sched.propose(n_req)                                            # [n]
             d_ids = dom[ids]
             p = sigmoid(skill[d_ids] - diff[ids])                                 # [n]
-            rewards = (rng.random((ids.shape[0], g)) < p[:, None]).astype(np.float64)  # [n, G]
-            fb = Feedback(ids, rewards, step=t)
+            # an allocation policy splits the n·G rollouts unevenly: N_i per prompt, ragged rows
+            n_i = sched.allocate(ids, ids.shape[0] * g) if allocating else None   # [n]
+            width = g if n_i is None else max(1, int(n_i.max(initial=0)))
+            rewards = (rng.random((ids.shape[0], width)) < p[:, None]).astype(np.float64)  # [n, G or max N]
+            if n_i is not None:
+                valid = np.arange(width)[None, :] < n_i[:, None]                  # [n, max N]
+                rewards *= valid
+            fb = Feedback(ids, rewards, step=t, group_sizes=n_i)
             sched.observe(fb)
             if record is not None:
                 fresh = batches == 0 and ev_step[-1] == t
@@ -428,7 +440,12 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             batches += 1
             n_gen += ids.shape[0]
             spent += ids.shape[0] * g
-            n_inf += int((rewards.max(axis=1) > rewards.min(axis=1)).sum()) if g > 1 else 0
+            if n_i is None:
+                n_inf += int((rewards.max(axis=1) > rewards.min(axis=1)).sum()) if g > 1 else 0
+            else:
+                hi = np.where(valid, rewards, -np.inf).max(axis=1, initial=-np.inf)
+                lo = np.where(valid, rewards, np.inf).min(axis=1, initial=np.inf)
+                n_inf += int((hi > lo).sum())
             shares += np.bincount(d_ids, minlength=k)
             rows = np.flatnonzero(adm.keep.any(axis=1))[: b - n_kept]             # DAPO truncates
             if rows.size:
