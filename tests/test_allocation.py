@@ -325,3 +325,22 @@ def test_group_advantages_over_ragged_groups(ddof, clip, loo):
     np.testing.assert_allclose(got, loop_advantages(r, sizes, ddof, clip, loo), rtol=1e-12, atol=1e-12)
     if ddof == 1 and clip == 5.0:
         assert got.max() == 5.0                        # a rare success in 40: sqrt-N advantage, clipped
+
+
+# ---- the simulator and the built-in trainer ------------------------------------------------
+def test_simulator_spends_exactly_the_budget_with_allocation():
+    from rlpace.sim import make_scenario, simulate
+    sc = make_scenario("ladder", prompts_per_domain=6)          # small pool: prompts are revisited
+    a = simulate(sc, "knapsack", steps=30, batch_size=16, group_size=4, seed=0, policy_kwargs={"max_n": 16})
+    b = simulate(sc, "knapsack", steps=30, batch_size=16, group_size=4, seed=0, policy_kwargs={"max_n": 16})
+    assert a.rollouts.tolist() == [16 * 4 * (t + 1) for t in range(30)]
+    assert a.final_metrics["knapsack/valid_fraction"] > 0.5       # p̂ in use, not the uniform share
+    assert a.mean_accuracy.tolist() == b.mean_accuracy.tolist()
+    u = simulate(sc, "uniform", steps=30, batch_size=16, group_size=4, seed=0)
+    assert a.mean_accuracy.tolist() != u.mean_accuracy.tolist()
+
+
+def test_builtin_trainer_refuses_an_allocation_policy_rather_than_ignore_it(tmp_path):
+    from rlpace.train import TrainConfig, train
+    with pytest.raises(ValueError, match="allocation place"):
+        train(TrainConfig(steps=1, policy="recommended+knapsack", out=str(tmp_path)))

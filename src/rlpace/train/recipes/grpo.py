@@ -351,6 +351,12 @@ def _build_data(cfg: TrainConfig):
         raise InputError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
                          f"have a mixture or a selection; admission and reweighting policies are fine "
                          f"(e.g. policy=uniform or policy=dapo_dynamic_sampling).")
+    if sched.method.allocation is not None:
+        # Not silently uniform: this trainer rolls out G per prompt (Groups, micro-batches and the
+        # packed forward are [B, G]); ragged groups run in the simulator and through Scheduler.allocate.
+        raise InputError(f"policy={cfg.policy!r} has an allocation place ({sched.method.allocation.name}), "
+                         f"which the built-in trainer does not run yet (it generates group_size rollouts "
+                         f"per prompt); drop it from the policy, or use rlpace.sim / Scheduler.allocate.")
     if grid and uses_oracle(sched):
         raise InputError(f"tasks={cfg.tasks!r} rolls out fresh items, which an oracle cannot measure in "
                          f"advance; use another policy (e.g. policy=criticality_grid) or tasks=embedded:<names>.")
