@@ -344,3 +344,17 @@ def test_builtin_trainer_refuses_an_allocation_policy_rather_than_ignore_it(tmp_
     from rlpace.train import TrainConfig, train
     with pytest.raises(ValueError, match="allocation place"):
         train(TrainConfig(steps=1, policy="recommended+knapsack", out=str(tmp_path)))
+
+
+def test_gvm_reads_gradient_features_of_ragged_groups():
+    # ‖Σ_j g_ij‖: prompt 0 √2 (p = .5), prompt 1 10 (p = .4), prompt 2 unseen, prompt 3 p = 0 (s = 0).
+    # s = √2/√(.5 + .002) = 1.996, 10/√(.4 + .0025) = 15.76, unseen = their mean with 0 = 5.92;
+    # 24 − 4·2 = 16 ∝ s → 1.35, 10.65, 4.00, 0 → floors 1, 10, 4, 0 and the last unit to prompt 1
+    s = Scheduler(Pool(["a"] * 6), "gvm", max_n=16)
+    r = np.zeros((4, 5))
+    r[0, :2], r[1] = [1, 0], [1, 1, 0, 0, 0]
+    grads = np.zeros((4, 5, 3), np.float32)
+    grads[0, :2] = [[1, 0, 0], [0, 1, 0]]
+    grads[1, :, 2] = 2.0
+    s.step(Feedback(np.arange(4), r, step=0, group_sizes=[2, 5, 0, 1]), features=lambda adm: grads)
+    assert s.allocate(np.arange(4), 24).tolist() == [3, 13, 6, 2]
