@@ -73,6 +73,7 @@ pass calls `_compute_loss` with `_get_per_token_logps_and_entropies` shadowed on
 from __future__ import annotations
 
 from ..errors import InputError
+import hashlib
 import inspect
 import os
 from collections import deque
@@ -85,7 +86,7 @@ from ..types import Feedback, Pool, group_advantages
 try:
     import torch
     import trl
-    from accelerate.utils import gather_object
+    from accelerate.utils import broadcast_object_list, gather_object
     from torch.utils.data import Sampler
     from trl import GRPOTrainer
     from trl.models.utils import disable_gradient_checkpointing
@@ -97,10 +98,34 @@ from ._supervision import has_supervision_places
 from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
-           "SUPPORTED_TRL", "STATE_FILE"]
+           "check_trl_version", "missing_trl_methods", "SUPPORTED_TRL", "STATE_FILE"]
 
-SUPPORTED_TRL = ("1.10", "1.17")   # [lowest, highest) trl release checked
+SUPPORTED_TRL = ("1.16", "1.17")   # [lowest, highest) trl releases tested (1.16.0)
+# What the adapter relies on beyond GRPOTrainer's public API, checked when a trainer is built so
+# that a rename in a new TRL fails loudly (naming it) instead of being skipped: methods it
+# overrides or calls, with the parameters it passes; attributes it reads or saves and restores.
+TRL_PRIVATE_METHODS = {
+    "_get_train_sampler": ("dataset",),
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("inputs",),
+    "_generate": ("prompts",),
+    "_compute_loss": ("model", "inputs"),
+    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
+                                           "batch_size", "compute_entropy", "compute_aux_loss"),
+    "_save_checkpoint": ("model", "trial"),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
+    "_get_output_dir": ("trial",),
+}
+TRL_PRIVATE_ATTRIBUTES = ("_metrics", "num_generations", "num_iterations", "reward_weights", "reward_funcs",
+                          "temperature", "top_entropy_quantile", "multi_objective_aggregation", "beta",
+                          "_entropy_bonus_enabled", "aux_loss_enabled", "entropy_coef", "_last_world_entropy",
+                          "_entropy_window_stats")
 STATE_FILE = "rlpace_scheduler.npz"
+# the keys of TRL's generation output that a refilled (multi-round) batch is assembled from:
+# [n] or [n, T] tensors (prompts padded on the left, the rest on the right) and the loss normaliser
+_REFILL_KEYS = frozenset({"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
+                          "num_items_in_batch", "old_per_token_logps", "ref_per_token_logps",
+                          "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask"})
 
 
 def pool_from_dataset(dataset, *, domain_column: str = "data_source", id_column: str = "index",
@@ -132,6 +157,55 @@ def lookahead_chunks(gradient_accumulation_steps: int, batches_per_chunk: int) -
         raise InputError(f"gradient_accumulation_steps ({a}) and steps_per_generation × num_iterations ({r}) "
                          f"must be ≥ 1.")
     return a // r
+
+
+def check_trl_version(version: str) -> None:
+    """Refuse a trl outside `SUPPORTED_TRL`, pre-releases of the next release included
+    (`1.17.0.dev0` sorts below 1.17 but already carries its changes).
+
+    Examples:
+        >>> check_trl_version("1.16.0"); check_trl_version("1.16.1.dev0")
+        >>> check_trl_version("1.17.0.dev0")                       # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlpace.errors.InputError: RlpaceGRPOTrainer supports trl >=1.16,<1.17 ...
+    """
+    from packaging.version import Version
+    v, lo, hi = Version(version), Version(SUPPORTED_TRL[0]), Version(SUPPORTED_TRL[1])
+    if not (lo <= v and Version(v.base_version) < hi):
+        raise InputError(f"RlpaceGRPOTrainer supports trl >={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]} (the releases "
+                         f"its private overrides were tested against); trl {version} is installed. Install a trl "
+                         f"in that range.")
+
+
+def missing_trl_methods(cls) -> list[str]:
+    """The `TRL_PRIVATE_METHODS` that `cls` lacks, or whose signature lacks a parameter the
+    adapter passes, each as "method(param)"; [] when all are there."""
+    out = []
+    for name, params in TRL_PRIVATE_METHODS.items():
+        fn = getattr(cls, name, None)
+        if not callable(fn):
+            out.append(f"method {name}")
+            continue
+        have = inspect.signature(fn).parameters
+        out += [f"parameter {p!r} of {name}" for p in params if p not in have]
+    return out
+
+
+def _require(missing: list[str]) -> None:
+    if missing:
+        raise InputError(f"trl {trl.__version__}'s GRPOTrainer has no {', no '.join(missing)}: RlpaceGRPOTrainer "
+                         f"relies on it (tested against trl {SUPPORTED_TRL[0]}.x). Install a trl "
+                         f">={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}.")
+
+
+def state_digest(state: dict[str, np.ndarray]) -> int:
+    """A signed 64-bit BLAKE2b digest of a flat `{key: array}` state (keys, dtypes, shapes, bytes)."""
+    h = hashlib.blake2b(digest_size=8)
+    for k in sorted(state):
+        a = np.ascontiguousarray(state[k])
+        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
 
 
 class SchedulerRepeatSampler(Sampler[int]):
@@ -242,11 +316,9 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
     def __init__(self, *args, scheduler: Scheduler, id_column: str = "index", zero_lag: bool = False,
                  loss_weights: bool = False, grad_features: str = "auto", grad_params: str = "lm_head",
                  grad_dim: int = 256, grad_reference: str = "previous", target_column: str | None = None,
-                 answer_extractor=None, **kwargs):
-        from packaging.version import Version
-        if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED_TRL[1]):
-            raise InputError(f"RlpaceGRPOTrainer supports trl >={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}; "
-                             f"trl {trl.__version__} is installed. Install a trl in that range.")
+                 answer_extractor=None, max_refill_rounds: int = 4, **kwargs):
+        check_trl_version(trl.__version__)
+        _require(missing_trl_methods(GRPOTrainer))
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
         cfg, ds = bound.get("args"), bound.get("train_dataset")
         if ds is None or not hasattr(ds, "column_names") or not hasattr(ds, "select"):
@@ -260,6 +332,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                              f"column with each prompt's stable id.")
         if grad_features not in ("auto", "on", "off"):
             raise InputError(f"grad_features must be 'auto', 'on' or 'off'; got {grad_features!r}.")
+        if isinstance(max_refill_rounds, bool) or not isinstance(max_refill_rounds, int) or max_refill_rounds < 0:
+            raise InputError(f"max_refill_rounds must be an int ≥ 0 (0: never refill); got {max_refill_rounds!r}.")
         if grad_reference not in ("previous", "none"):
             raise InputError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
         mismatch = (f"the Scheduler's pool ({len(scheduler.pool)} prompts) is not the train dataset "
@@ -273,6 +347,12 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.scheduler, self.rlpace_id_column = scheduler, id_column
         self.rlpace_zero_lag, self.rlpace_loss_weights = zero_lag, loss_weights
+        self.rlpace_max_refill_rounds, self.rlpace_rollouts_total = max_refill_rounds, 0
+        n_local = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if max_refill_rounds and not scheduler.method.admission.neutral and n_local % self.num_generations:
+            raise InputError(f"refills fill each rank's slice of the generation batch with whole groups: "
+                             f"per_device_train_batch_size × steps_per_generation ({n_local}) must be a multiple "
+                             f"of num_generations ({self.num_generations}); change one, or pass max_refill_rounds=0.")
         rows = np.empty(len(pos), dtype=np.int64)
         rows[pos] = np.arange(len(pos))
         b = self.args.generation_batch_size // self.num_generations
@@ -287,6 +367,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         self.rlpace_grad_reference = grad_reference
         self.rlpace_ref_grad = None                      # float32[d] Feedback.ref_grad (checkpointed)
         self._rlpace_supervision_init(target_column, answer_extractor)   # issue 14 (supervision transforms)
+        _require([f"attribute {a}" for a in TRL_PRIVATE_ATTRIBUTES if not hasattr(self, a)])
 
     def _get_train_sampler(self, dataset=None):
         return self.rlpace_sampler
@@ -300,20 +381,91 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         return per_func
 
     def _generate_and_score_completions(self, inputs):
-        training = self.model.training
-        if training and self.rlpace_zero_lag:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        if self.rlpace_zero_lag:
             inputs = self._rlpace_swap(len(inputs))
-        output = super()._generate_and_score_completions(inputs)
-        if training:
-            self._rlpace_feedback(inputs, output)
+        # round 0 is the sampler's chunk; while the admission asks for refills (DAPO dynamic
+        # sampling) and some rank's slice lacks kept groups, generate another whole chunk
+        # from fresh proposals (the same on every rank: all ranks drive identical Schedulers)
+        rounds = [self._rlpace_round(inputs, first=True)]
+        while (rounds[-1][1].refill > 0 and len(rounds) <= self.rlpace_max_refill_rounds
+               and self._rlpace_short(rounds)):
+            rounds.append(self._rlpace_round(self._rlpace_swap(len(inputs)), first=False))
+        output = rounds[0][0] if len(rounds) == 1 else self._rlpace_assemble(rounds)
+        b_local = self.rlpace_sampler.b // self.accelerator.num_processes
+        self.rlpace_rollouts_total += sum(r.keep.size for _, r in rounds)
+        self._rlpace_check_replicas()
+        m = self._metrics["train"]
+        for k, v in self.scheduler.metrics().items():
+            m[f"rlpace/{k}"].append(v)
+        m["rlpace/rollouts_total"].append(float(self.rlpace_rollouts_total))    # refills included
+        m["rlpace/refill_rounds"].append(float(len(rounds) - 1))
+        kept = sum(min(n, b_local) for n in self._rlpace_kept_per_rank(rounds))
+        m["rlpace/kept_fraction_trained"].append(kept / self.rlpace_sampler.b)   # groups trained on / B
         return output
+
+    def _rlpace_round(self, inputs: list[dict], first: bool):
+        """Generate and score one chunk, report it to the Scheduler: (TRL's output, StepResult)."""
+        output = super()._generate_and_score_completions(inputs)
+        return output, self._rlpace_feedback(inputs, output, first)
+
+    def _rlpace_slots(self, rounds) -> list[list[tuple[int, int]]]:
+        """Per rank, its (round, local group) slots in order: the first kept groups of its own
+        slices, then (at the round limit) its first dropped ones (they train on nothing)."""
+        b_local = self.rlpace_sampler.b // self.accelerator.num_processes
+        slots = []
+        for rank in range(self.accelerator.num_processes):
+            groups = [(i, j) for i, (_, r) in enumerate(rounds) for j in range(b_local)]
+            kept = [(i, j) for i, j in groups if rounds[i][1].keep[rank * b_local + j].any()]
+            slots.append((kept + [x for x in groups if x not in kept])[:b_local] if len(kept) < b_local
+                         else kept[:b_local])
+        return slots
+
+    def _rlpace_kept_per_rank(self, rounds) -> list[int]:
+        """Groups with a kept rollout in each rank's slices, over the rounds (from the gathered
+        keep masks: the same on every rank)."""
+        world = self.accelerator.num_processes
+        kept = sum(r.keep.any(axis=1).reshape(world, -1).sum(axis=1) for _, r in rounds)   # int[world]
+        return [int(x) for x in kept]
+
+    def _rlpace_short(self, rounds) -> bool:
+        """Some rank's slice holds fewer kept groups than its share of the batch."""
+        return min(self._rlpace_kept_per_rank(rounds)) < self.rlpace_sampler.b // self.accelerator.num_processes
+
+    def _rlpace_assemble(self, rounds) -> dict:
+        """This rank's trained batch from several rounds: its slots' rows, prompts re-padded on
+        the left and completions on the right to the widest round (padding is masked out)."""
+        g = self.num_generations
+        slots = self._rlpace_slots(rounds)[self.accelerator.process_index]
+        unknown = set(rounds[0][0]) - _REFILL_KEYS
+        if unknown:
+            raise InputError(f"refills (max_refill_rounds > 0 with an admission that asks for them) support "
+                             f"text-only batches; TRL's batch has {sorted(unknown)}. Pass max_refill_rounds=0.")
+        tok = getattr(self.processing_class, "tokenizer", self.processing_class)
+        pad_id = getattr(tok, "pad_token_id", None) or 0
+        out = {}
+        for k, v in rounds[0][0].items():
+            if k == "num_items_in_batch" or not torch.is_tensor(v):
+                continue
+            parts = [rounds[i][0][k][j * g:(j + 1) * g] for i, j in slots]
+            if v.dim() == 2 and len({p.shape[1] for p in parts}) > 1:
+                width = max(p.shape[1] for p in parts)
+                fill = pad_id if k.endswith("_ids") else 0
+                left = k.startswith("prompt_")
+                parts = [torch.nn.functional.pad(p, (width - p.shape[1], 0) if left else (0, width - p.shape[1]),
+                                                 value=fill) for p in parts]
+            out[k] = torch.cat(parts)
+        loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
+        out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        return out
 
     def _rlpace_swap(self, n_local: int) -> list[dict]:
         rows = np.repeat(self.rlpace_sampler.rows[self.scheduler.propose(self.rlpace_sampler.b)], self.num_generations)
         start = self.accelerator.process_index * n_local    # the same process-major slice as TRL's
         return self.train_dataset.select(rows[start:start + n_local].tolist()).to_list()
 
-    def _rlpace_feedback(self, inputs: list[dict], output: dict) -> None:
+    def _rlpace_feedback(self, inputs: list[dict], output: dict, first: bool = True):
         g = self.num_generations
         ids = gather_object([x[self.rlpace_id_column] for x in inputs])
         pos = self.scheduler.pool.index_of(ids).reshape(-1, g)
@@ -335,7 +487,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
 
         # observe → admission → (features → their readers) → weights: `Scheduler.step`'s one order
         r = self.scheduler.step(fb, features=features if self.rlpace_gf is not None else None)
-        self.rlpace_sampler.scored(pos[:, 0])
+        if first:
+            self.rlpace_sampler.scored(pos[:, 0])
         if not admitted:
             self._rlpace_admit(output, rewards, r.keep, local, r.full_group_advantages)
         if r.feedback.grads is not None and self.rlpace_grad_reference == "previous":
@@ -344,8 +497,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             self._rlpace_scale_advantages(output, r.weights, local)
         if self.rlpace_supervises and has_supervision_places(self.scheduler):
             self._rlpace_scale_advantages(output, r.advantage_weights, local)    # Ã = w·Â
-        for k, v in self.scheduler.metrics().items():
-            self._metrics["train"][f"rlpace/{k}"].append(v)
+        return r
 
     def _rlpace_grad_features(self, output: dict) -> torch.Tensor:
         """float32[N, d] (all ranks' rows, gathered): each rollout's projected gradient of TRL's
@@ -360,8 +512,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         metrics = self._metrics["train"]
         lengths = {k: len(v) for k, v in metrics.items()}
         kept = {k: getattr(self, k) for k in ("_entropy_window_stats", "entropy_coef", "_last_world_entropy",
-                                              "beta", "_entropy_bonus_enabled", "aux_loss_enabled")
-                if hasattr(self, k)}
+                                              "beta", "_entropy_bonus_enabled", "aux_loss_enabled")}
         # the policy-gradient term only (as the built-in trainer's features): no KL, entropy bonus
         # or MoE router loss in the differentiated loss
         self.beta, self._entropy_bonus_enabled, self.aux_loss_enabled = 0.0, False, False
@@ -425,29 +576,54 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         loss_mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
+    def _rlpace_check_replicas(self) -> None:
+        """On several ranks, all-gather an 8-byte digest of the Scheduler's and the sampler's state
+        and fail if a rank's copy differs (they must agree: every rank proposes for itself)."""
+        if self.accelerator.num_processes == 1:
+            return
+        mine = state_digest({**self.scheduler.state_dict(), **self.rlpace_sampler.state_dict()})
+        every = self.accelerator.gather(torch.tensor([mine], dtype=torch.int64, device=self.accelerator.device))
+        every = every.cpu().tolist()
+        if len(set(every)) > 1:
+            raise RuntimeError(f"the Scheduler copies disagree at step {self.state.global_step}: rank(s) "
+                               f"{[r for r, d in enumerate(every) if d != every[0]]} differ from rank 0. Every rank "
+                               f"must build the same Scheduler (policy, seed, pool, state) and see the same "
+                               f"feedback; a reward function that is not deterministic across ranks, or a "
+                               f"Scheduler changed on one rank, breaks that.")
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             out = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             ref = {} if self.rlpace_ref_grad is None else {"grads/ref_grad": self.rlpace_ref_grad}
             np.savez(os.path.join(out, STATE_FILE), **self.scheduler.state_dict(),
-                     **self.rlpace_sampler.state_dict(), **ref)
+                     **self.rlpace_sampler.state_dict(), **ref,
+                     **{"trl/rollouts_total": np.array(self.rlpace_rollouts_total, np.int64)})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, STATE_FILE)
-        if not os.path.exists(path):
+        # the main process reads the state file and broadcasts it: the other ranks (other
+        # nodes) need not see it (no shared filesystem assumed); all ranks raise on a bad one
+        path, got = os.path.join(checkpoint, STATE_FILE), [None]
+        if self.accelerator.is_main_process:
+            if os.path.exists(path):
+                with np.load(path, allow_pickle=False) as z:
+                    got = [{k: z[k] for k in z.files}]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(got, from_process=0)
+        state = got[0]
+        if state is None:
             raise InputError(f"{path} is missing: this checkpoint was not written by RlpaceGRPOTrainer, so "
                              f"the schedule cannot resume. Resume from an rlpace checkpoint or start fresh.")
-        with np.load(path, allow_pickle=False) as z:
-            state = {k: z[k] for k in z.files}
         self.rlpace_sampler.load_state_dict(state)
         ref = state.get("grads/ref_grad")
         if ref is not None and (self.rlpace_gf is None or ref.shape != (self.rlpace_gf.dim,)):
             raise InputError(f"the checkpoint holds a reference gradient of shape {ref.shape}, this run's features "
                              f"have d = {None if self.rlpace_gf is None else self.rlpace_gf.dim}: resume with the "
                              f"grad_features, grad_params and grad_dim the checkpoint was trained with.")
-        self.scheduler.load_state_dict({k: v for k, v in state.items() if not k.startswith(("sampler/", "grads/"))})
+        self.scheduler.load_state_dict({k: v for k, v in state.items()
+                                        if not k.startswith(("sampler/", "grads/", "trl/"))})
         self.rlpace_ref_grad = None if ref is None else ref.astype(np.float32)
+        self.rlpace_rollouts_total = int(state.get("trl/rollouts_total", self.scheduler.counters.rollouts))
