@@ -78,17 +78,37 @@ def overhead(args):
         tr, st = statistics.median(per[o]["train"]), statistics.median(per[o]["step"])
         print(f"  {o:10s} train phase {tr:.4f} s ({tr / ref:.2f}× {opts[0]})   whole step {st:.4f} s")
 
-    def opt_step_time(model, name, n=args.micro):
-        opt = build_optimizer(name, model, lr=1e-4)
+    from rlpace.optim import IsoSpectral
+    pairs = [(m, b) for m, b in (("iso_adamw", "adamw"), ("iso_muon", "muon")) if m in per and b in per]
+    for m, b in pairs:
+        tr = statistics.median(per[m]["train"]) / statistics.median(per[b]["train"])
+        st = statistics.median(per[m]["step"]) / statistics.median(per[b]["step"])
+        print(f"  {m} / {b}: train phase {tr:.2f}×, whole step {st:.2f}×")
+
+    def make(name, model):
+        if name.endswith("+f32"):               # frames in float32 (IsoSpectral(frame_dtype=float32))
+            base = name[len("iso_"):-len("+f32")]
+            kw = dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0) if base == "adamw" else dict(
+                lr=1e-4, weight_decay=0.0, momentum=0.95, adjust_lr_fn="match_rms_adamw",
+                aux_kwargs=dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0))
+            return IsoSpectral(model, base, frame_dtype=torch.float32, **kw)
+        return build_optimizer(name, model, lr=1e-4)
+
+    def opt_step_times(model, names, n=args.micro):
+        """Median seconds of one step of each optimizer, timed round-robin (a shared machine's
+        load then falls on all alike)."""
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3
-        opt.step()                                  # lazy state
-        t = []
+        built = {name: make(name, model) for name in names}
+        for o in built.values():
+            o.step()                                # lazy state
+        t = {name: [] for name in names}
         for _ in range(n):
-            t0 = time.perf_counter()
-            opt.step()
-            t.append(time.perf_counter() - t0)
-        return statistics.median(t)
+            for name, o in built.items():
+                t0 = time.perf_counter()
+                o.step()
+                t[name].append(time.perf_counter() - t0)
+        return {name: statistics.median(v) for name, v in t.items()}
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
     shapes = {"tiny (hidden 64, 2 layers)": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -96,13 +116,14 @@ def overhead(args):
               "0.5B-shaped layer (896, MLP 4864)": dict(hidden_size=896, intermediate_size=4864,
                                                         num_hidden_layers=1, num_attention_heads=14,
                                                         num_key_value_heads=2, vocab_size=64)}
-    print("optimizer step alone (median seconds):")
+    names = opts + [f"{m}+f32" for m, _ in pairs]
+    print("optimizer step alone (median seconds, round-robin; +f32: frames in float32):")
     for label, kw in shapes.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **kw))
-        times = {o: opt_step_time(model, o) for o in opts}
-        base = times[opts[0]]
-        print(f"  {label}: " + ", ".join(f"{o} {t:.4f} ({t / base:.1f}×)" for o, t in times.items()))
+        times = opt_step_times(model, names)
+        print(f"  {label}: " + ", ".join(f"{o} {t:.4f}" for o, t in times.items()))
+        print("    " + ", ".join(f"{m}{f} / {b} {times[m + f] / times[b]:.1f}×" for m, b in pairs for f in ("", "+f32")))
 
 
 def _interval(iv) -> str:
@@ -262,9 +283,9 @@ def merge_time(args):
             load = os.getloadavg()
             res = subprocess.run([sys.executable, __file__, "merge-one", str(tmp), method, str(args.threads)],
                                  capture_output=True, text=True, check=True)
-            secs, peak = (float(x) for x in res.stdout.split())
+            secs, cpu, peak = (float(x) for x in res.stdout.split())
             print(f"{args.shape} ({n / 1e6:.0f} M parameters, bf16 {size / 2**30:.2f} GiB, 2 experts, CPU "
-                  f"{args.threads} thread(s)): {method} {secs:.1f} s, peak memory {peak / 2**30:.2f} GiB "
+                  f"{args.threads} thread(s)): {method} {secs:.1f} s ({cpu:.1f} s CPU), peak memory {peak / 2**30:.2f} GiB "
                   f"({peak / size:.1f}× the model); load average before {load[0]:.1f}, after "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
             shutil.rmtree(tmp / f"m_{method}", ignore_errors=True)
@@ -273,7 +294,7 @@ def merge_time(args):
 
 
 def merge_one(args):
-    """Child of merge-time: one merge; prints seconds and peak resident bytes."""
+    """Child of merge-time: one merge; prints wall seconds, CPU seconds and peak resident bytes."""
     import resource
 
     import torch
@@ -284,7 +305,8 @@ def merge_one(args):
     t0 = time.perf_counter()
     merge_checkpoints(d / "base", [d / "e0", d / "e1"], d / f"m_{args.method}", method=args.method, progress=False)
     secs = time.perf_counter() - t0
-    print(secs, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(secs, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
 
 
 def main(argv=None):
