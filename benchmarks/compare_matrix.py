@@ -4,6 +4,7 @@ seeds), on the simulator and on the embedded suite (built-in trainer), and where
     .venv/bin/python benchmarks/compare_matrix.py                      # sim full + embedded estimate
     .venv/bin/python benchmarks/compare_matrix.py --only sim
     .venv/bin/python benchmarks/compare_matrix.py --only embedded --embedded-seeds 8   # full (≈ 1 h+)
+    .venv/bin/python benchmarks/compare_matrix.py --only registry      # whole registry × 3 suites, estimate
 
 Simulator: the whole 13 × 8 matrix at the `rlpace compare` defaults (sim:ladder, 200
 steps, B = 128, G = 16), `--workers` processes, then the report (analysis + figures + HTML).
@@ -153,9 +154,92 @@ def bench_embedded(out: Path, workers: int, seeds: int, steps: int | None) -> di
     return {"grid_s": t_grid, "estimate_s": est, "per_seed_s": per_seed, "build_s": t_build}
 
 
+def _timed_run(cfg_dict: dict) -> tuple[float, str]:
+    """(wall seconds, error or '') of one trainer run in a worker process."""
+    import torch
+
+    from rlpace.train import TrainConfig, train
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    try:
+        train(TrainConfig(**cfg_dict))
+    except Exception as e:  # noqa: BLE001 - a policy that cannot run on a suite is a row, not a crash
+        return time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:120]}"
+    return time.perf_counter() - t0, ""
+
+
+def bench_registry(out: Path, workers: int, suites: list[str], steps: int, full_steps: int,
+                   seeds: int = 8) -> dict:
+    """The whole registry (the oracle_* measurement tools left out) × `suites`, one seed, `steps`
+    steps per run, then the full matrix (`seeds` seeds × `full_steps` steps) ESTIMATED per run as
+
+        setup (loading, tokenising, final evaluation) + full_steps × (its median non-evaluation
+        step) + full_steps / eval_every × (its evaluation's excess over a plain step)
+
+    plus one base build per suite and seed (its `rlpace_base.json` build time), all over
+    `workers` busy workers. Runs go straight to the built-in trainer (the way
+    `benchmarks/headroom.py` runs ladder and mostly_solved; `rlpace compare` takes sim: and
+    embedded suites only)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rlpace.policies import names
+    from rlpace.tasks import make_taskset
+    from rlpace.train import TrainConfig
+    from rlpace.train.recipes.grpo import base_policy
+    pols = [n for n in names() if not n.startswith("oracle_")]
+    builds = {}
+    for suite in suites:                          # bases first: parallel runs never race on them
+        c = TrainConfig(tasks=suite, seed=0, progress=False)
+        d = base_policy(c, make_taskset(suite, train_per_domain=c.train_per_domain,
+                                        heldout_per_domain=c.heldout_per_domain, seed=0), progress=False)
+        builds[suite] = json.loads((Path(d) / "rlpace_base.json").read_text())["seconds"]
+    jobs = [(suite, p) for suite in suites for p in pols]
+    cfgs = [TrainConfig(out=str(out / suite / p), tasks=suite, policy=p, seed=0, steps=steps, threads=1,
+                        checkpoint_every=0, progress=False).to_dict() for suite, p in jobs]
+    eval_every = TrainConfig().eval_every
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers) as ex:
+        results = list(ex.map(_timed_run, cfgs))
+    t_grid = time.perf_counter() - t0
+    print(f"\n== registry: {len(pols)} policies × {len(suites)} suites × 1 seed, {steps} steps each, "
+          f"workers={workers}: {_fmt(t_grid)} wall")
+    print(f"{'suite':14s} {'policy':26s} {'run s':>7s} {'setup':>7s} {'step s':>7s} {'eval s':>7s} "
+          f"{'est. ' + str(full_steps) + '-step run':>18s}")
+    est_runs, failed = 0.0, []
+    for (suite, p), (sec, err), c in zip(jobs, results, cfgs):
+        if err:
+            failed.append(f"{suite}/{p}: {err}")
+            continue
+        ph = _split_run(Path(c["out"]))
+        from rlpace.train.report import load_run
+        recs = [r for r in load_run(c["out"]) if not r.get("final")]
+        evals = sum(1 for r in recs if "eval/mean" in r)
+        plain = [r["seconds"] for r in recs if "eval/mean" not in r] or [0.0]
+        step_s = float(np.median(plain))
+        eval_s = ph["eval"] / max(1, evals)
+        setup = max(sec - ph["loop"], 0.0)
+        est = setup + full_steps * step_s + (full_steps // eval_every) * eval_s
+        est_runs += est
+        print(f"{suite:14s} {p:26s} {sec:7.1f} {setup:7.1f} {step_s:7.3f} {eval_s:7.2f} {est:18.1f}")
+    for f in failed:
+        print(f"not run: {f}")
+    est_build = sum(builds.values())
+    total = seeds * (est_runs + est_build) / workers
+    print(f"base builds (one per suite and seed): {', '.join(f'{k} {v:.0f} s' for k, v in builds.items())}")
+    print(f"{seeds}-seed matrix ESTIMATE  {_fmt(total)}   [{seeds} × (Σ estimated runs {est_runs:.0f} s + "
+          f"base builds {est_build:.0f} s) / {workers} workers; {len(jobs) - len(failed)} of {len(jobs)} "
+          f"runs ran]")
+    print(f"goal 60 min         ratio {total / 3600:.2f} × the goal")
+    return {"grid_s": t_grid, "estimate_s": total, "failed": failed}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("sim", "embedded"), default=None)
+    ap.add_argument("--only", choices=("sim", "embedded", "registry"), default=None,
+                    help="registry: every registered policy × --suites, one seed, --registry-steps steps, "
+                         "and the 8-seed estimate (not run by default)")
+    ap.add_argument("--suites", default="embedded,ladder,mostly_solved", help="--only registry: trainer suites")
+    ap.add_argument("--registry-steps", type=int, default=10, help="--only registry: steps per measured run")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sim-seeds", type=int, default=8)
     ap.add_argument("--embedded-seeds", type=int, default=1,
@@ -170,6 +254,10 @@ def main() -> None:
         bench_sim(root / "sim", args.workers, args.sim_seeds)
     if args.only in (None, "embedded"):
         bench_embedded(root / "embedded", args.workers, args.embedded_seeds, args.embedded_steps)
+    if args.only == "registry":
+        from rlpace.train import TrainConfig
+        bench_registry(root / "registry", args.workers, [x for x in args.suites.split(",") if x],
+                       args.registry_steps, args.embedded_steps or TrainConfig().steps)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

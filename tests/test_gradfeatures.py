@@ -181,6 +181,15 @@ def test_lm_head_features_over_the_shared_prompt_forward_are_exact(temperature):
     exact = torch.stack(exact)
     assert exact[4].abs().max() == 0 and exact.abs().sum() > 0
     np.testing.assert_allclose(feats.numpy(), exact.numpy(), rtol=1e-4, atol=1e-6)
+    # packed (one forward per group over [prompt | its completions], one head call split by
+    # FirstToken.prompt_len): the same features
+    with gf.capture():
+        logp, z0 = completion_logprobs(model, ro, temperature, group_size=3, first_logits=True, packed=True)
+        loss = policy_loss("grpo", logp, old, adv, ro.completion_mask.double(), keep,
+                           torch.ones(n, dtype=torch.float64), clip_low=0.2, clip_high=0.2).loss
+    assert [pa.shape[:2] for _, pa, _ in gf._calls] == [(2, ro.prompt_ids.shape[1] + 3 * ro.completion_ids.shape[1])]
+    packed = gf.features(loss, n, first_token=FirstToken(z0, ro.prompt_ids.shape[1]))
+    np.testing.assert_allclose(packed.numpy(), exact.numpy(), rtol=1e-4, atol=1e-6)
     # without the first token's share (the approximate shared_prefix mode) rows with a first
     # token differ: the term is not negligible
     with gf.capture():
@@ -375,9 +384,9 @@ def test_trainer_exact_lm_head_features_use_the_shared_prompt_forward(tmp_path, 
     groups, firsts = [], []
     real_lp, real_feats = grpo.completion_logprobs, GradFeatures.features
 
-    def completion_logprobs(model, r, temperature=1.0, group_size=1, first_logits=False):
+    def completion_logprobs(model, r, temperature=1.0, group_size=1, first_logits=False, packed=False):
         groups.append(group_size)
-        return real_lp(model, r, temperature, group_size, first_logits)
+        return real_lp(model, r, temperature, group_size, first_logits, packed)
 
     def features(self, loss, n_rows, shared_prefix=False, first_token=None, wrt=()):
         firsts.append(first_token is not None)

@@ -45,6 +45,10 @@ b_i in closed form, (∂L/∂ℓ_i)·(e_{y_i0} − softmax(z/τ))/τ from the fi
 gradient and a log-softmax check: the same numbers, with some 25 more torch calls.)
 Inner layers have no such term (their prompt positions reach every completion token
 through the repeated KV cache), so "last_block" and "all" keep the per-row forward.
+The trainer's forward is packed (`completion_logprobs(..., packed=True)`: one call per group
+over [prompt | o_1 | … | o_G]); `FirstToken.prompt_len` then tells `features` where the prompt
+ends, and the head's one call is split: the prompt's last position is the first-token term
+above, rollout j's completion positions its own rows (the same features, tested).
 
 Example:
     >>> # gf = GradFeatures(model, "lm_head", grad_dim=256, seed=0)
@@ -79,8 +83,13 @@ class FirstToken(NamedTuple):
     logits: float[N, 1, V] the first completion token's logits as the loss read them, still
         in the graph: `completion_logprobs(..., first_logits=True)[1]` (rows in groups of
         G = N / prompts, each group's rows the prompt forward's last position).
+    prompt_len: with `completion_logprobs(..., packed=True)`, the padded prompt length P: the
+        head's one call then runs over [prompt | o_1 | … | o_G] per group, and rollout j's
+        completion positions are P + j·T … P + (j + 1)·T − 1 of its group's row; None for the
+        two-call path (a prompt call, then one completion row per rollout).
     """
     logits: torch.Tensor
+    prompt_len: int | None = None
 
 
 class _Layer(NamedTuple):
@@ -206,7 +215,8 @@ class GradFeatures:
             calls = [c for c in calls if not (c[0] == self.head and c[1].shape[0] != n_rows)]
         if shared_prefix:
             calls = [c for c in calls if c[1].shape[0] == n_rows]
-        if not calls:
+        packed = bool(shared) and first_token.prompt_len is not None
+        if not calls and not packed:
             raise InputError("GradFeatures.features: no hooked call with one row per rollout was captured; "
                              "run the forward inside `with gf.capture():`.")
         for idx, pa, y in calls:
@@ -219,16 +229,23 @@ class GradFeatures:
                              f"features cover one forward (capture each forward separately).")
         head = shared[0] if shared else None             # lm_head's call over the shared prompt rows
         if head is not None:                             # before any work: the logits must be this call's
-            _check_first_token(head[1], head[2], first_token.logits, n_rows)
-        outs = [y for _, _, y in calls] + ([first_token.logits] if head else []) + list(wrt)
+            _check_first_token(head[1], head[2], first_token.logits, n_rows, first_token.prompt_len)
+        outs = ([y for _, _, y in calls] + ([first_token.logits] if head else []) + ([head[2]] if packed else [])
+                + list(wrt))
         grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True)
         # (layer, P_in a_t, b_t = ∂L/∂y_t) of every call; the prompt call's share per rollout is
         # one more position: b_i = ∂L/∂z_i at the repeated first-token logits, a = its group's
         # last prompt position h (module docstring)
         parts = [(idx, pa, b) for (idx, pa, _), b in zip(calls, grads)]
         if head is not None:
-            idx, pa, _ = head
-            parts.append((idx, pa[:, -1:].repeat_interleave(n_rows // pa.shape[0], dim=0), grads[len(calls)]))
+            idx, pa, y = head
+            g, last = n_rows // pa.shape[0], (first_token.prompt_len or pa.shape[1]) - 1
+            parts.append((idx, pa[:, last:last + 1].repeat_interleave(g, dim=0), grads[len(calls)]))
+            if first_token.prompt_len is not None:       # packed: the completions' positions, one row each
+                b_y = grads[len(calls) + 1]
+                if b_y is not None:
+                    parts.append((idx, pa[:, last + 1:].reshape(n_rows, -1, pa.shape[-1]),
+                                  b_y[:, last + 1:].reshape(n_rows, -1, b_y.shape[-1])))
         # Per layer, the (P_out b_t, P_in a_t) pairs as [n, t, k_o], [n, t, k_i], then one batched product.
         terms: list[list] = [[] for _ in self.layers]
         for idx, pa, b in parts:
@@ -259,16 +276,19 @@ class GradFeatures:
                           for l, g in zip(self.layers, weight_grads)]).float()
 
 
-def _check_first_token(pa: torch.Tensor, y: torch.Tensor, z: torch.Tensor, n_rows: int) -> None:
+def _check_first_token(pa: torch.Tensor, y: torch.Tensor, z: torch.Tensor, n_rows: int,
+                       prompt_len: int | None = None) -> None:
     """ValueError unless z ([n_rows, 1, V], `FirstToken.logits`) is lm_head's call `y` over
-    the shared prompt rows (pa.shape[0] of them), last position, repeated per group: only
+    the shared prompt rows (pa.shape[0] of them), last prompt position (the call's last, or
+    `prompt_len` − 1 when packed), repeated per group: only
     then is ∂L/∂z_i rollout i's share of that call's output gradient (module docstring)."""
     rows = pa.shape[0]
     if y.dim() != 3 or n_rows % rows or tuple(z.shape[:2]) != (n_rows, 1):
         raise InputError(f"GradFeatures: lm_head was called on {rows} rows, not whole groups of the "
                          f"{n_rows} rollouts' shared prompts (first-token logits {tuple(z.shape)}); forward "
                          f"[prompt | completion] per row.")
-    if not torch.equal(z[::n_rows // rows, 0].detach(), y[:, -1].detach().to(z.dtype)):
+    last = (prompt_len or y.shape[1]) - 1
+    if not torch.equal(z[::n_rows // rows, 0].detach(), y[:, last].detach().to(z.dtype)):
         raise InputError("GradFeatures: lm_head's output over the prompt is not the first token's logits "
                          "(the model scales or soft-caps logits after the head, or they hold NaN); forward "
                          "[prompt | completion] per row (group_size=1) for exact features, or in the "

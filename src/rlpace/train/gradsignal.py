@@ -88,26 +88,27 @@ class GradSignal:
         Args:
             batches: the chunks' `Rollout`s (whole groups each).
             shares: each chunk's share of the batch's aggregation units.
-            logprobs: (rollout, group_size) → (log-probs [n, T], first-token logits or None),
-                the recipe's `completion_logprobs(..., first_logits=True)`; group_size 1 forwards
-                [prompt | completion] per row.
+            logprobs: (rollout, group_size, packed) → (log-probs [n, T], first-token logits or None),
+                the recipe's `completion_logprobs(..., first_logits=True, packed=packed)`; group_size 1
+                forwards [prompt | completion] per row.
             loss_of: (chunk k, log-probs, loss weights [n, T]) → the recipe's `LossOut`.
 
         Returns (pre, feats): pre[k] = (logp, ∂L₁/∂logp, ∂L₁/∂w, clip fraction) of chunk k, the
         graph kept for the first epoch's backward; feats float32[N, d] on the model's device.
         """
         cfg, gf = self.cfg, self.gf
-        # exact lm_head features need no per-row forward: the first token's share of the shared
-        # prompt call comes from its repeated logits (FirstToken); exact last_block / all
-        # features forward one row per rollout
+        # exact lm_head features need no per-row forward: one packed forward per group over
+        # [prompt | its G completions], whose head call FirstToken.prompt_len splits by rollout,
+        # the first token's share from its repeated logits; exact last_block / all features
+        # forward one row per rollout
         head_exact = cfg.grad_exact and cfg.grad_params == "lm_head"
         pre, feats = [], []
         for k, (r, share) in enumerate(zip(batches, shares)):
             unit = torch.ones_like(r.completion_mask).requires_grad_(True)          # [n, T] weights 1
             with gf.capture():
-                logp, z0 = logprobs(r, cfg.group_size if head_exact or not cfg.grad_exact else 1)
+                logp, z0 = logprobs(r, cfg.group_size if head_exact or not cfg.grad_exact else 1, head_exact)
                 lo = loss_of(k, logp, unit)
-            first = FirstToken(z0) if head_exact and z0 is not None else None
+            first = FirstToken(z0, r.prompt_ids.shape[1]) if head_exact and z0 is not None else None
             f_k, (g_logp, g_unit) = gf.features(lo.loss * share, logp.shape[0], not cfg.grad_exact,
                                                 first_token=first, wrt=(logp, unit))          # [n, d]
             feats.append(f_k)

@@ -421,13 +421,15 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
     total_units = sum(units) or 1.0
     shares = [u / total_units for u in units]    # each chunk's share of the batch's loss
     total_tokens = float((c_mask * keep_t.cpu()[:, None]).sum()) or 1.0
+    pack = True      # one forward per group over [prompt | its G completions] (rollout.completion_logprobs)
     with torch.no_grad():
         # π_old of every token, before the first update: the Scheduler's token weights
         # are normalised over the whole batch. One forward, one epoch: that forward's own
         # log-probs are π_old, read inside the loop (no extra pass).
-        old = ([completion_logprobs(model, r, cfg.temperature, g) for r in batches]
+        old = ([completion_logprobs(model, r, cfg.temperature, g, packed=pack) for r in batches]
                if cfg.epochs > 1 or len(batches) > 1 else None)
-        ref_lp = [completion_logprobs(ref, r, cfg.temperature, g) for r in batches] if ref is not None else None
+        ref_lp = ([completion_logprobs(ref, r, cfg.temperature, g, packed=pack) for r in batches]
+                  if ref is not None else None)
 
     def loss_of(k, logp, weights):               # chunk k's objective at log-probs logp, loss weights [n, T]
         r, c = batches[k], chunks[k]
@@ -436,8 +438,8 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
 
     pre = None
     if grads is not None:       # features of the unit-weight loss; then the rounds are observed with them
-        pre, feats = grads.forward(batches, shares, lambda r, gs: completion_logprobs(
-            model, r, cfg.temperature, gs, first_logits=True), loss_of)
+        pre, feats = grads.forward(batches, shares, lambda r, gs, packed: completion_logprobs(
+            model, r, cfg.temperature, gs, first_logits=True, packed=packed), loss_of)
         fb_t = grads.observe(sched, fbs, batch.src, fb_t, feats)
     w_tok = None if old is None else _token_weights(sched, fb_t, old, c_mask, g)  # [N, T]
     for group in opt.param_groups:
@@ -451,7 +453,7 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
             # its gradient at the log-probs c ⊙ ∂L₁/∂logp (losses.logp_grad_scale), so the
             # backward starts at the log-probs and the loss is not evaluated a second time.
             at_logp = bool(pre) and epoch == 0
-            logp = pre[k][0] if at_logp else completion_logprobs(model, r, cfg.temperature, g)
+            logp = pre[k][0] if at_logp else completion_logprobs(model, r, cfg.temperature, g, packed=pack)
             if w_tok is None:
                 w_tok = _token_weights(sched, fb_t, [logp.detach()], c_mask, g)
             w_k = w_tok[c].to(dev)                                                   # [n, T]
