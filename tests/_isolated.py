@@ -37,17 +37,15 @@ def run_result_script(script, args, cwd, timeout: int, what: str) -> dict:
 
 
 def recording_tq_worker(sched):
-    """Inside a Ray/TransferQueue test script: route verl V1's feedback to `sched` (reward key
-    "acc"), record every Feedback it observes, and return (observed, worker) — verl's
-    AgentLoopWorkerTQ with its write path and no server (what the scripts write groups through)."""
-    import rlpace.adapters.verl as rv
+    """Inside a Ray/TransferQueue test script: record every Feedback `sched` observes, and return
+    (observed, worker) — verl's AgentLoopWorkerTQ with its write path and no server (what the
+    scripts write groups through). The replay buffer reaches `sched` through its trainer."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     observed = []
     observe = sched.observe
     sched.observe = lambda fb: observed.append(fb) or observe(fb)
     _step = sched.step       # Scheduler.step observes too (adapters call it)
     sched.step = lambda fb, features=None: observed.append(fb) or _step(fb, features)
-    rv._SHARED["train"] = rv.VerlFeedback(sched, reward_key="acc")
     worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
     worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
     return observed, worker

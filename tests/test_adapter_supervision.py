@@ -642,15 +642,15 @@ def test_entropy_min_reward_after_verls_old_log_prob_pass(verl_env):
 
 
 def test_v1_trainer_refuses_token_statistic_rewards(verl_env, monkeypatch):
-    """verl's V1 trainer building the dataset with `entropy_min` is refused before any rollout
-    (its transforms run in the replay buffer, before the old-log-prob pass); `ttrl` is built."""
-    from test_adapter_verl import _v1_trainer
+    """verl's own V1 trainer building the dataset with `entropy_min` is refused before any rollout
+    (token statistics exist after sampling; only rlpace's V1 trainer applies them); `ttrl` is built."""
+    from test_adapter_verl import StubTrainer, _v1_trainer
 
     from rlpace.adapters import _verl_v1
     import rlpace.adapters.verl as rv
     tok, root = verl_env
     kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
-              max_off_policy_strategy="drop", refill_fn=lambda n: None)
+              max_off_policy_strategy="drop", refill_fn=StubTrainer()._add_prompts_to_generate)
     for policy, ok in (("entropy_min", False), ("ttrl", True)):
         cfg = verl_config(root, policy).data
         cfg.gen_batch_size = 1
@@ -660,7 +660,7 @@ def test_v1_trainer_refuses_token_statistic_rewards(verl_env, monkeypatch):
             t._init_dataloader()
             assert isinstance(t.train_dataset, rv.RlpaceDataset)
         else:
-            with pytest.raises(ValueError, match="legacy trainer"):
+            with pytest.raises(ValueError, match="token statistic 'token_entropy'.*trainer_mode=rlpace_sync"):
                 t._init_dataloader()
 
 
@@ -702,6 +702,7 @@ V1_SCRIPT = textwrap.dedent('''
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
 
     from rlpace import Pool, Scheduler
+    import rlpace.adapters.verl as rv
     from rlpace.adapters import _verl_v1
     from tokenizers import decoders
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
@@ -735,6 +736,7 @@ V1_SCRIPT = textwrap.dedent('''
                                               "custom_reward_function": {"path": sys.argv[1], "name": "compute_score"},
                                               "sandbox_fusion": None}})
         tokenizer = tok
+        train_dataset = type("Dataset", (), {"rlpace": rv.VerlFeedback(sched, reward_key="acc")})
 
         def _add_prompts_to_generate(self, n):
             raise AssertionError("ttrl keeps every group")
@@ -938,9 +940,9 @@ def v1_supervise(verl_env, monkeypatch, answers: dict, labels: dict, labeled: di
     monkeypatch.setattr(_verl_v1._rb, "tq", FakeTQ())
     pids = sorted(answers)
     sched = Scheduler(Pool(["math"] * len(pids), ids=pids, labeled=[labeled[i] for i in pids]), "ttrl")
-    monkeypatch.setitem(rv._SHARED, "train", rv.VerlFeedback(sched, reward_key="acc"))
 
     class Trainer:
+        train_dataset = type("Dataset", (), {"rlpace": rv.VerlFeedback(sched, reward_key="acc")})
         config = OmegaConf.create({"reward": {"reward_manager": {"source": "register", "name": "naive"},
                                               "custom_reward_function": {"path": str(root / reward_file),
                                                                          "name": "compute_score"},

@@ -227,11 +227,66 @@ def test_checkpoint_of_another_pool_is_rejected(files, tok, tmp_path):
 
 
 @pytest.mark.parametrize("version,feature", [("0.10.0", "dataset"), ("0.7.1", "dataset"),
-                                             ("0.9.1", "sampler"), ("0.8.0", "replay_buffer")])
+                                             ("0.9.1", "sampler"), ("0.8.0", "replay_buffer"),
+                                             ("0.10.0.dev0", "dataset"), ("0.10.0rc1", "replay_buffer"),
+                                             ("0.10.0.dev0", "v1_trainer"), ("0.9.0rc1", "replay_buffer")])
 def test_engine_version_outside_range_is_rejected(monkeypatch, version, feature):
     monkeypatch.setattr(rv.verl, "__version__", version)
     with pytest.raises(ValueError, match=f"supports verl >="):
         rv.check_verl_version(feature)
+
+
+@pytest.mark.parametrize("version", ["0.9.1", "0.9.2rc1", "0.9.3.post1"])
+def test_engine_version_inside_range_passes(monkeypatch, version):
+    monkeypatch.setattr(rv.verl, "__version__", version)
+    rv.check_verl_version("replay_buffer")                 # a pre-release of 0.9.2 is inside [0.9, 0.10)
+
+
+@pytest.mark.parametrize("feature,module,name", [
+    ("replay_buffer", "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer", "_dapo_filtered_keys"),
+    ("replay_buffer", "verl.trainer.ppo.v1.replay_buffer.tq", "kv_clear"),
+    ("v1_trainer", "verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_compute_advantage"),
+    ("legacy_trainer", "verl.trainer.ppo.ray_trainer", "extract_reward"),
+    ("legacy_trainer", "verl.trainer.ppo.ray_trainer.RayPPOTrainer", "_update_actor")])
+def test_a_missing_verl_internal_fails_at_start_up_naming_it(monkeypatch, feature, module, name):
+    import importlib
+    mod, _, attr = module.rpartition(".")
+    try:
+        owner = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError):
+        owner = importlib.import_module(module)
+    rv.check_verl_internals(feature)                        # verl 0.9.1 has every name
+    monkeypatch.delattr(owner, name)
+    with pytest.raises(ValueError, match=f"verl's '.*{name}'"):
+        rv.check_verl_internals(feature)
+
+
+def test_a_changed_trajectory_key_format_or_buffer_state_fails_loudly(monkeypatch, v1):
+    import inspect
+    fake, make = v1
+    src = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda m: src(m).replace("{uid}_{session_id}_{i}", "{uid}-{i}"))
+    with pytest.raises(ValueError, match="session_id"):
+        rv.check_verl_internals("replay_buffer")
+    monkeypatch.setattr(inspect, "getsource", src)
+    buf, _, _ = make(lambda b: np.ones(b.rewards.shape, bool))
+    rv.check_verl_internals("replay_buffer_state", buf)
+    del buf.prompt_global_steps
+    with pytest.raises(ValueError, match="prompt_global_steps"):
+        rv.check_verl_internals("replay_buffer_state", buf)
+
+
+def test_v1_buffer_state_names_are_checked_when_it_is_built(monkeypatch, v1):
+    from verl.trainer.ppo.v1 import replay_buffer as rb
+    fake, make = v1
+    init = rb.ReplayBuffer.__init__
+
+    def renamed(self, *a, **k):                    # a verl that renamed finished_keys
+        init(self, *a, **k)
+        self.done_keys = self.__dict__.pop("finished_keys")
+    monkeypatch.setattr(rb.ReplayBuffer, "__init__", renamed)
+    with pytest.raises(ValueError, match="finished_keys"):
+        make(lambda b: np.ones(b.rewards.shape, bool))
 
 
 def test_sampler_on_verl_09_names_the_dataset_path():
@@ -264,11 +319,28 @@ class FakeTQ:
     def kv_batch_get(self, keys, partition_id, select_fields):
         return {f: [self.values[partition_id][k][f] for k in keys] for f in select_fields}
 
+    def kv_batch_put(self, keys, partition_id, fields):
+        for k, name in ((k, n) for k in keys for n in fields.keys()):
+            self.values[partition_id][k][name] = fields[name][keys.index(k)]
+
     def kv_clear(self, keys, partition_id):
         for k in keys:
             self.tags[partition_id].pop(k, None)
             self.values[partition_id].pop(k, None)
         self.cleared.extend(keys)
+
+
+class StubTrainer:
+    """What the V1 replay buffer reaches through `refill_fn.__self__`: the train dataset's bridge."""
+    rlpace_applies_weights = False
+
+    def __init__(self, bridge=None, refill=lambda n: None, applies_weights=False):
+        from types import SimpleNamespace
+        self.train_dataset = SimpleNamespace(rlpace=bridge)
+        self._refill, self.rlpace_applies_weights = refill, applies_weights
+
+    def _add_prompts_to_generate(self, n):
+        return self._refill(n)
 
 
 def _admission(keep_fn, name):
@@ -285,15 +357,16 @@ def v1(monkeypatch):
     fake = FakeTQ()
     monkeypatch.setattr(rb, "tq", fake)
 
-    def make(keep_fn, batch=3, reward_key="acc"):
+    def make(keep_fn, batch=3, reward_key="acc", method=None, applies_weights=False):
         pool = Pool(["math", "logic"] * 5, ids=list(range(100, 110)))
-        sched = Scheduler(pool, compose(make_policy("uniform"), _admission(keep_fn, "test_admission")))
-        monkeypatch.setitem(rv._SHARED, "train", rv.VerlFeedback(sched, reward_key=reward_key))
+        sched = Scheduler(pool, method or compose(make_policy("uniform"), _admission(keep_fn, "test_admission")))
         refills = []
+        trainer = StubTrainer(rv.VerlFeedback(sched, reward_key=reward_key), lambda n: refills.append(n) or
+                              [fake.add_group("uD", 103, [0.0, 1.0], 2), fake.add_group("uE", 104, [1.0, 1.0], 2)],
+                              applies_weights)
         buf = _verl_v1.RlpaceReplayBuffer(
             trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
-            max_off_policy_strategy="drop", poll_interval=0.0, refill_fn=lambda n: refills.append(n) or
-            [fake.add_group("uD", 103, [0.0, 1.0], 2), fake.add_group("uE", 104, [1.0, 1.0], 2)],
+            max_off_policy_strategy="drop", poll_interval=0.0, refill_fn=trainer._add_prompts_to_generate,
             sampler_kwargs={"train_batch_size": batch, "gen_batch_size": 1})
         return buf, sched, refills
     return fake, make
@@ -330,14 +403,16 @@ def test_v1_buffer_clears_dropped_rollouts_inside_kept_groups(v1):
 def test_v1_buffer_needs_batch_sizes_and_the_dataset(v1, monkeypatch):
     from rlpace.adapters import _verl_v1
     kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
-              max_off_policy_strategy="drop", refill_fn=lambda n: None)
+              max_off_policy_strategy="drop", refill_fn=StubTrainer()._add_prompts_to_generate)
     with pytest.raises(ValueError, match="sampler_kwargs needs"):
         _verl_v1.RlpaceReplayBuffer(sampler_kwargs={}, **kw)
     with pytest.raises(ValueError, match="gen_batch_size must be 1"):
         _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 4}, **kw)
-    monkeypatch.delitem(rv._SHARED, "train", raising=False)
+    with pytest.raises(ValueError, match=r"refill_fn.__self__"):       # not bound to a trainer
+        _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1},
+                                    **{**kw, "refill_fn": lambda n: None})
     buf = _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1}, **kw)
-    with pytest.raises(ValueError, match="RlpaceDataset"):
+    with pytest.raises(ValueError, match="RlpaceDataset"):              # the trainer has no rlpace dataset
         buf.rlpace  # noqa: B018
     assert rv.RlpaceReplayBuffer is _verl_v1.RlpaceReplayBuffer   # what custom_sampler.name loads
 
@@ -471,12 +546,21 @@ def _v1_trainer(cfg, tok, replay_buffer):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     t = object.__new__(PPOTrainerSync)
     t.config = OmegaConf.create({"data": OmegaConf.to_container(cfg), "algorithm": {},
-                                 "trainer": {"v1": {"sampler": {}}, "total_epochs": 1, "total_training_steps": None},
+                                 "trainer": {"use_v1": True, "v1": {"trainer_mode": "sync", "sampler": {}},
+                                             "total_epochs": 1, "total_training_steps": None},
                                  "actor_rollout_ref": {}})
+    if isinstance(replay_buffer, _verl_v1_buffers()):
+        t.config.trainer.v1.sampler.custom_sampler = {"path": "pkg://rlpace.adapters.verl",
+                                                      "name": type(replay_buffer).__name__}
     t.config.data.val_batch_size = None
     t.tokenizer, t.processor, t.trainer_mode, t.parameter_sync_step = tok, None, "sync", 1
     t.replay_buffer = replay_buffer
     return t
+
+
+def _verl_v1_buffers():
+    from rlpace.adapters import _verl_v1
+    return (_verl_v1.RlpaceReplayBuffer, _verl_v1.RlpaceReplayBufferAsync)
 
 
 def test_v1_trainer_without_rlpace_replay_buffer_is_refused(files, tok, monkeypatch):
@@ -485,12 +569,14 @@ def test_v1_trainer_without_rlpace_replay_buffer_is_refused(files, tok, monkeypa
     train, val, cache = files
     cfg = data_config(train, val, cache_dir=cache, gen_batch_size=1)
     kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
-              max_off_policy_strategy="drop", refill_fn=lambda n: None)
-    plain = ReplayBuffer(sampler_kwargs={}, train_batch_size=4, gen_batch_size=1, **kw)
+              max_off_policy_strategy="drop")
+    plain = ReplayBuffer(sampler_kwargs={}, train_batch_size=4, gen_batch_size=1, refill_fn=lambda n: None, **kw)
     with pytest.raises(ValueError, match="custom_sampler.name=RlpaceReplayBuffer"):
         _v1_trainer(cfg, tok, plain)._init_dataloader()
-    ours = _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1}, **kw)
-    t = _v1_trainer(cfg, tok, ours)
+    t = _v1_trainer(cfg, tok, None)
+    t.replay_buffer = ours = _verl_v1.RlpaceReplayBuffer(sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1},
+                                                         refill_fn=t._add_prompts_to_generate, **kw)
+    t.config.trainer.v1.sampler.custom_sampler = {"path": "pkg://rlpace.adapters.verl", "name": "RlpaceReplayBuffer"}
     t._init_dataloader()
     assert isinstance(t.train_dataset, rv.RlpaceDataset) and ours.rlpace is t.train_dataset.rlpace
     ds, _ = build(cfg, tok)                     # outside a V1 trainer (legacy, tests): no check

@@ -84,8 +84,17 @@ SCRIPT = textwrap.dedent('''
         for _ in range(n):
             write_group(*queue.pop(0), 2)
 
+    import rlpace.adapters.verl as rv
+
+    class Trainer:                       # what verl binds refill_fn to: the buffer reaches the dataset's Scheduler
+        train_dataset = type("Dataset", (), {"rlpace": rv.VerlFeedback(sched, reward_key="acc")})
+
+        def _add_prompts_to_generate(self, n):
+            return refill(n)
+
     kw = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", poll_interval=0.0,
-              refill_fn=refill, sampler_kwargs={"train_batch_size": 3, "gen_batch_size": 1})
+              refill_fn=Trainer()._add_prompts_to_generate,
+              sampler_kwargs={"train_batch_size": 3, "gen_batch_size": 1})
     if mode == "sync":
         buf = _verl_v1.RlpaceReplayBuffer(trainer_mode="sync", **kw)
     else:

@@ -17,21 +17,82 @@ from ..types import Pool
 from ._convert import admitted_advantages, dataproto_rows, feedbacks_from_rows, scatter_to_rows
 
 # feature -> [lowest, highest) verl release checked against it.
-SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10")}
+SUPPORTED = {"sampler": ("0.5", "0.8"), "dataset": ("0.8", "0.10"), "replay_buffer": ("0.9", "0.10"),
+             "v1_trainer": ("0.9", "0.10")}
 _SEEN = "rlpace_observed"   # meta_info flag: this batch's feedback already reached the Scheduler
-_SHARED: dict[str, "VerlFeedback"] = {}   # the train dataset's bridge, for the V1 replay buffer
 
 
 def check_verl_version(feature: str) -> None:
-    """ValueError unless the installed verl is in `SUPPORTED[feature]`."""
+    """InputError unless the installed verl is in `SUPPORTED[feature]`. A pre-release counts
+    as the release it precedes (verl main's `0.10.0.dev0` is a 0.10, outside `< 0.10`, though
+    PEP 440 orders it below 0.10: the code it ships is the next release's, not a 0.9)."""
     from packaging.version import Version
     lo, hi = SUPPORTED[feature]
     v = Version(verl.__version__)
-    if not Version(lo) <= v < Version(hi):
+    if not (Version(lo) <= v and Version(v.base_version) < Version(hi)):
         alt = {"sampler": "RlpaceDataset (data.custom_cls) on verl ≥ 0.8",
                "dataset": "RlpaceSampler (data.sampler.class_path) on verl 0.5–0.7"}.get(feature, "")
-        raise InputError(f"rlpace's verl {feature} supports verl >={lo},<{hi}; verl {v} is installed. "
-                         f"Install a verl in that range" + (f", or use {alt}." if alt else "."))
+        raise InputError(f"rlpace's verl {feature} supports verl >={lo},<{hi} (releases; a pre-release of {hi} "
+                         f"or later is outside it); verl {v} is installed. Install a verl in that range"
+                         + (f", or use {alt}." if alt else "."))
+
+
+# The private parts of verl each adapter path relies on, read from verl 0.9.1 (public hooks
+# that would replace them: docs/engines.md, "Coupling"). (module, dotted attribute): the
+# module is imported and the attribute looked up; "source:" checks that the module's code
+# still writes that text (the trajectory key format). Module None: on the object passed.
+_INTERNALS = {
+    "replay_buffer": [
+        ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer._dapo_filtered_keys"),
+        ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_batch_get"),
+        ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_batch_put"),
+        ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_clear"),
+        ("verl.trainer.ppo.v1.agent_loop_tq", 'source:f"{uid}_{session_id}_{i}"'),
+    ],
+    "replay_buffer_state": [(None, "_dapo_classification_cache"), (None, "finished_keys"), (None, "partitions"),
+                            (None, "prompt_global_steps")],
+    "v1_trainer": [
+        ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._compute_advantage"),
+        ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._compute_old_log_prob"),
+        ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._init_dataloader"),
+        ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._add_prompts_to_generate"),
+        ("verl.trainer.ppo.v1.trainer_base", "tq.kv_batch_get"),
+        ("verl.trainer.ppo.v1.trainer_base", "tq.kv_batch_put"),
+    ],
+    "legacy_trainer": [
+        ("verl.trainer.ppo.ray_trainer", "extract_reward"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._update_actor"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._compute_old_log_prob"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._balance_batch"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._load_checkpoint"),
+    ],
+    "reward_manager": [(None, "loop.run_until_complete"), (None, "run_single")],
+}
+
+
+def check_verl_internals(feature: str, obj: Any = None) -> None:
+    """InputError naming the first private verl name in `_INTERNALS[feature]` that the installed
+    verl lacks, so that a renamed internal fails at start-up instead of being skipped or
+    failing mid-run. `obj`: the object whose attributes the (None, name) entries check."""
+    import importlib
+    import inspect
+    for module, path in _INTERNALS[feature]:
+        if path.startswith("source:"):
+            found = path[len("source:"):] in inspect.getsource(importlib.import_module(module))
+        else:
+            target, found = obj if module is None else importlib.import_module(module), True
+            for part in path.split("."):
+                if not hasattr(target, part):
+                    found = False
+                    break
+                target = getattr(target, part)
+        if not found:
+            where = f"{module}.{path}" if module else f"{type(obj).__name__}.{path}"
+            lo, hi = SUPPORTED.get(feature, SUPPORTED["replay_buffer"] if feature.startswith("replay") else
+                                   SUPPORTED["dataset"])
+            raise InputError(f"rlpace's verl adapter relies on verl's {where!r} ({feature}), which verl "
+                             f"{verl.__version__} no longer has: rlpace was checked against verl >={lo},<{hi}. "
+                             f"Install a verl in that range.")
 
 
 def pool_from_dataframe(df, *, domain_key: str = "data_source") -> Pool:

@@ -22,7 +22,14 @@ Feedback carries `group_advantages` of the rewards, as on every rlpace path; ver
 computes its advantages over the rollouts left in each group (with its GRPO estimator
 that is the kept-subset rule of PODS, `kept_group_advantages`, up to verl's unbiased
 std); the buffer is not checkpointed (its decisions live in the Scheduler, which
-`data.pt` saves through the dataset).
+`data.pt` saves through the dataset). The buffer reaches the dataset's Scheduler through
+the trainer that verl binds `refill_fn` to (`refill_fn.__self__.train_dataset`).
+
+Loss weights and the advantage place: `decide_groups` keeps each kept rollout's weight
+(loss weight × advantage weight) by session, and rlpace's V1 trainer
+(`rlpace.adapters._verl_v1_trainer`, `trainer.v1.trainer_mode=rlpace_sync`, ...) multiplies
+verl's advantages by it after `_compute_advantage`; with verl's own V1 trainer a method
+that needs them is refused (nothing would apply them).
 
 Supervision transforms (issue 14; a method with a target or reward place: `ttrl`, `olr`,
 `trapo`): `_supervise` runs on each step's finished groups before `decide_groups` observes
@@ -30,7 +37,9 @@ them — answers from the decoded `responses`, `Scheduler.targets`, re-verificat
 reward manager (built from the trainer's config and tokenizer, reached through `refill_fn`,
 which verl binds to the trainer), `Scheduler.rewards` — and writes changed rewards into
 TransferQueue's `rm_scores` before verl's `_compute_advantage` reads them. Token-statistic
-rewards and advantage places are refused when the dataset is built (`verl._refuse_v1_supervision`).
+rewards need verl's old-log-prob pass, which runs after sampling: with rlpace's V1 trainer the
+buffer then admits every finished group unobserved and the trainer decides them after that
+pass (`RlpaceV1TrainerMixin`); with verl's own trainer they are refused.
 """
 
 from __future__ import annotations
@@ -41,21 +50,28 @@ from collections import Counter
 import numpy as np
 from verl.trainer.ppo.v1 import replay_buffer as _rb
 
+from ..policies import active_supervision_places, is_neutral
 from ._convert import Rows, chosen_rewards, feedbacks_from_rows
-from ._supervision import extract_answer, needs_supervision_pass
-from ._verl_core import _SHARED, VerlFeedback, check_verl_version
+from ._supervision import TOKEN_SIGNALS, extract_answer, needs, needs_supervision_pass
+from ._verl_core import VerlFeedback, check_verl_internals, check_verl_version
 
 __all__ = ["RlpaceReplayBuffer", "RlpaceReplayBufferAsync", "decide_groups"]
 
 
-def decide_groups(bridge: VerlFeedback, rows: Rows, keys: list[str], step: int) -> tuple[set, set, dict]:
-    """Observe finished groups and apply admission (`Scheduler.step`: observe, then admission).
+def decide_groups(bridge: VerlFeedback, rows: Rows, keys: list[str], step: int,
+                  weights: dict | None = None) -> tuple[set, set, dict]:
+    """Observe finished groups and apply admission (`Scheduler.step`: observe, admission, weights).
 
     Returns (evicted uids, trajectory keys to clear inside kept groups, {uid: mean reward}).
+    `weights` (when given) receives {session `uid_s`: loss weight × advantage weight} of every
+    kept rollout whose product is not 1 (the advantage weight only with an advantage place).
     """
     evicted, cleared, mean = set(), set(), {}
+    advantage = bool(active_supervision_places(bridge.scheduler.method) & {"advantage"})
     for fb, idx in feedbacks_from_rows(bridge.scheduler.pool, rows, step=step):
-        keep = bridge.scheduler.step(fb).keep              # observe, then admission: one validation
+        res = bridge.scheduler.step(fb)                     # observe, admission, weights: one validation
+        keep = res.keep
+        w = res.weights * res.advantage_weights if advantage else res.weights
         for b in range(idx.shape[0]):
             uid = str(rows.group_keys[idx[b, 0]])
             mean[uid] = float(fb.rewards[b].mean())
@@ -63,7 +79,31 @@ def decide_groups(bridge: VerlFeedback, rows: Rows, keys: list[str], step: int) 
                 evicted.add(uid)
             else:
                 cleared.update(keys[i] for i in idx[b][~keep[b]])
+            if weights is not None:
+                for g in np.flatnonzero(keep[b] & (w[b] != 1.0)):
+                    weights[keys[idx[b, g]].rsplit("_", 1)[0]] = float(w[b, g])
     return evicted, cleared, mean
+
+
+def trainer_places(sched) -> list[str]:
+    """What of the Scheduler's method only rlpace's V1 trainer applies (empty: the buffer alone
+    does the method): loss weights, the advantage place, token-statistic rewards."""
+    m = sched.method
+    out = [f"loss weights ({m.reweighting.name!r})"] if not is_neutral(m.reweighting) else []
+    if "advantage" in active_supervision_places(m):
+        out.append(f"advantage place {m.advantage.name!r}")
+    return out + [f"token statistic {s!r}" for s in sorted(needs(sched) & TOKEN_SIGNALS)]
+
+
+def refuse_trainer_places(sched) -> None:
+    """InputError when the method needs what only rlpace's V1 trainer applies (`trainer_places`)."""
+    missing = trainer_places(sched)
+    if missing:
+        raise InputError(
+            f"method {sched.name!r} needs {', '.join(missing)}, which rlpace applies in its own V1 trainer "
+            f"(verl's V1 trainer would never apply them): run examples/verl_v1_trainer.py with "
+            f"trainer.v1.trainer_mode=rlpace_sync (or rlpace_colocate_async, rlpace_separate_async; "
+            f"docs/engines.md), or the legacy trainer (examples/verl_legacy_trainer.py).")
 
 
 class _RlpaceAdmission:
@@ -79,21 +119,47 @@ class _RlpaceAdmission:
         if int(kw["gen_batch_size"]) != 1:
             raise InputError("sampler_kwargs.gen_batch_size must be 1 (and data.gen_batch_size=1): refills "
                              "are whole dataloader fetches, and evictions come one group at a time.")
-        # verl passes the trainer's bound `_add_prompts_to_generate`: its config and tokenizer
-        # are what the supervision transforms need (verl gives the buffer neither)
+        check_verl_internals("replay_buffer")
+        # verl passes the trainer's bound `_add_prompts_to_generate`: the trainer holds the train
+        # dataset (its Scheduler) and the config and tokenizer the supervision transforms need
+        # (verl gives the buffer none of them)
         self._rlpace_trainer = getattr(refill_fn, "__self__", None)
+        if self._rlpace_trainer is None:
+            raise InputError("RlpaceReplayBuffer reaches the train dataset's Scheduler through refill_fn.__self__ "
+                             "(verl passes the trainer's bound _add_prompts_to_generate); this refill_fn is "
+                             f"{refill_fn!r}. Build the buffer from verl's V1 trainer.")
         self.rlpace_answer_extractor = extract_answer
+        self.rlpace_weights: dict[str, float] = {}       # session uid_s -> weight, until its batch trains
+        self._rlpace_checked = False
         super().__init__(trainer_mode, trainer_config, max_off_policy_threshold, max_off_policy_strategy,
                          sampler_kwargs, poll_interval=poll_interval, refill_fn=refill_fn,
                          filter_groups_metric="rlpace", train_batch_size=int(kw["train_batch_size"]),
                          gen_batch_size=1, max_inflight_gen_batches=int(kw.get("max_inflight_gen_batches", 1)))
+        check_verl_internals("replay_buffer_state", self)
 
     @property
     def rlpace(self) -> VerlFeedback:
-        if "train" not in _SHARED:
+        bridge = getattr(getattr(self._rlpace_trainer, "train_dataset", None), "rlpace", None)
+        if bridge is None:
             raise InputError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
                              "data.custom_cls.path=pkg://rlpace.adapters.verl data.custom_cls.name=RlpaceDataset.")
-        return _SHARED["train"]
+        if not getattr(self, "_rlpace_checked", False):
+            if not getattr(self._rlpace_trainer, "rlpace_applies_weights", False):
+                refuse_trainer_places(bridge.scheduler)
+            self._rlpace_checked = True
+        return bridge
+
+    def _deferred(self) -> bool:
+        """True when the groups are decided after verl's old-log-prob pass (token statistics)."""
+        return bool(needs(self.rlpace.scheduler) & TOKEN_SIGNALS)
+
+    def pop_weights(self, keys: list[str]) -> np.ndarray:
+        """float64[len(keys)]: the weight of each trajectory key's session (1 when none), forgotten."""
+        sessions = [k.rsplit("_", 1)[0] for k in keys]
+        w = np.array([self.rlpace_weights.get(s, 1.0) for s in sessions])
+        for s in set(sessions):
+            self.rlpace_weights.pop(s, None)
+        return w
 
     def _dapo_filtered_keys(self, partition_id: str):
         if partition_id == "val":
@@ -103,6 +169,10 @@ class _RlpaceAdmission:
         for uid in cache.keys() - finished:
             del cache[uid]
         new = finished - cache.keys()
+        if self._deferred():             # token statistics exist only after sampling: the trainer decides
+            for uid in new:
+                cache[uid] = None
+            new = set()
         # one row per rollout: output 0 of each session (multi-output agent loops copy the
         # final reward onto every output of a session)
         keys = sorted(k for k in self.partitions[partition_id]
@@ -123,7 +193,8 @@ class _RlpaceAdmission:
                 sub = Rows(*(None if f is None else f[at] for f in rows))
                 if needs_supervision_pass(self.rlpace.scheduler):       # targets → re-verification → reward place
                     sub = self._supervise(partition_id, [keys[i] for i in at], sub, int(s))
-                e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s))
+                e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s),
+                                        weights=self.rlpace_weights)
                 evicted |= e
                 cleared |= c
                 mean.update(m)

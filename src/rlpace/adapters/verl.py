@@ -9,7 +9,10 @@ Three entry points, one per verl generation (config lines: `docs/engines.md`):
 * verl 0.5–0.7 (`RlpaceSampler`, `data.sampler.class_path`): an `AbstractCurriculumSampler`
   (`rlpace.adapters._verl_legacy`), fed by verl's `sampler.update(batch)`.
 * verl 0.9 V1 trainer (`RlpaceReplayBuffer`, `trainer.v1.sampler.custom_sampler`): admission
-  of finished groups (`rlpace.adapters._verl_v1`), sharing the dataset's Scheduler.
+  of finished groups (`rlpace.adapters._verl_v1`), sharing the dataset's Scheduler; rlpace's
+  V1 trainers (`trainer.v1.trainer_mode=rlpace_sync|rlpace_colocate_async|rlpace_separate_async`,
+  `rlpace.adapters._verl_v1_trainer`, started by `examples/verl_v1_trainer.py`) add loss
+  weights, the advantage place and token-statistic rewards.
 
 `RlpaceTrainerMixin` (legacy `RayPPOTrainer`, any version) adds what no config reaches:
 feedback *before* the checkpoint is written (exact resume), loss weights, and
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 from ..errors import InputError
 import os
-import sys
 
 import numpy as np
 
@@ -32,12 +34,12 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.verl needs verl: pip install 'rlpace[verl]'") from e
 
-from ._verl_core import (SUPPORTED, VerlFeedback, _SHARED, _check_loader_config, _plain, check_verl_version,
-                         feedback_from_config, pool_from_dataframe)
+from ._verl_core import (SUPPORTED, VerlFeedback, _check_loader_config, _plain, check_verl_internals,
+                         check_verl_version, feedback_from_config, pool_from_dataframe)
 
 __all__ = ["RlpaceDataset", "RlpaceSampler", "RlpaceReplayBuffer", "RlpaceReplayBufferAsync",
-           "RlpaceTrainerMixin", "VerlFeedback", "pool_from_dataframe", "feedback_from_config",
-           "check_verl_version", "load_data_pt", "SUPPORTED"]
+           "RlpaceTrainerMixin", "RlpaceV1TrainerMixin", "VerlFeedback", "pool_from_dataframe",
+           "feedback_from_config", "check_verl_version", "check_verl_internals", "load_data_pt", "SUPPORTED"]
 
 def _train_files(data_files, data_config) -> bool:
     as_list = lambda x: [str(p) for p in (_plain(x) if isinstance(_plain(x), list) else [x])]  # noqa: E731
@@ -49,49 +51,33 @@ def _train_files(data_files, data_config) -> bool:
     return files == train or files != val
 
 
-def _check_v1_feedback_channel() -> bool:
-    """ValueError when verl's V1 trainer builds this dataset without `RlpaceReplayBuffer`;
-    True when a V1 trainer is building it.
-
-    V1 never calls `on_batch_end`: its only feedback channel is the replay buffer, so with
-    verl's own buffer the Scheduler would propose forever on no feedback. V1 builds its
-    replay buffer in `PPOTrainer.__init__`, before `_init_dataloader` builds the datasets,
-    so the trainer that is building us (a caller frame's `self`) already holds it.
-    """
-    v1 = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
-    if v1 is None:                       # V1 not imported: the legacy trainer, or no trainer
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, v1.PPOTrainer):
-            from ._verl_v1 import _RlpaceAdmission
-            if not isinstance(getattr(owner, "replay_buffer", None), _RlpaceAdmission):
-                name = "RlpaceReplayBuffer" if getattr(owner, "trainer_mode", "sync") == "sync" else \
-                    "RlpaceReplayBufferAsync"
-                raise InputError(
-                    "verl's V1 trainer (trainer.use_v1=True) never calls the dataset's on_batch_end, so the "
-                    "Scheduler would get no feedback: set trainer.v1.sampler.custom_sampler.path="
-                    f"pkg://rlpace.adapters.verl trainer.v1.sampler.custom_sampler.name={name} (see "
-                    "docs/engines.md), or run the legacy trainer with trainer.use_v1=False.")
-            return True
-        frame = frame.f_back
+V1_BUFFERS = ("RlpaceReplayBuffer", "RlpaceReplayBufferAsync")
 
 
-def _refuse_v1_supervision(sched: Scheduler) -> None:
-    """On V1 the supervision transforms run in the replay buffer, before the old-log-prob pass
-    and without the advantage step: token-statistic rewards and advantage places cannot run."""
-    from ..policies import is_neutral
-    from ._supervision import TOKEN_SIGNALS, needs
-    adv = getattr(sched.method, "advantage", None)
-    missing = sorted(needs(sched) & TOKEN_SIGNALS) + ([f"advantage place {adv.name!r}"]
-                                                      if adv is not None and not is_neutral(adv) else [])
-    if missing:
-        raise InputError(
-            f"method {sched.name!r} needs {', '.join(missing)}, which rlpace provides in verl's legacy trainer but "
-            f"not in the V1 trainer (its transforms run in the replay buffer, before verl's old-log-prob pass and "
-            f"advantage step; docs/engines.md, 'Supervision transforms'): run examples/verl_legacy_trainer.py with "
-            f"trainer.use_v1=False, or use RlpaceGRPOTrainer (TRL).")
+def _check_v1_feedback_channel(data_config) -> str | None:
+    """Which V1 path the run's config selects: None (not V1), "trainer" (rlpace's V1 trainer,
+    `trainer.v1.trainer_mode=rlpace_*`: it marks `trainer.v1.rlpace_trainer` when it hands verl
+    verl's own mode name) or "buffer" (verl's V1 trainer with `RlpaceReplayBuffer`). InputError
+    when V1 has neither: V1 never calls `on_batch_end`, its only feedback channel is the replay
+    buffer, so with verl's own buffer the Scheduler would propose forever on no feedback. Read
+    from the run's whole config, which the `data` node verl hands the dataset belongs to (a bare
+    `data` config, as in tests or scripts, is not checked)."""
+    from omegaconf import OmegaConf
+    root = data_config._get_root() if OmegaConf.is_config(data_config) else None
+    if root is None or root is data_config or not OmegaConf.select(root, "trainer.use_v1", default=False):
+        return None
+    mode = str(OmegaConf.select(root, "trainer.v1.trainer_mode", default="sync"))
+    name = OmegaConf.select(root, "trainer.v1.sampler.custom_sampler.name", default=None)
+    if mode.startswith("rlpace_") or OmegaConf.select(root, "trainer.v1.rlpace_trainer", default=False):
+        return "trainer"
+    if name in V1_BUFFERS:
+        return "buffer"
+    raise InputError(
+        "verl's V1 trainer (trainer.use_v1=True) never calls the dataset's on_batch_end, so the Scheduler "
+        "would get no feedback: run examples/verl_v1_trainer.py with trainer.v1.trainer_mode=rlpace_"
+        f"{mode} (every rlpace place; docs/engines.md), or set trainer.v1.sampler.custom_sampler.path="
+        f"pkg://rlpace.adapters.verl trainer.v1.sampler.custom_sampler.name="
+        f"{V1_BUFFERS[0] if mode == 'sync' else V1_BUFFERS[1]}, or run the legacy trainer with trainer.use_v1=False.")
 
 
 class RlpaceDataset(RLHFDataset):
@@ -108,13 +94,12 @@ class RlpaceDataset(RLHFDataset):
         check_verl_version("dataset")
         _check_loader_config(config)
         scheduled = _train_files(data_files, config)
-        v1 = _check_v1_feedback_channel() if scheduled else False
+        v1 = _check_v1_feedback_channel(config) if scheduled else None
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
-        if v1:
-            _refuse_v1_supervision(self.rlpace.scheduler)
-        if scheduled:
-            _SHARED["train"] = self.rlpace
+        if v1 == "buffer":                # verl's own V1 trainer: refuse what only rlpace's trainer applies
+            from ._verl_v1 import refuse_trainer_places
+            refuse_trainer_places(self.rlpace.scheduler)
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -185,6 +170,7 @@ class RlpaceTrainerMixin:
         flagged `meta_info["validate"]`, pass through untouched)."""
         from ._supervision import needs_supervision_pass
         from ._verl_supervision import check_token_signals
+        check_verl_internals("legacy_trainer")
         sched = self._rlpace().scheduler
         if not needs_supervision_pass(sched):
             return super().fit()
@@ -221,6 +207,7 @@ class RlpaceTrainerMixin:
                                  "reward.custom_reward_function.path) has no target to verify against. Use a "
                                  "rule-based reward function.")
             self._rlpace_reward_manager = load_reward_manager(self.config, self.tokenizer)
+            check_verl_internals("reward_manager", self._rlpace_reward_manager)
         self._rlpace_supervision_metrics = supervise_batch(
             self._rlpace(), batch, manager=self._rlpace_reward_manager, tokenizer=self.tokenizer,
             step=int(self.global_steps), extractor=self.rlpace_answer_extractor or extract_answer)
@@ -285,4 +272,7 @@ def __getattr__(name: str):
         check_verl_version("replay_buffer")
         from . import _verl_v1
         return getattr(_verl_v1, name)
+    if name == "RlpaceV1TrainerMixin":
+        from ._verl_v1_trainer import RlpaceV1TrainerMixin
+        return RlpaceV1TrainerMixin
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
