@@ -18,6 +18,12 @@
   TRL's advantages (the rule: `rlpace.adapters._convert.admitted_advantages`). (`loss_type` "grpo"/"sapo"/"luspo"
   average per sequence over the whole micro-batch, so dropped rows still count in that
   mean; "dapo", "bnpo", "cispo" and "vespo" normalise by tokens and exclude them.)
+* Refills: while the step's admission asks for replacements (`StepResult.refill` > 0),
+  some rank's slice of the batch holds fewer kept groups than its share, and fewer than
+  `max_refill_rounds` extra rounds ran, a whole chunk of fresh proposals is generated,
+  scored and stepped; each rank trains its first kept groups in round order (then, at the
+  limit, dropped ones, masked out), so the batch keeps B·G rows. Decided from the gathered
+  keep masks: the same on every rank. `rlpace/rollouts_total` counts every rollout.
 * Lag: the sampler draws a chunk when the dataloader first asks for one of its rows, and
   the loops ahead of training decide when that is. With A = gradient_accumulation_steps and
   R = steps_per_generation × num_iterations (dataloader batches per chunk): transformers'
@@ -65,7 +71,10 @@
 
 Private overrides (checked against trl 1.16.0; `SUPPORTED_TRL`): `_get_train_sampler`,
 `_calculate_rewards`, `_generate_and_score_completions`, `_save_checkpoint`,
-`_load_optimizer_and_scheduler` — each calls `super()` and adds a few lines. The feature
+`_load_optimizer_and_scheduler` — each calls `super()` and adds a few lines. Every private
+method and attribute relied on (`TRL_PRIVATE_METHODS`, `TRL_PRIVATE_ATTRIBUTES`) is checked
+when the trainer is built; on several ranks a digest of the Scheduler copies is all-gathered
+before every generation batch, and the state file is read by the main process and broadcast. The feature
 pass calls `_compute_loss` with `_get_per_token_logps_and_entropies` shadowed on the instance
 (unfused head) and undoes the metrics `_compute_loss` logs.
 """
@@ -81,6 +90,7 @@ from collections import deque
 import numpy as np
 
 from ..scheduler import Scheduler
+from ..policies._base import is_neutral
 from ..types import Feedback, Pool, group_advantages
 
 try:
@@ -98,7 +108,7 @@ from ._supervision import has_supervision_places
 from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
-           "check_trl_version", "missing_trl_methods", "SUPPORTED_TRL", "STATE_FILE"]
+           "check_trl_version", "missing_trl_methods", "state_digest", "SUPPORTED_TRL", "STATE_FILE"]
 
 SUPPORTED_TRL = ("1.16", "1.17")   # [lowest, highest) trl releases tested (1.16.0)
 # What the adapter relies on beyond GRPOTrainer's public API, checked when a trainer is built so
@@ -306,6 +316,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             re-scored with this column replaced by the target (`_trl_supervision`).
         answer_extractor: completion -> str | None, the final answer the target place votes
             on; None: `rlpace.adapters._supervision.extract_answer`.
+        max_refill_rounds: extra generation rounds while the admission asks for refills
+            (DAPO dynamic sampling; DAPO's `max_num_gen_batches` − 1); 0: never refill.
 
     Example:
         >>> pool = pool_from_dataset(ds)                                # doctest: +SKIP
@@ -336,6 +348,11 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             raise InputError(f"max_refill_rounds must be an int ≥ 0 (0: never refill); got {max_refill_rounds!r}.")
         if grad_reference not in ("previous", "none"):
             raise InputError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
+        alloc = scheduler.method.allocation
+        if alloc is not None and not is_neutral(alloc):
+            raise InputError(f"method {scheduler.name!r} has an allocation place ({alloc.name}: rollouts per prompt), "
+                             f"but TRL generates num_generations rollouts for every prompt; use rlpace's built-in "
+                             f"trainer for allocation methods, or a method without one.")
         mismatch = (f"the Scheduler's pool ({len(scheduler.pool)} prompts) is not the train dataset "
                     f"({len(ds)} rows, column {id_column!r}); build it with pool_from_dataset(ds)")
         try:
@@ -349,7 +366,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         self.rlpace_zero_lag, self.rlpace_loss_weights = zero_lag, loss_weights
         self.rlpace_max_refill_rounds, self.rlpace_rollouts_total = max_refill_rounds, 0
         n_local = self.args.per_device_train_batch_size * self.args.steps_per_generation
-        if max_refill_rounds and not scheduler.method.admission.neutral and n_local % self.num_generations:
+        if max_refill_rounds and not is_neutral(scheduler.method.admission) and n_local % self.num_generations:
             raise InputError(f"refills fill each rank's slice of the generation batch with whole groups: "
                              f"per_device_train_batch_size × steps_per_generation ({n_local}) must be a multiple "
                              f"of num_generations ({self.num_generations}); change one, or pass max_refill_rounds=0.")
@@ -383,6 +400,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
+        self._rlpace_check_replicas()        # before anything of this batch is proposed or generated
         if self.rlpace_zero_lag:
             inputs = self._rlpace_swap(len(inputs))
         # round 0 is the sampler's chunk; while the admission asks for refills (DAPO dynamic
@@ -395,13 +413,13 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         output = rounds[0][0] if len(rounds) == 1 else self._rlpace_assemble(rounds)
         b_local = self.rlpace_sampler.b // self.accelerator.num_processes
         self.rlpace_rollouts_total += sum(r.keep.size for _, r in rounds)
-        self._rlpace_check_replicas()
         m = self._metrics["train"]
         for k, v in self.scheduler.metrics().items():
             m[f"rlpace/{k}"].append(v)
         m["rlpace/rollouts_total"].append(float(self.rlpace_rollouts_total))    # refills included
         m["rlpace/refill_rounds"].append(float(len(rounds) - 1))
-        kept = sum(min(n, b_local) for n in self._rlpace_kept_per_rank(rounds))
+        kept = (int(rounds[0][1].keep.any(axis=1).sum()) if len(rounds) == 1 else   # (a group may straddle ranks)
+                sum(min(n, b_local) for n in self._rlpace_kept_per_rank(rounds)))
         m["rlpace/kept_fraction_trained"].append(kept / self.rlpace_sampler.b)   # groups trained on / B
         return output
 
