@@ -1,6 +1,7 @@
 """GRPO with TRL on CPU, prompts scheduled by rlpace — a complete, tiny run.
 
     python examples/trl_grpo.py [--policy dump] [--steps 20] [--zero-lag] [--out runs/trl_grpo]
+    python examples/trl_grpo.py --compare-refills     # DAPO dynamic sampling with vs without refills
 
 A random-init 2-layer Qwen2 and a byte-level BPE tokenizer are built locally (no hub).
 The prompts come from two domains whose verifiable rewards differ by construction: for
@@ -9,6 +10,13 @@ The prompts come from two domains whose verifiable rewards differ by constructio
 (`dump`) should move its mass to `echo`; the run prints `rlpace/domain_prob/*` from TRL's
 logs. A checkpoint is written every 10 steps with `rlpace_scheduler.npz` beside the model;
 `--resume PATH` continues from one.
+
+With an admission policy that drops groups (`--policy dump+dapo_dynamic_sampling`: every
+`never` group is uniform, and so is most of `echo` early on), the trainer generates further
+chunks until the batch holds B kept groups or `--max-refill-rounds` extra rounds ran (DAPO's
+`max_num_gen_batches`). `--compare-refills` runs that policy twice, with 0 and with 4 refill
+rounds, and prints the share of the trained batch's groups that carry a gradient and the
+rollouts each run generated.
 """
 
 from __future__ import annotations
@@ -51,11 +59,18 @@ def reward(prompts, completions, data_source, **kwargs):
 
 
 class PrintSchedule(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        probs = {k.split("/")[-1]: round(v, 2) for k, v in (logs or {}).items() if "domain_prob" in k}
-        if probs:
+        logs = logs or {}
+        if "rlpace/rollouts_total" in logs:
+            self.logs.append(logs)
+        probs = {k.split("/")[-1]: round(v, 2) for k, v in logs.items() if "domain_prob" in k}
+        if probs or "rlpace/rollouts_total" in logs:
             print(f"step {state.global_step:3d}  reward {logs.get('reward', float('nan')):.2f}  "
-                  f"p(domain) {probs}")
+                  f"kept {logs.get('rlpace/kept_fraction_trained', float('nan')):.2f}  "
+                  f"rollouts {logs.get('rlpace/rollouts_total', 0):.0f}  p(domain) {probs}")
 
 
 def main() -> None:
@@ -65,27 +80,46 @@ def main() -> None:
     ap.add_argument("--zero-lag", action="store_true", help="propose at generation time (no lag)")
     ap.add_argument("--out", default="runs/trl_grpo")
     ap.add_argument("--resume", default=None, help="a checkpoint-N directory of an earlier run")
+    ap.add_argument("--max-refill-rounds", type=int, default=4,
+                    help="extra generation rounds while the admission drops groups (0: never refill)")
+    ap.add_argument("--compare-refills", action="store_true",
+                    help="run dump+dapo_dynamic_sampling with 0 and 4 refill rounds and compare")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if not args.compare_refills:
+        train(args.policy, args.steps, args.zero_lag, args.max_refill_rounds, args.out, args.resume)
+        print("checkpoints:", sorted(p.name for p in Path(args.out).glob("checkpoint-*")))
+        return
+    rows = {}
+    for rounds in (0, 4):
+        logs = train("dump+dapo_dynamic_sampling", args.steps, args.zero_lag, rounds, f"{args.out}/refill{rounds}")
+        rows[rounds] = (sum(x["rlpace/kept_fraction_trained"] for x in logs) / len(logs),
+                        int(logs[-1]["rlpace/rollouts_total"]), sum(x["reward"] for x in logs) / len(logs))
+    print(f"\n{'max_refill_rounds':>17}  {'trained groups with a gradient':>30}  {'rollouts':>8}  {'mean reward of the rollouts':>28}")
+    for rounds, (kept, rollouts, rew) in rows.items():
+        print(f"{rounds:>17}  {kept:>30.2f}  {rollouts:>8d}  {rew:>28.3f}")
 
+
+def train(policy: str, steps: int, zero_lag: bool, max_refill_rounds: int, out: str, resume=None) -> list[dict]:
+    """One run; returns the logged steps (each with the rlpace/* metrics)."""
     rows = [{"prompt": f"repeat {i % 10}{i % 7}:", "data_source": "echo", "index": i} for i in range(64)]
     rows += [{"prompt": f"say nothing {i}:", "data_source": "never", "index": 64 + i} for i in range(64)]
     dataset = Dataset.from_list(rows)
     model, tokenizer = tiny_model_and_tokenizer([r["prompt"] + " 0123456789" for r in rows])
 
     scheduler = Scheduler(pool_from_dataset(dataset, domain_column="data_source", id_column="index"),
-                          args.policy, seed=0)
-    config = GRPOConfig(output_dir=args.out, use_cpu=True, bf16=False, report_to="none", seed=0,
+                          policy, seed=0)
+    config = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
                         per_device_train_batch_size=32, num_generations=4, max_completion_length=8,
-                        max_steps=args.steps, logging_steps=1, save_steps=10, beta=0.0,
+                        max_steps=steps, logging_steps=1, save_steps=10, beta=0.0,
                         learning_rate=3e-3, dataloader_num_workers=0, gradient_checkpointing=False,
                         disable_tqdm=True)
     trainer = RlpaceGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                                processing_class=tokenizer, scheduler=scheduler, zero_lag=args.zero_lag,
-                                callbacks=[PrintSchedule()])
+                                processing_class=tokenizer, scheduler=scheduler, zero_lag=zero_lag,
+                                max_refill_rounds=max_refill_rounds, callbacks=[printer := PrintSchedule()])
     trainer.remove_callback(PrinterCallback)           # PrintSchedule prints a short line instead
-    trainer.train(resume_from_checkpoint=args.resume)
-    print("checkpoints:", sorted(p.name for p in Path(args.out).glob("checkpoint-*")))
+    trainer.train(resume_from_checkpoint=resume)
+    return printer.logs
 
 
 if __name__ == "__main__":
