@@ -607,3 +607,108 @@ def test_v1_feedback_carries_grpo_advantages_of_the_rewards(v1):
     # (r − 0.25) / (sqrt(0.1875) + 1e-6), by hand
     s = np.sqrt(0.1875) + 1e-6
     np.testing.assert_allclose(got[0].advantages, [[0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s]], rtol=1e-12)
+
+
+# ---- rlpace's V1 trainers: registration, config, weights, resume (stand-in TransferQueue) -------
+def test_rlpace_v1_trainers_are_registered_and_hand_verl_its_own_mode(monkeypatch):
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    from rlpace.adapters import _verl_v1_trainer as vt
+    seen = []
+    for owner in (PPOTrainer, PPOTrainerSeparateAsync):        # verl's __init__ builds workers: record instead
+        monkeypatch.setattr(owner, "__init__", lambda self, config: seen.append(OmegaConf.to_container(config)))
+    for name, mode, buffer in (("rlpace_sync", "sync", "RlpaceReplayBuffer"),
+                               ("rlpace_colocate_async", "colocate_async", "RlpaceReplayBufferAsync"),
+                               ("rlpace_separate_async", "separate_async", "RlpaceReplayBufferAsync")):
+        assert get_trainer_cls(name) is vt.MODES[name]
+        cfg = OmegaConf.create({"data": {"train_batch_size": 8},
+                                "trainer": {"v1": {"trainer_mode": name, "sampler": {"sampler_kwargs": None}}}})
+        vt.MODES[name](cfg)
+        v1 = seen[-1]["trainer"]["v1"]
+        assert v1["trainer_mode"] == mode and v1["rlpace_trainer"] is True
+        assert v1["sampler"]["custom_sampler"] == {"path": "pkg://rlpace.adapters.verl", "name": buffer}
+        assert v1["sampler"]["sampler_kwargs"] == {"train_batch_size": 8, "gen_batch_size": 1}
+        assert seen[-1]["data"]["gen_batch_size"] == 1
+    cfg = OmegaConf.create({"data": {"train_batch_size": 8}, "trainer": {"v1": {
+        "trainer_mode": "rlpace_sync", "sampler": {"custom_sampler": {"path": "x.py", "name": "MyBuffer"}}}}})
+    with pytest.raises(ValueError, match="custom_sampler.name=MyBuffer"):
+        vt.RlpacePPOTrainerSync(cfg)
+
+
+def test_v1_entry_point_registers_the_trainers_inside_the_actor(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "verl_v1_trainer.py"
+    spec = importlib.util.spec_from_file_location("verl_v1_trainer", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    base = m.TaskRunnerV1.__ray_actor_class__
+    monkeypatch.setattr(base, "run", lambda self, config: get_trainer_cls(config))    # what verl's run looks up
+    runner = m.RlpaceTaskRunnerV1.__ray_actor_class__
+    from rlpace.adapters._verl_v1_trainer import RlpacePPOTrainerColocateAsync
+    assert runner.run(runner.__new__(runner), "rlpace_colocate_async") is RlpacePPOTrainerColocateAsync
+
+
+@pytest.mark.parametrize("policy,match", [("per_advantage", "loss weights"), ("entropy_min", "token_entropy")])
+def test_v1_buffer_under_verls_own_trainer_refuses_what_only_rlpaces_trainer_applies(v1, policy, match):
+    fake, make = v1
+    from rlpace.policies import make_method
+    buf, sched, _ = make(None, method=make_method(policy))
+    fake.add_group("uA", 100, [1.0, 0.0], 1)
+    with pytest.raises(ValueError, match=f"{match}.*trainer_mode=rlpace_sync"):
+        buf.sample(global_steps=1, partition_id="train", batch_size=1)
+    assert sched.history.attempts.sum() == 0
+
+
+def test_v1_gradient_feature_policies_are_refused_not_silently_unweighted(v1):
+    fake, make = v1
+    from rlpace.policies import make_method
+    buf, sched, _ = make(None, method=make_method("diem"), applies_weights=True)
+    fake.add_group("uA", 100, [1.0, 0.0], 1)
+    with pytest.raises(ValueError, match="gradient features"):
+        buf.sample(global_steps=1, partition_id="train", batch_size=1)
+
+
+def test_v1_loss_weights_are_kept_per_session_and_resume_exactly(v1, monkeypatch):
+    """difficulty_band's weights depend on the Scheduler's history: two steps uninterrupted and
+    two steps with the Scheduler restored from its state after the first (what data.pt holds;
+    the buffer holds no weight across steps) give the same weights and the same final state."""
+    from _isolated import assert_state_equal
+    from rlpace.policies import make_method
+    fake, make = v1
+
+    def two_steps(restart):
+        fake.tags["train"].clear()
+        fake.values["train"].clear()
+        buf, sched, _ = make(None, batch=2, method=make_method("difficulty_band"), applies_weights=True)
+        fake.add_group("uA", 100, [1.0, 0.0], 1)
+        fake.add_group("uB", 101, [1.0, 1.0], 1)
+        meta, _ = buf.sample(global_steps=1, partition_id="train", batch_size=2)
+        w1 = buf.pop_weights(meta.keys)
+        if restart:
+            state = sched.state_dict()
+            buf, sched, _ = make(None, batch=2, method=make_method("difficulty_band"), applies_weights=True)
+            sched.load_state_dict(state)
+        fake.add_group("uC", 100, [0.0, 0.0], 2)
+        fake.add_group("uD", 102, [1.0, 0.0], 2)
+        meta, _ = buf.sample(global_steps=2, partition_id="train", batch_size=2)
+        return sorted(meta.keys), w1, buf.pop_weights(sorted(meta.keys)), sched.state_dict()
+
+    keys, w1, w2, state = two_steps(False)
+    keys_r, w1_r, w2_r, state_r = two_steps(True)
+    assert keys == keys_r == ["uC_0_0", "uC_1_0", "uD_0_0", "uD_1_0"]
+    np.testing.assert_array_equal(w1, w1_r)
+    np.testing.assert_array_equal(w2, w2_r)
+    assert_state_equal(state, state_r)
+    # the weights are the Scheduler's own loss weights of each group, per rollout (a reference
+    # Scheduler fed the same Feedback by hand)
+    from rlpace import Pool
+    ref = Scheduler(Pool(["math", "logic"] * 5, ids=list(range(100, 110))), make_method("difficulty_band"))
+    ref.step(Feedback(ref.pool.index_of([100, 101]), [[1.0, 0.0], [1.0, 1.0]], step=1))
+    r2 = ref.step(Feedback(ref.pool.index_of([100, 102]), [[0.0, 0.0], [1.0, 0.0]], step=2))
+    np.testing.assert_allclose(w2, r2.weights.ravel())
+    assert not np.all(w2 == 1.0)                  # the weights are not trivially 1

@@ -95,6 +95,18 @@ def trainer_places(sched) -> list[str]:
     return out + [f"token statistic {s!r}" for s in sorted(needs(sched) & TOKEN_SIGNALS)]
 
 
+def refuse_gradient_features(sched) -> None:
+    """InputError when a policy reads per-rollout gradient features (`diem`, `dvc`: "grads",
+    "ref_grad"): verl's actor computes gradients inside its FSDP/Megatron workers and returns no
+    per-rollout features, and without them such a policy would silently weigh every rollout 1."""
+    from ..scheduler import FEATURE_SIGNALS
+    read = sorted(needs(sched) & FEATURE_SIGNALS)
+    if read:
+        raise InputError(f"method {sched.name!r} reads {read} (per-rollout gradient features), which verl's actor "
+                         f"workers do not return (they compute gradients inside FSDP/Megatron): use "
+                         f"RlpaceGRPOTrainer (TRL), which computes them, or a method that does not read them.")
+
+
 def refuse_trainer_places(sched) -> None:
     """InputError when the method needs what only rlpace's V1 trainer applies (`trainer_places`)."""
     missing = trainer_places(sched)
@@ -144,6 +156,7 @@ class _RlpaceAdmission:
             raise InputError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
                              "data.custom_cls.path=pkg://rlpace.adapters.verl data.custom_cls.name=RlpaceDataset.")
         if not getattr(self, "_rlpace_checked", False):
+            refuse_gradient_features(bridge.scheduler)
             if not getattr(self._rlpace_trainer, "rlpace_applies_weights", False):
                 refuse_trainer_places(bridge.scheduler)
             self._rlpace_checked = True
@@ -152,6 +165,13 @@ class _RlpaceAdmission:
     def _deferred(self) -> bool:
         """True when the groups are decided after verl's old-log-prob pass (token statistics)."""
         return bool(needs(self.rlpace.scheduler) & TOKEN_SIGNALS)
+
+    def _supervised(self) -> bool:
+        """True when finished groups go through `_supervise` before they are decided: a target or
+        reward place, or a policy that reads answers (an advantage place alone acts in the trainer)."""
+        sched = self.rlpace.scheduler
+        return needs_supervision_pass(sched) and bool(
+            active_supervision_places(sched.method) & {"target", "reward"} or "answers" in needs(sched))
 
     def pop_weights(self, keys: list[str]) -> np.ndarray:
         """float64[len(keys)]: the weight of each trajectory key's session (1 when none), forgotten."""
@@ -191,7 +211,7 @@ class _RlpaceAdmission:
             for s in np.unique(steps):          # one Feedback per step the prompts were drawn at
                 at = np.flatnonzero(steps == s)
                 sub = Rows(*(None if f is None else f[at] for f in rows))
-                if needs_supervision_pass(self.rlpace.scheduler):       # targets → re-verification → reward place
+                if self._supervised():            # targets → re-verification → reward place
                     sub = self._supervise(partition_id, [keys[i] for i in at], sub, int(s))
                 e, c, m = decide_groups(self.rlpace, sub, [keys[i] for i in at], step=int(s),
                                         weights=self.rlpace_weights)

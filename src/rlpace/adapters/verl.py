@@ -97,9 +97,11 @@ class RlpaceDataset(RLHFDataset):
         v1 = _check_v1_feedback_channel(config) if scheduled else None
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
-        if v1 == "buffer":                # verl's own V1 trainer: refuse what only rlpace's trainer applies
-            from ._verl_v1 import refuse_trainer_places
-            refuse_trainer_places(self.rlpace.scheduler)
+        if v1 is not None:
+            from ._verl_v1 import refuse_gradient_features, refuse_trainer_places
+            refuse_gradient_features(self.rlpace.scheduler)
+            if v1 == "buffer":            # verl's own V1 trainer: refuse what only rlpace's trainer applies
+                refuse_trainer_places(self.rlpace.scheduler)
 
     @property
     def scheduler(self) -> Scheduler | None:
