@@ -8,6 +8,7 @@ batch (a step's first batch, or one of its refills):
      "created": "...", "rlpace": "0.1.0"}
     {"step": 0, "prompt_ids": [17, 4, ...], "rewards": [[1.0, 0.0, ...], ...],
      "rollouts": 128, "eval": {"acc_mean": 0.41, "acc": {"math": 0.41}} | null}
+    {"step": 50, "eval": {"acc_mean": 0.63}}          (an evaluation without a batch: the final one)
 
 `prompt_ids` are the pool's stable ids (`Pool.ids`, verl's `extra_info.index`) when the
 writer was given the pool, else pool positions (`"ids": "positions"`); `rewards` is [B, G];
@@ -122,10 +123,12 @@ class PilotRecorder:
         reward_range: (low, high) every reward lies in; a reward outside is refused.
         success_threshold: reward ≥ this is a success (the fit models binary outcomes).
         kind: "training" or "profile".
+        restart_at: None appends to the file as it is; a step k keeps only its lines of steps
+            before k (0: a new record), as a run that starts (k = 0) or resumes at step k needs.
     """
 
     def __init__(self, path, pool: Pool | None = None, *, reward_range=(0.0, 1.0), success_threshold: float = 0.5,
-                 kind: str = "training"):
+                 kind: str = "training", restart_at: int | None = None):
         lo, hi = (float(x) for x in reward_range)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise InputError(f"PilotRecorder reward_range must be two finite numbers low < high; got {reward_range!r}.")
@@ -136,6 +139,10 @@ class PilotRecorder:
             raise InputError(f"PilotRecorder kind must be 'training' or 'profile'; got {kind!r}.")
         self.path, self.pool = Path(path), pool
         self.reward_range, self.success_threshold = (lo, hi), float(success_threshold)
+        if restart_at is not None and self.path.exists():
+            lines = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            keep = lines[:1] + [ln for ln in lines[1:] if json.loads(ln)["step"] < restart_at] if restart_at else []
+            self.path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
         if not self.path.exists() or self.path.stat().st_size == 0:
             from .. import __version__
             header = {"format": FORMAT, "version": VERSION, "reward_range": [lo, hi],
@@ -164,9 +171,28 @@ class PilotRecorder:
             f.write(json.dumps(line, allow_nan=False) + "\n")
 
 
+    def write_step(self, fbs: list, *, rollouts: int, eval: Any = None) -> None:
+        """Append a trainer step: one line per generated batch `fbs` (the first batch, then its
+        refills). `rollouts` is all the step cost; what exceeds the batches' own rollouts
+        (probes) is charged to the first line, and `eval` goes with it."""
+        extra = int(rollouts) - sum(int(np.asarray(fb.rewards).size) for fb in fbs)
+        for k, fb in enumerate(fbs):
+            first = k == 0
+            self.write(fb, rollouts=int(np.asarray(fb.rewards).size) + (extra if first else 0),
+                       eval=eval if first else None)
+
+    def write_eval(self, step: int, eval: Any) -> None:
+        """Append a held-out evaluation without a batch (e.g. the final one, after the last step)."""
+        line = {"step": int(step), "eval": _eval_record(eval)}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, allow_nan=False) + "\n")
+
+
 def _eval_record(ev: Any) -> dict | None:
     if ev is None:
         return None
+    if isinstance(ev, dict) and "acc_mean" not in ev and "mean" in ev:     # the trainer's heldout_accuracy
+        ev = {"acc_mean": ev["mean"], "acc": {k: v for k, v in ev.items() if k != "mean"}}
     if isinstance(ev, (int, float, np.floating)) and not isinstance(ev, bool):
         ev = {"acc_mean": float(ev)}
     if not isinstance(ev, dict) or not isinstance(ev.get("acc_mean"), (int, float)) \
@@ -199,6 +225,9 @@ def read_pilot(path) -> Pilot:
     for n, ln in enumerate(lines[1:], start=2):
         try:
             rec = json.loads(ln)
+            if isinstance(rec, dict) and "rewards" not in rec and rec.get("eval") is not None:   # an eval alone
+                evals.append((int(rec["step"]), sum(spent.values()), _eval_record(rec["eval"])["acc_mean"]))
+                continue
             t, pid, rew = int(rec["step"]), list(rec["prompt_ids"]), np.asarray(rec["rewards"], dtype=np.float64)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise InputError(f"pilot {path} line {n} is not a batch record ({type(e).__name__}: {e}); each line "

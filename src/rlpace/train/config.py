@@ -131,6 +131,9 @@ class TrainConfig:
     checkpoint_every: int = _f(50, "save model, optimizer, Scheduler state every k steps (0 = only at the end)")
     logger: str = _f("jsonl", "where step records go besides metrics.jsonl (always written): tensorboard "
                               "(out/tensorboard/), wandb (offline, out/wandb/), or both, e.g. 'tensorboard,wandb'")
+    record: str = _f("", "pilot record for `rlpace advise` (docs/advise.md): one JSON line per generated batch "
+                         "(prompt ids, rewards [B, G], rollouts incl. refills and probes) and each held-out "
+                         "evaluation; '' = none. A resumed run keeps its lines before the checkpoint's step")
     resume: bool = _f(False, "continue from out/checkpoint (must be the same config, except steps / max_rollouts / "
                              "reporting fields)")
     progress: bool = _f(True, "show a progress bar")
@@ -144,7 +147,7 @@ class TrainConfig:
 
 
 RESUMABLE_CHANGES = frozenset({"steps", "max_rollouts", "resume", "progress", "threads", "checkpoint_every",
-                               "out", "eval_batch", "cache_dir", "logger"})
+                               "out", "eval_batch", "cache_dir", "logger", "record"})
 
 
 def field_help() -> list[tuple[str, str, object, str]]:

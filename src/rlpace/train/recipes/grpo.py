@@ -58,6 +58,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ...advise._record import PilotRecorder
 from ...errors import InputError
 from ...optim import build_optimizer
 from ...policies import make_method
@@ -211,6 +212,8 @@ def train(cfg: TrainConfig) -> dict:
         (out / "metrics.jsonl").write_text("")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     log = StepLogger(out, cfg.logger, config=cfg.to_dict(), start_step=step)   # metrics.jsonl (+ TB, wandb)
+    pilot = (PilotRecorder(cfg.record, pool, success_threshold=cfg.success_threshold, restart_at=step)
+             if cfg.record else None)        # `rlpace advise`'s record: one line per generated batch
 
     def evaluate(rec):
         acc = heldout_accuracy(model, tok, tasks, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
@@ -284,7 +287,7 @@ def train(cfg: TrainConfig) -> dict:
         if fresh:
             rec.update(fresh.after_update(model, tok, bool(batch.taken)))
 
-        # 2e. one JSONL record per step
+        # 2e. one JSONL record per step (and, with record=, the pilot record's lines)
         all_rewards = np.concatenate([p[0].rewards.ravel() for p in pieces])
         dt = time.perf_counter() - t0
         seconds += dt
@@ -302,6 +305,8 @@ def train(cfg: TrainConfig) -> dict:
         rec.update({f"sched/{k}": v for k, v in sched.metrics().items()})
         rec.update(sup.step_metrics())          # labelled share, relabels, target accuracy
         log(rec)
+        if pilot:         # every batch of the step (refills too), all it cost (probes too), the eval before it
+            pilot.write_step(fbs, rollouts=rollouts, eval=last_acc if "eval/mean" in rec else None)
         step += 1
         bar.update(1)
         bar.set_postfix(acc=f"{last_acc['mean']:.2f}" if last_acc else "-", reward=f"{rec['reward_mean']:.2f}")
@@ -313,8 +318,10 @@ def train(cfg: TrainConfig) -> dict:
 
     # ---- 3. final evaluation, checkpoint, summary --------------------------------------
     final = {"step": step, "final": True}
-    evaluate(final)
+    acc = evaluate(final)
     log(final)
+    if pilot:
+        pilot.write_eval(step, acc)
     log.close()
     save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg, counters=counters())
     summary = summarize(out / "metrics.jsonl")

@@ -1,0 +1,88 @@
+"""The built-in trainer writes `rlpace advise`'s pilot record (`record=PATH`): one line per
+generated batch (refills and probes counted), the held-out evaluations, exact on resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny_train import read_log, tiny_config  # noqa: E402
+
+from rlpace import Feedback  # noqa: E402
+from rlpace.advise import PilotRecorder, read_pilot  # noqa: E402
+from rlpace.train import train  # noqa: E402
+from rlpace.train.recipes.grpo import _build_data  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_trainer_record_round_trips_with_refills(tmp_path, cache):
+    cfg = tiny_config(tmp_path / "run", cache, steps=3, policy="uniform+dapo_dynamic_sampling", objective="dapo",
+                      max_refill_rounds=2, record=str(tmp_path / "pilot.jsonl"))
+    train(cfg)
+    pool = _build_data(cfg)[2]
+    logged = read_log(cfg.out)
+    steps = [r for r in logged if not r.get("final")]
+    pilot = read_pilot(tmp_path / "pilot.jsonl")
+    lines = _lines(tmp_path / "pilot.jsonl")[1:]
+    assert any(r["refill_rounds"] > 0 for r in steps)                   # refills happened and were recorded
+    assert len([x for x in lines if "rewards" in x]) == sum(r["refill_rounds"] + 1 for r in steps)
+    for r in steps:
+        t = r["step"]
+        rows = pilot.step == t
+        # ids: the pool's stable ids of exactly the prompts the step generated, in order
+        assert list(pilot.prompt_ids[rows]) == [int(pool.ids[i]) for i in r["prompt_ids"]]
+        assert pilot.step_rollouts[t] == r["rollouts"] == 4 * int(rows.sum())
+        assert pilot.rewards[rows].shape == (len(r["prompt_ids"]), 4)
+        assert pilot.rewards[rows].mean() == pytest.approx(r["reward_mean"], abs=1e-6)   # float32 there
+    assert pilot.rollouts == steps[-1]["rollouts_total"]
+    # every held-out evaluation (steps 0 and 2, and the final one at step 3), with the rollouts before it
+    evals = [(r["step"], r["eval/mean"]) for r in logged if "eval/mean" in r]
+    assert [(t, a) for t, _, a in pilot.evals] == [(t, pytest.approx(a)) for t, a in evals] and len(evals) == 3
+    before = {0: 0, 2: steps[0]["rollouts"] + steps[1]["rollouts"], 3: steps[-1]["rollouts_total"]}
+    assert [n for _, n, _ in pilot.evals] == [before[t] for t, _ in evals]
+
+
+def test_trainer_record_counts_lilo_probes(tmp_path, cache):
+    cfg = tiny_config(tmp_path / "run", cache, steps=2, lilo_candidates=3, lilo_probes=2,
+                      record=str(tmp_path / "pilot.jsonl"))
+    train(cfg)
+    pilot = read_pilot(tmp_path / "pilot.jsonl")
+    assert pilot.step_rollouts == {0: 3 * 4 * 2 + 16, 1: 3 * 4 * 2 + 16}    # probes + B·G
+    assert pilot.rewards.shape == (8, 4)
+
+
+def test_trainer_record_on_resume_equals_one_run(tmp_path, cache):
+    whole = tiny_config(tmp_path / "a", cache, steps=4, record=str(tmp_path / "a.jsonl"))
+    train(whole)
+    part = tiny_config(tmp_path / "b", cache, steps=2, checkpoint_every=2, record=str(tmp_path / "b.jsonl"))
+    train(part)
+    with open(tmp_path / "b.jsonl", "a") as f:        # a line written after the checkpoint, then a crash
+        f.write(json.dumps({"step": 2, "prompt_ids": [0], "rewards": [[1, 1, 1, 1]], "rollouts": 4}) + "\n")
+    train(dataclasses.replace(part, steps=4, resume=True))
+    a, b = _lines(tmp_path / "a.jsonl"), _lines(tmp_path / "b.jsonl")
+    # batches and evaluations alike; the first run's final eval (at step 2) and the stray line are dropped
+    assert b[1:] == a[1:] and len(a) == 1 + 4 + 1 and [x["step"] for x in a[1:]] == [0, 1, 2, 3, 4]
+
+
+def test_recorder_restart_keeps_the_lines_before_the_step(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rec = PilotRecorder(path, restart_at=0)
+    for t in range(3):
+        rec.write(Feedback(np.array([t]), np.ones((1, 2)), None, t))
+    rec.write_eval(3, {"mean": 0.5, "d": 0.5})
+    PilotRecorder(path, restart_at=2)
+    assert [x["step"] for x in _lines(path)[1:]] == [0, 1]
+    PilotRecorder(path, restart_at=0)
+    assert len(_lines(path)) == 1 and _lines(path)[0]["format"] == "rlpace-pilot"
