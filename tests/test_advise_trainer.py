@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_train import read_log, tiny_config  # noqa: E402
 
 from rlpace import Feedback  # noqa: E402
-from rlpace.advise import PilotRecorder, read_pilot  # noqa: E402
+from rlpace.advise import Pilot, PilotRecorder, read_pilot  # noqa: E402
+from rlpace.advise._trainer import plateau  # noqa: E402
 from rlpace.train import train  # noqa: E402
 from rlpace.train.recipes.grpo import _build_data  # noqa: E402
 
@@ -86,3 +87,78 @@ def test_recorder_restart_keeps_the_lines_before_the_step(tmp_path):
     assert [x["step"] for x in _lines(path)[1:]] == [0, 1]
     PilotRecorder(path, restart_at=0)
     assert len(_lines(path)) == 1 and _lines(path)[0]["format"] == "rlpace-pilot"
+
+
+def _cli(argv, capsys):
+    from rlpace.cli import main
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, [ln for ln in cap.err.strip().splitlines()       # less progress lines
+                        if ln.startswith("rlpace advise: error") or not ln.startswith("rlpace advise: ")]
+
+
+def _tiny_overrides(cache, out, **kw):
+    from _tiny_train import TINY
+    return [f"{k}={v}" for k, v in {**TINY, "cache_dir": cache, "out": str(out), **kw}.items()]
+
+
+def test_cli_advise_runs_its_pilot_then_reprofiles_the_run(tmp_path, cache, capsys):
+    run = tmp_path / "run"
+    rc, text, err = _cli(["advise", *_tiny_overrides(cache, run, steps=50), "--policies", "dump", "--draws", "2",
+                          "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    pilot = read_pilot(run / "pilot" / "pilot.jsonl")
+    assert sorted(pilot.step_rollouts) == list(range(10))            # 20 % of 50 steps, uniform
+    adv = json.loads((tmp_path / "o" / "advice.json").read_text())
+    assert adv["pilot_rollouts"] == 10 * 16 == pilot.rollouts and adv["budget_rollouts"] == 50 * 16
+    assert adv["sentence"] in text
+    # the pilot run re-profiled from its own record: its budget (10 steps) is spent unless a larger one is given
+    rc, _, err = _cli(["advise", "--from-run", str(run / "pilot"), "--out", str(tmp_path / "p")], capsys)
+    assert rc == 2 and len(err) == 1 and "spent 160 rollouts of its 160" in err[0]
+    rc, text, err = _cli(["advise", "--from-run", str(run / "pilot"), "--budget-rollouts", "800", "--policies",
+                          "dump", "--draws", "2", "--out", str(tmp_path / "p")], capsys)
+    assert rc == 0, err
+    state = plateau(pilot)
+    assert state.evals == 6                                     # steps 0, 2, ..., 8 and the final one at 10
+    assert ("has plateaued" if state.plateaued else "is still improving") in text and "switch now: " in text
+    assert json.loads((tmp_path / "p" / "advice.json").read_text())["pilot_rollouts"] == 160
+
+
+def test_cli_advise_bad_inputs(tmp_path, cache, capsys):
+    out = tmp_path / "o"
+    # no pilot at all; two pilots at once
+    rc, _, err = _cli(["advise", "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "give one pilot" in err[0]
+    rc, _, err = _cli(["advise", "tasks=ladder", "--from-run", str(tmp_path), "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "key=value and --from-run" in err[0]
+    # 20 % of 20 steps is 4 < 10 steps: ask for steps ≥ 50, before any work
+    rc, _, err = _cli(["advise", *_tiny_overrides(cache, tmp_path / "r", steps=20), "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "is 4 steps" in err[0] and "steps ≥ 50" in err[0]
+    assert not (tmp_path / "r").exists()
+    rc, _, err = _cli(["advise", "tasks=ladder", "steps=100", "--pilot-share", "1.5", "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "--pilot-share" in err[0]
+    rc, _, err = _cli(["advise", "tasks=ladder", "stepz=100", "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "stepz" in err[0]
+    # a run without a record; a folder that is no run
+    from rlpace.train import TrainConfig
+    (tmp_path / "norec").mkdir()
+    (tmp_path / "norec" / "config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    rc, _, err = _cli(["advise", "--from-run", str(tmp_path / "norec"), "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "record=PATH" in err[0]
+    rc, _, err = _cli(["advise", "--from-run", str(tmp_path / "none"), "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "no config.json" in err[0]
+    assert not out.exists()
+
+
+def _with_evals(evals):
+    return Pilot(np.zeros(1, object), np.zeros(1, np.int64), np.zeros((1, 2)), {0: 2}, evals, (0.0, 1.0), 0.5,
+                 "pool", "training")
+
+
+def test_plateau_reads_the_last_half_of_the_rollouts():
+    # the eval at ≤ half of 300 rollouts is the one at 100: late gain 0.53 − 0.50 = 0.03 < 0.1 × 0.33
+    s = plateau(_with_evals([(0, 0, 0.2), (1, 100, 0.5), (2, 200, 0.52), (3, 300, 0.53)]))
+    assert s.plateaued and s.gain == pytest.approx(0.33) and s.late_gain == pytest.approx(0.03) and s.evals == 4
+    s = plateau(_with_evals([(0, 0, 0.2), (1, 100, 0.5), (2, 200, 0.52), (3, 300, 0.6)]))
+    assert not s.plateaued and s.late_gain == pytest.approx(0.1)
+    assert plateau(_with_evals([(0, 0, 0.2), (3, 300, 0.6)])) is None
