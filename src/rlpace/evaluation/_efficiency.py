@@ -4,7 +4,7 @@ baseline over seeds with a 95% bootstrap CI.
 
 Why a fraction of the gain: "steps to reach uniform's final accuracy" puts the target on
 uniform's late plateau, where a 0.006 accuracy gap decides "70 steps vs never" and the
-ratio measures noise (issue 10). The target
+ratio measures noise. The target
 
     target_s = base_s + f · (final_s − base_s)          (f = 0.8 by default)
 

@@ -43,7 +43,7 @@ DATAFLEX_SLOTS: tuple[Slot, ...] = (
     Slot("softmax", "reweight", ("softmax_advantage",), "w = softmax(|A|/T)·N, T=1"),
     Slot("diffband", "reweight", ("difficulty_band",), "weight 2 inside the [25%,75%] reward band"),
     # DataFlex keeps groups strictly inside the band; our success_band default is the closed
-    # band of issue 2, so the slot passes inclusive=False.
+    # band [low, high], so the slot passes inclusive=False.
     Slot("difffilter", "select", ("success_band",), "keep groups with solve rate in (0.2, 0.8)",
          kwargs=(("inclusive", False),)),
     Slot("maxvar", "select", ("pods_max_variance",), "PODS: max-variance half of each group"),

@@ -2,7 +2,7 @@
 
 * `embedded_suite` — procedural arithmetic and string tasks for a tiny CPU model
   (12 distributions by default, from near-certain to near-impossible for the base).
-  Two named suites with *headroom* for data scheduling (issue 10): `ladder` (string
+  Two named suites with *headroom* for data scheduling (where an oracle saves rollouts): `ladder` (string
   reversal at seven lengths, unlocked one after another) and `mostly_solved` (62% solved,
   23% unlearnable, a learnable minority of reversal lengths learned in order);
   `sort_ladder` and `mostly_solved_last` are their earlier versions, with less headroom

@@ -24,7 +24,7 @@ of one or two tokens, so a rollout's reward reflects one decision rather than th
 product of many per-character errors — what a 0.1 M-parameter policy can learn from in
 a hundred RL steps. The other families are there for larger models and custom suites.
 
-Two named suites give data scheduling *headroom* (issue 10; `SUITES`, `tasks=ladder` /
+Two named suites give data scheduling *headroom* (an oracle saves rollouts on them; `SUITES`, `tasks=ladder` /
 `tasks=mostly_solved` in the trainer), beside `embedded` as the balanced control:
 
 * `ladder` — one family at seven sizes (sort2…sort8) with a steep mistake ramp: the sizes
@@ -160,7 +160,7 @@ DEFAULT_MISTAKES = {"max3": 0.5, "max4": 0.75, "max5": 0.97,
                     "sumd3": 0.5, "sumd4": 0.75, "sumd5": 0.97,
                     "last5": 0.5, "last7": 0.75, "last9": 0.97}
 
-# ---- suites with headroom (issue 10) -------------------------------------------------------
+# ---- suites with headroom -------------------------------------------------------------------
 # `embedded` above is the balanced control: every family has learnable sizes, so uniform
 # already spends many rollouts where they teach. The two suites below are built so that it
 # does not; each is a set of distributions *and* the warm-up mistake shares that give the

@@ -68,7 +68,7 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
     if s == "embedded":
         return embedded_suite(DEFAULT_SUITE, train_per_domain=train_per_domain,
                               heldout_per_domain=heldout_per_domain, seed=seed)
-    if s in SUITES:               # the headroom suites (issue 10); their warm-up shares: SUITES[s][1]
+    if s in SUITES:               # the headroom suites; their warm-up shares: SUITES[s][1]
         return embedded_suite(SUITES[s][0], train_per_domain=train_per_domain,
                               heldout_per_domain=heldout_per_domain, seed=seed)
     if s.startswith("embedded:"):
