@@ -182,3 +182,21 @@ def test_signal_step_norm_gives_every_informative_step_the_same_size():
     np.testing.assert_allclose(res.accuracy[-1], heldout_accuracy(np.array([0.3]), w.heldout), rtol=1e-12)
     with pytest.raises(InputError, match="step_norm"):
         simulate(sc, "uniform", steps=1, batch_size=8, group_size=4, step_norm="adam")
+
+
+def test_expected_group_signal_equals_the_binomial_sum_per_prompt():
+    """The oracles' expected group signal (summed over k with running products, the hot path of
+    advise's predictions) equals the binomial sum written out per prompt."""
+    import math
+    from rlpace.policies._oracle import expected_group_signal
+
+    def by_hand(p, g, eps=1e-6):
+        return sum(math.comb(g, k) * p ** k * (1 - p) ** (g - k) * 2 * (k / g) * (1 - k / g)
+                   / (math.sqrt((k / g) * (1 - k / g)) + eps) for k in range(g + 1))
+
+    p = np.concatenate([[0.0, 1.0, 0.5, 1e-9], np.random.default_rng(3).random(200)])
+    for g in (2, 3, 8, 16):
+        got = expected_group_signal(p, g)
+        assert np.allclose(got, [by_hand(x, g) for x in p], rtol=0, atol=1e-14)
+    # any shape; G = 2, p = 1/2: k = 1 with probability 1/2, signal 2·¼/(½ + 1e-6)
+    assert np.allclose(expected_group_signal(np.full((2, 3), 0.5), 2), 0.25 / (0.5 + 1e-6), rtol=0, atol=1e-15)
