@@ -437,7 +437,7 @@ def test_legacy_entry_point_swaps_in_the_mixin(monkeypatch):
     assert built.__mro__[1] is rv.RlpaceTrainerMixin and built.__mro__[2] is original
 
 
-# ---- issue 9: admission in the legacy mixin, safe data.pt, V1 without the buffer -------------
+# ---- admission in the legacy mixin, safe data.pt, V1 without the buffer ----------------------
 def test_mixin_applies_admission_with_kept_subset_advantages(files, tok):
     """G = 3. Groups at pool positions divisible by 3 are dropped; others at even positions are
     kept whole (verl's advantages stay); the rest keep their first two rollouts in engine
@@ -712,3 +712,24 @@ def test_v1_loss_weights_are_kept_per_session_and_resume_exactly(v1, monkeypatch
     r2 = ref.step(Feedback(ref.pool.index_of([100, 102]), [[0.0, 0.0], [1.0, 0.0]], step=2))
     np.testing.assert_allclose(w2, r2.weights.ravel())
     assert not np.all(w2 == 1.0)                  # the weights are not trivially 1
+
+
+@pytest.mark.parametrize("policy,match", [("diem", "gradient features"), ("knapsack", "allocation place")])
+def test_legacy_mixin_refuses_gradient_features_and_allocation_at_fit(policy, match):
+    from types import SimpleNamespace
+    from rlpace import Pool
+    fit = []
+
+    class Base:
+        def fit(self):
+            fit.append(1)
+
+    class T(rv.RlpaceTrainerMixin, Base):
+        train_dataloader = None
+        train_dataset = SimpleNamespace(rlpace=rv.VerlFeedback(Scheduler(Pool(["a"] * 4), policy)))
+    with pytest.raises(ValueError, match=match):
+        T().fit()
+    assert fit == []
+    T.train_dataset = SimpleNamespace(rlpace=rv.VerlFeedback(Scheduler(Pool(["a"] * 4), "dump")))
+    T().fit()
+    assert fit == [1]

@@ -1,4 +1,4 @@
-"""verl's V1 replay buffer with rlpace admission over a REAL TransferQueue (issue 9, item 9b).
+"""verl's V1 replay buffer with rlpace admission over a REAL TransferQueue.
 
 TransferQueue runs its controller and storage units as Ray actors, each reserving one
 logical CPU; on a 2-core machine TransferQueue's default 2 storage units (verl's config

@@ -95,6 +95,25 @@ def check_verl_internals(feature: str, obj: Any = None) -> None:
                              f"Install a verl in that range.")
 
 
+def refuse_gradient_features(sched) -> None:
+    """InputError when the method has an allocation place (verl's `rollout.n` is fixed) or a policy reads per-rollout gradient features (`diem`, `dvc`: "grads",
+    "ref_grad"): verl's actor computes gradients inside its FSDP/Megatron workers and returns no
+    per-rollout features, and without them such a policy would silently weigh every rollout 1."""
+    from ..policies import is_neutral
+    from ..scheduler import FEATURE_SIGNALS
+    from ._supervision import needs
+    alloc = getattr(sched.method, "allocation", None)
+    if alloc is not None and not is_neutral(alloc):
+        raise InputError(f"method {sched.name!r} has an allocation place ({alloc.name!r}: rollouts per prompt), which "
+                         f"rlpace does not apply on verl: verl repeats every prompt actor_rollout_ref.rollout.n "
+                         f"times. Use a method without allocation on verl.")
+    read = sorted(needs(sched) & FEATURE_SIGNALS)
+    if read:
+        raise InputError(f"method {sched.name!r} reads {read} (per-rollout gradient features), which verl's actor "
+                         f"workers do not return (they compute gradients inside FSDP/Megatron): use "
+                         f"RlpaceGRPOTrainer (TRL), which computes them, or a method that does not read them.")
+
+
 def pool_from_dataframe(df, *, domain_key: str = "data_source") -> Pool:
     """A `Pool` over the rows of verl's (filtered) dataframe: domain = `data_source`, stable
     id = `extra_info.index` (required and unique: verl silently defaults a missing index to

@@ -31,7 +31,7 @@ Loss weights and the advantage place: `decide_groups` keeps each kept rollout's 
 verl's advantages by it after `_compute_advantage`; with verl's own V1 trainer a method
 that needs them is refused (nothing would apply them).
 
-Supervision transforms (issue 14; a method with a target or reward place: `ttrl`, `olr`,
+Supervision transforms (a method with a target or reward place: `ttrl`, `olr`,
 `trapo`): `_supervise` runs on each step's finished groups before `decide_groups` observes
 them — answers from the decoded `responses`, `Scheduler.targets`, re-verification by verl's
 reward manager (built from the trainer's config and tokenizer, reached through `refill_fn`,
@@ -53,7 +53,7 @@ from verl.trainer.ppo.v1 import replay_buffer as _rb
 from ..policies import active_supervision_places, is_neutral
 from ._convert import Rows, chosen_rewards, feedbacks_from_rows
 from ._supervision import TOKEN_SIGNALS, extract_answer, needs, needs_supervision_pass
-from ._verl_core import VerlFeedback, check_verl_internals, check_verl_version
+from ._verl_core import VerlFeedback, check_verl_internals, check_verl_version, refuse_gradient_features
 
 __all__ = ["RlpaceReplayBuffer", "RlpaceReplayBufferAsync", "decide_groups"]
 
@@ -93,18 +93,6 @@ def trainer_places(sched) -> list[str]:
     if "advantage" in active_supervision_places(m):
         out.append(f"advantage place {m.advantage.name!r}")
     return out + [f"token statistic {s!r}" for s in sorted(needs(sched) & TOKEN_SIGNALS)]
-
-
-def refuse_gradient_features(sched) -> None:
-    """InputError when a policy reads per-rollout gradient features (`diem`, `dvc`: "grads",
-    "ref_grad"): verl's actor computes gradients inside its FSDP/Megatron workers and returns no
-    per-rollout features, and without them such a policy would silently weigh every rollout 1."""
-    from ..scheduler import FEATURE_SIGNALS
-    read = sorted(needs(sched) & FEATURE_SIGNALS)
-    if read:
-        raise InputError(f"method {sched.name!r} reads {read} (per-rollout gradient features), which verl's actor "
-                         f"workers do not return (they compute gradients inside FSDP/Megatron): use "
-                         f"RlpaceGRPOTrainer (TRL), which computes them, or a method that does not read them.")
 
 
 def refuse_trainer_places(sched) -> None:

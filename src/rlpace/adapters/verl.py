@@ -35,7 +35,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.verl needs verl: pip install 'rlpace[verl]'") from e
 
 from ._verl_core import (SUPPORTED, VerlFeedback, _check_loader_config, _plain, check_verl_internals,
-                         check_verl_version, feedback_from_config, pool_from_dataframe)
+                         check_verl_version, feedback_from_config, pool_from_dataframe, refuse_gradient_features)
 
 __all__ = ["RlpaceDataset", "RlpaceSampler", "RlpaceReplayBuffer", "RlpaceReplayBufferAsync",
            "RlpaceTrainerMixin", "RlpaceV1TrainerMixin", "VerlFeedback", "pool_from_dataframe",
@@ -98,7 +98,7 @@ class RlpaceDataset(RLHFDataset):
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
         if v1 is not None:
-            from ._verl_v1 import refuse_gradient_features, refuse_trainer_places
+            from ._verl_v1 import refuse_trainer_places
             refuse_gradient_features(self.rlpace.scheduler)
             if v1 == "buffer":            # verl's own V1 trainer: refuse what only rlpace's trainer applies
                 refuse_trainer_places(self.rlpace.scheduler)
@@ -162,7 +162,7 @@ class RlpaceTrainerMixin:
         out.meta_info["metrics"].update(getattr(self, "_rlpace_supervision_metrics", {}))
         return out
 
-    # -- supervision transforms (issue 14; `rlpace.adapters._verl_supervision`) ------------------
+    # -- supervision transforms (`rlpace.adapters._verl_supervision`) ------------------------------
     rlpace_answer_extractor = None   # str -> str | None; None: `_supervision.extract_answer`
 
     def fit(self):
@@ -174,6 +174,7 @@ class RlpaceTrainerMixin:
         from ._verl_supervision import check_token_signals
         check_verl_internals("legacy_trainer")
         sched = self._rlpace().scheduler
+        refuse_gradient_features(sched)
         if not needs_supervision_pass(sched):
             return super().fit()
         check_token_signals(sched)
