@@ -21,7 +21,7 @@ the per-seed base policy is counted. The 8-seed figure is then an ESTIMATE:
 into rollout generation + bookkeeping, the loss/optimizer step, the periodic held-out
 evaluation, and setup (loading, tokenising, the final evaluation, checkpoint).
 
-Goal (issue 5): ≤ 60 minutes for the embedded matrix on 2 cores. The machine is shared
+Goal: ≤ 60 minutes for the embedded matrix on 2 cores. The machine is shared
 with other jobs: figures are contended and noisy — report them with the command.
 """
 

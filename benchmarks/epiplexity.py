@@ -1,4 +1,4 @@
-"""epiplexity benchmarks (issue 15; not timed tests): the mixture beside DUMP and uniform on the
+"""epiplexity benchmarks (not timed tests): the mixture beside DUMP and uniform on the
 headroom suites, and the generator against a fixed uniform parameter mix.
 
 A. Mixture. For each suite (`embedded`, `ladder`, `mostly_solved`), `uniform`, `dump` and

@@ -1,5 +1,5 @@
 """Step time of the built-in GRPO recipe with and without per-rollout gradient features,
-side by side in one run (issue 11; not a timed test).
+side by side in one run (not a timed test).
 
 Configurations (same tiny base policy, tasks, B, G, seed; one torch thread each):
 

@@ -1,5 +1,5 @@
 """Headroom: how much could any scheduler save on a setup, and how much of it does each
-policy capture? (issue 10; not a timed test)
+policy capture? (not a timed test)
 
 For each suite, uniform vs the oracles vs every registered proposal and admission policy,
 over S seeds (runs with one seed are paired):

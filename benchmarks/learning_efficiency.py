@@ -13,7 +13,7 @@ the Scheduler and the sampling; runs with the same seed are paired). For each po
   secondary column; the area under accuracy vs rollouts (up to the smallest budget) is a
   ratio to uniform's (> 1 = better). Definitions: `rlpace.evaluation.efficiency_vs_baseline`.
   The target used to be uniform's *final* accuracy, which sits on its late plateau and
-  made the ratio measure noise (issue 10).
+  made the ratio measure noise.
 * the fraction of informative groups (non-zero advantage) over training. Goal ≥ 0.9.
 * final mean held-out accuracy and its paired difference to uniform (95% bootstrap CI).
 

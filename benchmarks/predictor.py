@@ -1,4 +1,4 @@
-"""The pass-rate predictor at scale (issue 13): AUC on prompts never rolled out, rollouts saved
+"""The pass-rate predictor at scale: AUC on prompts never rolled out, rollouts saved
 by `greso` and `criticality_is` against `uniform` and `mopps`, and overhead per step.
 
     .venv/bin/python benchmarks/predictor.py                    # N = 1e5, 100 steps of B = 512

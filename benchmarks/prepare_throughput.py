@@ -1,4 +1,4 @@
-"""Throughput of `rlpace prepare`'s pieces on CPU (issue 6 benchmark; not a timed test).
+"""Throughput of `rlpace prepare`'s pieces on CPU (not a timed test).
 
 Measures, on synthetic short prompts (one sentence, ~12–20 words, 8 topics):
   1. embedding with the default model (packaged all-MiniLM-L6-v2) → prompts per second;

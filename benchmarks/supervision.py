@@ -1,4 +1,4 @@
-"""Weak and noisy supervision on the built-in trainer (issue 14; not a timed test).
+"""Weak and noisy supervision on the built-in trainer (not a timed test).
 
 Two matrices, each arm run on the same seeds (paired), the same rollout budget and the same
 base policy per seed:

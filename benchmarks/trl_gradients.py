@@ -1,5 +1,5 @@
 """Step time of `RlpaceGRPOTrainer` with and without per-rollout gradient features, side by
-side in one run (issue 11; not a timed test).
+side in one run (not a timed test).
 
 A random Qwen2 (hidden H, L layers; the BPE tokenizer of tests/_tiny_lm.py, vocabulary
 ≈ 300) trained by TRL's GRPOTrainer on CPU, B prompts × G rollouts per step, one

@@ -1,4 +1,4 @@
-"""Supervision transforms (issue 14) inside verl's legacy trainer and TRL's GRPOTrainer.
+"""Supervision transforms (pseudo-labels, label noise) inside verl's legacy trainer and TRL's GRPOTrainer.
 
 verl: the batch is built the way `RayPPOTrainer.fit` builds it (a loader batch of the
 RlpaceDataset → `DataProto.from_single_dict` → uid → `repeat(interleave=True)`, which makes

@@ -1,5 +1,5 @@
-"""Every user error at the command line is one line `rlpace <cmd>: error: ...` and exit code 2
-(issue 9 items 17–20): names are checked before work starts, `--resume` reads the run's
+"""Every user error at the command line is one line `rlpace <cmd>: error: ...` and exit code 2:
+names are checked before work starts, `--resume` reads the run's
 config, verl data without ids is refused, a missing optional dependency names its extra."""
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_subprocess_prints_one_line_and_no_traceback(tmp_path):
     assert r.stderr.startswith("rlpace simulate: error: --seed '' names no seed")
 
 
-# ---- item 20: verl parquet data without ids, held-out file -----------------------------------
+# ---- verl parquet data without ids, held-out file --------------------------------------------
 
 def _write_rows(path, rows):
     pa = pytest.importorskip("pyarrow")
@@ -245,7 +245,7 @@ def test_base_policy_cache_is_keyed_on_content_not_name(tmp_path):
     assert key(a) != key(c)                     # difficulty sets the warm-up level: another base
 
 
-# ---- item 19: --resume reads out/config.json --------------------------------------------------
+# ---- --resume reads out/config.json -----------------------------------------------------------
 
 def test_resume_reads_the_saved_config_and_equals_an_uninterrupted_run(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")

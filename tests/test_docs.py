@@ -97,10 +97,12 @@ def test_no_tracker_references_in_readme_and_docs():
     assert _offenders([README, *sorted(DOCS.rglob("*.md"))]) == []
 
 
-@pytest.mark.xfail(strict=False, reason="src/ comments still cite tracker numbers; their owners are "
-                                        "rewriting them to say what the thing is")
-def test_no_tracker_references_in_src():
-    assert _offenders(sorted(SRC.rglob("*.py"))) == []
+def test_no_tracker_references_in_code_tests_benchmarks_and_examples():
+    # this file alone is left out: its docstring and the hand-written lines above cite a
+    # tracker on purpose, as the examples the pattern must catch
+    paths = [p for d in (SRC, ROOT / "tests", ROOT / "benchmarks", ROOT / "examples") if d.is_dir()
+             for p in sorted(d.rglob("*.py")) if p.resolve() != Path(__file__).resolve()]
+    assert paths and _offenders(paths) == []
 
 
 # ---- the documentation site ---------------------------------------------------------------------

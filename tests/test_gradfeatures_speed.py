@@ -1,4 +1,4 @@
-"""The cheaper per-step feature path (issue 11: ≤ +5 % step time) computes the same numbers:
+"""The cheaper per-step feature path (budget: ≤ +5 % step time) computes the same numbers:
 the batched lm_head features (first token's closed form folded into one product) against a
 loop of single-rollout backward() calls in the trainer's float32, the logits check on NaN,
 DIEM's eigendecomposition solve against np.linalg.pinv, and the round Feedback parts that

@@ -1,5 +1,5 @@
 """criticality_grid (criticality-guided IS over a parameter grid), tasks=grid:<family>, and the
-trainer pools' prompt features (issue 13)."""
+trainer pools' prompt features."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_trainer_grid_resumes_exactly(tmp_path):
         assert all(np.array_equal(za[k], zb[k]) for k in za.files)
 
 
-# ---- ESS in the trainer tables (item 2) ---------------------------------------------------------
+# ---- ESS in the trainer tables -------------------------------------------------------------------
 def _step_log(accs, ess=None):
     """A trainer metrics.jsonl as rows: an evaluation every step, 8 rollouts a step."""
     rows = []

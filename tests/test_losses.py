@@ -1,6 +1,6 @@
 """The policy-gradient objectives against values computed by hand (and a reference loop):
-admission (`keep`) alone sets the normaliser, loss weights multiply inside it (issue 9 item 1),
-per-token weights, and advantages recomputed on the kept rollouts (item 2)."""
+admission (`keep`) alone sets the normaliser, loss weights multiply inside it,
+per-token weights, and advantages recomputed on the kept rollouts."""
 
 import math
 
@@ -136,7 +136,7 @@ def _a(k):
 
 @pytest.mark.parametrize("objective", ["grpo", "dr_grpo", "dapo", "gspo"])
 def test_weights_multiply_inside_the_admission_normaliser(objective):
-    """Issue 9 item 1: B = 4 groups of G = 4, only group 0 informative (1 success), all kept,
+    """B = 4 groups of G = 4, only group 0 informative (1 success), all kept,
     `per_advantage` (α = 0.5) weights. Weights mean 1 over the 16 rollouts, so the weighted
     gradient is Σ w|A| / Σ|A| = 16·Σ|A|^1.5 / (Σ|A|^0.5 · Σ|A|) = 16/(2√3) = 8/√3 ≈ 4.62× the
     unweighted one (DataFlex-RL's token-mean semantics). Counting only weight > 0 in the

@@ -79,8 +79,8 @@ def test_pods_hand_cases():
     # Stable sort: zeros at 3..7 then ones 0, 1, 2; keep lowest 2 (3, 4) and top 2 (1, 2).
     keep = max_variance_subset(np.array([[1, 1, 1, 0, 0, 0, 0, 0]], float), 4)
     assert keep.tolist() == [[False, True, True, True, True, False, False, False]]
-    # m = 3 of [5, 1, 3, 3]: sorted 1 (#1), 3 (#2), 3 (#3), 5 (#0). k=1 {1} + top 2 {3 (#3), 5}
-    # and k=2 {1, 3 (#2)} + {5} tie at var 8/3 (k=0, k=3: 8/9); the smaller k wins.
+    # m = 3 of x = [5, 1, 3, 3]: sorted 1 (x[1]), 3 (x[2]), 3 (x[3]), 5 (x[0]). k=1 {1} + top 2 {3 (x[3]), 5}
+    # and k=2 {1, 3 (x[2])} + {5} tie at var 8/3 (k=0, k=3: 8/9); the smaller k wins.
     assert max_variance_subset(np.array([[5.0, 1.0, 3.0, 3.0]]), 3).tolist() == [[True, True, False, True]]
 
 
@@ -135,7 +135,7 @@ def test_chain_dapo_then_pods():
     s = Scheduler(POOL, "dapo_dynamic_sampling+pods_max_variance")
     adm = s.admission(Feedback([0, 1], [[1, 1, 1, 1], [1, 0, 0, 0]], step=0))
     # group 0 dropped by DAPO (refill 1); group 1 keeps m = 2: one 1 and one 0. Sorted:
-    # 0 (#1), 0 (#2), 0 (#3), 1 (#0); k=0 (top two: #3, #0) and k=1 (#1, #0) tie at var
+    # 0 (x[1]), 0 (x[2]), 0 (x[3]), 1 (x[0]); k=0 (top two: x[3], x[0]) and k=1 (x[1], x[0]) tie at var
     # 1/4, the smaller k wins → rollouts 0 and 3.
     assert adm.keep.tolist() == [[False] * 4, [True, False, False, True]] and adm.refill == 1
 

@@ -1,4 +1,4 @@
-"""DataFlex-RL's last two configurations (issue 9 item 28): `ar` (token-level reweighting
+"""DataFlex-RL's last two configurations: `ar` (token-level reweighting
 from the sampling policy's token probabilities) and `gfpo` (top-k per group by reward per
 token), with the records they need — `Feedback.lengths` and `Scheduler.token_weights` —
 against hand-computed values and an independent loop."""

@@ -233,7 +233,7 @@ def test_learnability_buffer_ring_keeps_latest_and_counts_duplicates():
     assert s.successes[4] == 3.5 and s.attempts[4] == 6.0
 
 
-# ---- forgetting (issue 9 item 4) -----------------------------------------------------------
+# ---- forgetting -----------------------------------------------------------------------------
 def test_learnability_buffer_forgets_a_mastered_prompt():
     pool = Pool([0] * 2)
     p = learnability_buffer(buffer_size=1, refresh_every=1, mix=0.0)    # default decay 0.5

@@ -1,4 +1,4 @@
-"""`criticality_is` (issue 13): the proposal, the weight floor / mean-1 / clamp, the fallback
+"""`criticality_is` (criticality-guided importance sampling): the proposal, the weight floor / mean-1 / clamp, the fallback
 to p, unbiasedness of the exact weights, stage versioning of the weights, and the ESS metric."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""`greso` (issue 13, arXiv 2506.02177): streaks, the keep probability, the self-tuning of p,
+"""`greso` (arXiv 2506.02177): streaks, the keep probability, the self-tuning of p,
 the skip rate of proposals, and the estimated count of skipped prompts."""
 
 import numpy as np

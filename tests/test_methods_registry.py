@@ -1,4 +1,4 @@
-"""Registry-wide checks of what every policy factory promises (issue 9, items 6, 23, 24):
+"""Registry-wide checks of what every policy factory promises:
 hyperparameters validated at construction, state finite under any finite feedback, a
 complete one-line summary for `rlpace policies`, and no citation a user cannot open."""
 
@@ -47,7 +47,7 @@ def _kind(p):
 CASES = [(n, p.name, _kind(p)) for n in NAMES for p in _params(n) if _kind(p)]
 
 
-# ---- item 6: every hyperparameter validated at construction ------------------------------
+# ---- every hyperparameter validated at construction --------------------------------------
 def test_the_checks_name_parameter_and_range():
     with pytest.raises(ValueError, match=r"^dump temperature must be a finite number in \(0, inf\)"
                                          r" \(DUMP: 0\.1\); got nan\.$"):
@@ -97,7 +97,7 @@ def test_dump_nan_hyperparameters_no_longer_fall_back_silently():
             policies.make_policy("dump", **kw)
 
 
-# ---- item 6: state stays finite for any finite feedback -----------------------------------
+# ---- state stays finite for any finite feedback -------------------------------------------
 HUGE = 1e308
 
 
@@ -156,7 +156,7 @@ def test_dump_huge_advantages_rank_like_clipped_ones():
     assert p.apply(s, pool).tolist() == [1.0, 0.0]
 
 
-# ---- item 23: `rlpace policies` prints one complete, correct sentence per name -------------
+# ---- `rlpace policies` prints one complete, correct sentence per name ---------------------
 _BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 # snake_case words outside backticks (`q_low`), but not one-letter subscripts (`w_t`)
 _SNAKE = re.compile(r"(?<![`\w])([a-z][a-z0-9]*_[a-z0-9][a-z0-9_]+)(?![`\w])")
@@ -195,7 +195,7 @@ def test_difficulty_band_summary_names_its_real_parameters():
     assert "`low_q`" in first and "`high_q`" in first and "q_low" not in first
 
 
-# ---- item 24: method pages, and no citation a user cannot open -----------------------------
+# ---- method pages, and no citation a user cannot open -------------------------------------
 def test_no_source_file_cites_the_private_research_notes():
     offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*")
                  if p.is_file() and p.suffix in (".py", ".md", ".txt", ".toml", ".cfg", ".json")

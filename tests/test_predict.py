@@ -1,5 +1,5 @@
-"""The pass-rate predictor (`rlpace.predict`), `Pool.features`, and MoPPS's predictor prior
-(issue 13): hand-computed SGD and staging, importance weighting, features validated before
+"""The pass-rate predictor (`rlpace.predict`), `Pool.features`, and MoPPS's predictor prior:
+hand-computed SGD and staging, importance weighting, features validated before
 anything is built, exact resume."""
 
 import pickle

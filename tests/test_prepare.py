@@ -1,4 +1,4 @@
-"""`rlpace prepare`: semantic clusters and NLL difficulty (issue 6; ADS card 1).
+"""`rlpace prepare`: semantic clusters and NLL difficulty (ADS, arXiv 2606.22305).
 
 Uses the packaged all-MiniLM-L6-v2 and a tiny random-init Qwen2 built here (tests/_tiny_lm.py).
 About 13 s on a quiet machine (up to ~90 s heavily contended), most of it importing torch,
@@ -443,7 +443,7 @@ def test_verl_adapter_reads_prepared_output(prepared, out_table):
     assert pool.ids.tolist() == list(range(1000, 1060))
 
 
-# ---- default k scales with N; CLI errors are one line (issue 9 items 17, 21) -----------------
+# ---- default k scales with N; CLI errors are one line ------------------------------------------
 
 def test_default_k_rule_by_hand():
     from rlpace.prepare import default_k

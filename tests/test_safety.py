@@ -1,4 +1,4 @@
-"""Safety and validation at the boundaries (review issue 9, items 10–16): configuration
+"""Safety and validation at the boundaries: configuration
 strings never run code, Feedback validates (and copies) what it is given, a restored state
 is checked value by value before it replaces anything, and a checkpoint is checked as a
 whole before the model, optimizer or Scheduler changes."""

@@ -1,4 +1,4 @@
-"""`rlpace select` (issue 14, "Offline selection with a budget"; DE-Venus arXiv 2609.03324).
+"""`rlpace select`: offline selection of prompts under a rollout budget (DE-Venus arXiv 2609.03324).
 
 Hand-made verl parquet files with hand-made rollouts whose routes are worked out by hand;
 manifest replay; bad input rejected with nothing written; one end-to-end run with a tiny

@@ -1,4 +1,4 @@
-"""The headroom suites (issue 10): `ladder`, `mostly_solved` (and the earlier
+"""The headroom suites, where an oracle saves rollouts: `ladder`, `mostly_solved` (and the earlier
 `sort_ladder`) — their generators and
 verifiers against independent computations, disjoint held-out items, determinism, the
 mistake shares that set the base's starting point — and the trainer-side oracle

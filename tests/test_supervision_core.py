@@ -1,4 +1,4 @@
-"""Supervision as state (issue 14, DE-Venus arXiv 2609.03324): the target / reward / advantage
+"""Supervision as state (DE-Venus arXiv 2609.03324): the target / reward / advantage
 places, `Pool.labeled`, the supervision fields of `Feedback`, and the five methods `ttrl`,
 `self_certainty`, `entropy_min`, `olr`, `trapo` — on hand-computed numbers and scripted
 trajectories."""

@@ -336,7 +336,7 @@ def test_micro_batches_give_the_same_training(tmp_path, cache):
     assert all(torch.allclose(ma[k], mb[k], atol=1e-5) for k in ma)
 
 
-# ---- issue 9 items 1, 2, 3, 28: what reaches the Scheduler and the loss ----------------------
+# ---- what reaches the Scheduler and the loss ----------------------------------------------------
 def _loss_calls(monkeypatch):
     """Record (adv, mask, keep, weight, old_logp) of every policy_loss call."""
     seen = []

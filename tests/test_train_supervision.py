@@ -1,4 +1,4 @@
-"""Supervision in the built-in trainer (issue 14): labelled subsets and label noise drawn from
+"""Supervision in the built-in trainer: labelled subsets and label noise drawn from
 the seed, answers and token statistics per rollout, rewards against training labels and
 targets, the `sup/*` measurements, TTRL end to end and exact resume. Torch runs one thread."""
 

@@ -107,7 +107,7 @@ def feedbacks_from_rows(pool: Pool, rows: Rows, *, step: int = 0) -> list[tuple[
         positions = pool.index_of(first)
         rewards = rows.rewards[idx]
         signals = {k: np.asarray(getattr(rows, k))[idx] for k in _SIGNALS
-                   if getattr(rows, k) is not None}       # supervision signals (issue 14), when measured
+                   if getattr(rows, k) is not None}       # supervision signals, when measured
         if "answers" in signals:
             signals["answers"] = signals["answers"].tolist()
         out.append((Feedback(positions, rewards, group_advantages(rewards), step=step, **signals), idx))
