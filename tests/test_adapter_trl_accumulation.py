@@ -1,4 +1,4 @@
-"""RlpaceGRPOTrainer under every batching setting of transformers' loop (issue 9, item 7).
+"""RlpaceGRPOTrainer under every batching setting of transformers' loop.
 
 transformers collects the `gradient_accumulation_steps` (A) batches of an optimizer step
 before training on them and accelerate reads one more; TRL generates a chunk every

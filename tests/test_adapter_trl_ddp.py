@@ -3,7 +3,7 @@
 Each rank holds its own Scheduler replica; accelerate shards the sampler's chunks across
 ranks and TRL gathers rewards process-major. With gradient_accumulation_steps = 2 (TRL's
 default steps_per_generation = 2, so the sampler's look-ahead is 2 // 2 = 1 chunk; the
-lag formula before issue 9 crashed here) both ranks must propose the same chunks, train
+lag formula that counted only accumulation crashed here) both ranks must propose the same chunks, train
 the rows of those chunks (rank r the r-th half of each generation batch), and end with
 bit-identical Scheduler states. About a minute on 2 cores.
 """

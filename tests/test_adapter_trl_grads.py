@@ -1,4 +1,4 @@
-"""rlpace.adapters.trl gradient features (issue 11): real GRPOTrainer runs on CPU, tiny model.
+"""rlpace.adapters.trl gradient features: real GRPOTrainer runs on CPU, tiny model.
 
 * The features the Scheduler observes (`Feedback.grads`) equal, row by row, the Kronecker
   sketch P_out·∇W·P_inᵀ of an independent loop of single-rollout `backward()` calls on the

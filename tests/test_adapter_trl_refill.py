@@ -37,7 +37,7 @@ def informative(index: int, step: int, round_: int) -> bool:
 
 
 def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="dapo_dynamic_sampling",
-        ga=1, spg=1, ni=1, save_steps=3):
+        ga=1, spg=1, ni=1, save_steps=3, zero_lag=False):
     calls, trained, metrics = [], [], []     # calls: (step, round, ids, rewards) per reward call
     sched = Scheduler(pool_from_dataset(dataset), compose(make_policy("uniform"), make_policy(policy)), seed=3)
     per_step = Counter()
@@ -69,7 +69,7 @@ def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="
                      learning_rate=1e-3, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=ni)
     trainer = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
                     train_dataset=dataset, processing_class=tok, scheduler=sched,
-                    max_refill_rounds=max_refill_rounds)
+                    max_refill_rounds=max_refill_rounds, zero_lag=zero_lag)
     trainer.train(resume_from_checkpoint=resume)
     return dict(calls=calls, trained=trained, metrics=metrics, sched=sched, trainer=trainer)
 
@@ -142,11 +142,12 @@ def test_resume_replays_the_refills(refilled, lm, dataset, tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-@pytest.mark.parametrize("ga,spg,ni", [(2, 2, 1), (1, 2, 2)], ids=["accum2_spg2", "spg2_iter2"])
-def test_refills_under_accumulation_and_iterations(lm, dataset, tmp_path, ga, spg, ni):
+@pytest.mark.parametrize("ga,spg,ni,zero_lag", [(2, 2, 1, False), (1, 2, 2, False), (1, 1, 1, True)],
+                         ids=["accum2_spg2", "spg2_iter2", "zero_lag"])
+def test_refills_under_accumulation_and_iterations(lm, dataset, tmp_path, ga, spg, ni, zero_lag):
     """The generation batch (B·G rows over `steps_per_generation` micro-batches) is refilled
-    the same way; each generation's trained batch is the reference's."""
-    r = run(lm, dataset, tmp_path, steps=4 * ni, ga=ga, spg=spg, ni=ni, save_steps=0)
+    the same way, in both lag modes; each generation's trained batch is the reference's."""
+    r = run(lm, dataset, tmp_path, steps=4 * ni, ga=ga, spg=spg, ni=ni, save_steps=0, zero_lag=zero_lag)
     ref = reference(r["calls"], 2)
     assert len(ref) == len(r["trained"]) >= 2
     for (want_rounds, got_rounds, ids, kept), t in zip(ref, r["trained"]):

@@ -383,7 +383,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                           if needs_grad_features(scheduler, grad_features) else None)
         self.rlpace_grad_reference = grad_reference
         self.rlpace_ref_grad = None                      # float32[d] Feedback.ref_grad (checkpointed)
-        self._rlpace_supervision_init(target_column, answer_extractor)   # issue 14 (supervision transforms)
+        self._rlpace_supervision_init(target_column, answer_extractor)   # the target, reward and advantage places
         _require([f"attribute {a}" for a in TRL_PRIVATE_ATTRIBUTES if not hasattr(self, a)])
 
     def _get_train_sampler(self, dataset=None):
