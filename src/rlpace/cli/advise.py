@@ -18,6 +18,7 @@ writes advice.json and advice.html. docs/advise.md has the method and its valida
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -37,7 +38,8 @@ def add_arguments(p) -> None:
     p.add_argument("--draws", type=int, default=8, help="learners drawn from the fit's posterior (first: the MAP)")
     p.add_argument("--seeds", type=int, default=1, help="simulated runs per draw")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (one draw each at a time)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes (one draw each at a time; default 2, or 1 on one core)")
     p.add_argument("--out", default=".", help="folder for advice.json and advice.html")
 
 
