@@ -15,6 +15,9 @@ from ._base import (ADMISSION, ADVANTAGE, ALLOCATION, KINDS, MIXTURE, REWARD, RE
                     identity_reward, is_neutral, keep_all, softmax, active_supervision_places, supervising_places, unit_advantage, unit_weights,
                     with_floor)
 from ._compose import compose
+from ._protocols import (AdmissionApply, AdvantageApply, AllocationApply, MixtureApply, PolicyCheckState,
+                         PolicyDecisions, PolicyInit, PolicyMetrics, PolicyUpdate, PolicyUpdateLosses,
+                         ReweightingApply, RewardApply, SelectionApply, TargetApply)
 from ._admission import (dapo_dynamic_sampling, drop_all_wrong, max_variance_subset,
                          pods_max_variance, success_band, topk_advantage)
 from ._ads import ads, ads_boundary_window, ads_cluster_ema, move_window
@@ -63,6 +66,9 @@ __all__ = [
     "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "active_supervision_places", "supervising_places", "is_neutral",
     "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
     "unique_majority", "knapsack", "gvm", "oracle_allocation", "ALLOCATION",
+    "PolicyInit", "PolicyUpdate", "MixtureApply", "SelectionApply", "AdmissionApply", "ReweightingApply",
+    "TargetApply", "RewardApply", "AdvantageApply", "AllocationApply", "PolicyMetrics", "PolicyCheckState",
+    "PolicyUpdateLosses", "PolicyDecisions",
 ]
 
 

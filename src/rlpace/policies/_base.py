@@ -29,6 +29,9 @@ arXiv 2609.03324, Eq. 3–5: rollout → target → admission → reward → adv
 | `advantage`   | after GRPO: Ã = w·Â, w ∈ [0, 1] | apply(state, pool, batch)                    | float64[B, G]    |
 | `allocation`  | before rollout: how many each   | apply(state, pool, ids, budget)              | int64[B] N_i     |
 
+Each row is a `typing.Protocol` with every argument's dtype and shape (`MixtureApply`, ...,
+`AllocationApply`, in `_protocols`); `DataPolicy(...)` refuses functions of the wrong arity.
+
 The allocation place decides how many rollouts each proposed prompt gets (Knapsack RL, arXiv
 2509.25849; GVM-RAFT, arXiv 2505.02391): N_i ≥ 0 with Σ N_i = budget exactly, each within the
 policy's declared `bounds` (`Scheduler.allocate` checks both and names the policy when they
@@ -46,11 +49,12 @@ a mixture away from zero.
 from __future__ import annotations
 
 from ..errors import InputError
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..types import Batch, Pool
+from ._protocols import (PolicyCheckState, PolicyDecisions, PolicyInit, PolicyMetrics, PolicyUpdate,
+                         PolicyUpdateLosses, check_signatures)
 
 __all__ = [
     "MIXTURE", "SELECTION", "ADMISSION", "REWEIGHTING", "TARGET", "REWARD", "ADVANTAGE", "ALLOCATION", "KINDS",
@@ -88,15 +92,39 @@ class Targets(NamedTuple):
                        # "evidence": {name: number}, "decision": str}; the Scheduler adds step and id
 
 
-class DataPolicy(NamedTuple):
+class _DataPolicyFields(NamedTuple):
+    kind: str
+    init: PolicyInit
+    update: PolicyUpdate
+    apply: Callable[..., Any]       # the kind's protocol, `_protocols.APPLY_PROTOCOLS[kind]`
+    arms: str | None = None
+    name: str = ""
+    metrics: PolicyMetrics | None = None
+    check_state: PolicyCheckState | None = None
+    update_losses: PolicyUpdateLosses | None = None
+    follows_mixture: bool = False
+    reads: frozenset = frozenset()
+    decisions: PolicyDecisions | None = None
+    neutral: bool = False
+    bounds: tuple | None = None
+
+
+class DataPolicy(_DataPolicyFields):
     """One data policy: pure functions over an explicit state (see module docstring).
+
+    Construction checks that every function given can be called with its protocol's
+    positional arguments (`rlpace.policies.SelectionApply`, ...; extra parameters must be
+    keyword-only with a default) and raises `InputError` naming the kind, the function and the
+    expected signature — before any state exists.
 
     Attributes:
         kind: one of `mixture`, `selection`, `admission`, `reweighting`, `target`,
-            `reward`, `advantage`.
-        init: (pool) -> state.
-        update: (state, pool, batch) -> state.
-        apply: kind-specific, see the table in the module docstring.
+            `reward`, `advantage`, `allocation`.
+        init: (pool) -> state (`PolicyInit`).
+        update: (state, pool, batch) -> state (`PolicyUpdate`).
+        apply: kind-specific: `MixtureApply`, `SelectionApply`, `AdmissionApply`,
+            `ReweightingApply`, `TargetApply`, `RewardApply`, `AdvantageApply` or
+            `AllocationApply` (the table in the module docstring).
         arms: for mixtures, what the distribution is over: "domain" or "cluster".
         name: registry name or a description, for logs and errors.
         metrics: optional (state, pool) -> dict[str, float] for logging.
@@ -144,20 +172,17 @@ class DataPolicy(NamedTuple):
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
 
-    kind: str
-    init: Callable[[Pool], Any]
-    update: Callable[[Any, Pool, Batch], Any]
-    apply: Callable[..., Any]
-    arms: str | None = None
-    name: str = ""
-    metrics: Callable[[Any, Pool], dict] | None = None
-    check_state: Callable[[Any, Pool], None] | None = None
-    update_losses: Callable[[Any, Pool, Any], Any] | None = None
-    follows_mixture: bool = False
-    reads: frozenset = frozenset()
-    decisions: Callable[[Any, Pool, Batch], list] | None = None
-    neutral: bool = False
-    bounds: tuple | None = None
+    __slots__ = ()
+
+    if not TYPE_CHECKING:       # type checkers keep checking the fields' own constructor
+        def __new__(cls, *args, **kwargs):
+            policy = super().__new__(cls, *args, **kwargs)
+            check_signatures(policy)
+            return policy
+
+        @classmethod
+        def _make(cls, iterable):       # what `_replace` builds with: checked as well
+            return cls(*iterable)
 
 
 class Method(NamedTuple):
