@@ -85,8 +85,9 @@ class RlpaceV1TrainerMixin:
 
     def _init_dataloader(self):
         super()._init_dataloader()
-        from .verl import RlpaceDataset
-        if not isinstance(self.train_dataset, RlpaceDataset) or self.train_dataset.rlpace is None:
+        # RlpaceDataset (rlpace.adapters.verl) is the one dataset that carries a Scheduler as
+        # `.rlpace`; reading the attribute keeps this module below verl.py, which exports it lazily
+        if getattr(self.train_dataset, "rlpace", None) is None:
             raise InputError("rlpace's V1 trainer needs data.custom_cls.path=pkg://rlpace.adapters.verl "
                              "data.custom_cls.name=RlpaceDataset (the Scheduler lives in the train dataset).")
         sched = self.replay_buffer.rlpace.scheduler          # also checks the buffer reaches it
