@@ -1,7 +1,8 @@
 """The package's import structure: no import circles, and no arrow from a lower floor to a
 higher one — read from the source with `ast`, so a function-level import that hides a circle
 from Python at import time is caught too. Module-level and function-level imports are
-collected apart (`GRAPH.module`, `GRAPH.function`); both obey the floors."""
+collected apart (`GRAPH.module`, `GRAPH.function`); both obey the floors. Imports under
+`if TYPE_CHECKING:` are for type checkers only (they never run) and are left out."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_only(node) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block of annotations' imports."""
+    if not isinstance(node, ast.If):
+        return False
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
 def build_graph() -> Graph:
     modules = {_name(p): p for p in ROOT.rglob("*.py")}
 
@@ -55,6 +65,8 @@ def build_graph() -> Graph:
 
         def visit(node, in_function: bool) -> None:
             for child in ast.iter_child_nodes(node):
+                if _type_checking_only(child):
+                    continue         # read by type checkers only: never executed, no arrow at run time
                 inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                 targets = []
                 if isinstance(child, ast.Import):
