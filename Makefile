@@ -53,6 +53,18 @@ test-docs: $(STAMP)
 clean:
 	rm -rf $(VENV) runs .pytest_cache site
 
+# A venv beside the main one for an engine whose pins conflict with it: $(call side_venv,DIR,PINS)
+# installs torch, then PINS (pip requirement words; kept in a variable, as they may hold commas),
+# then rlpace with its dev extra, and touches DIR/.rlpace-installed. Each line is a recipe line.
+define side_venv
+test -x $(1)/bin/python || python3 -m venv $(1)
+$(1)/bin/pip install -q --upgrade pip
+$(1)/bin/pip install -q torch==2.13.0
+$(1)/bin/pip install -q $(2)
+$(1)/bin/pip install -q -e ".[dev]"
+touch $(1)/.rlpace-installed
+endef
+
 # ---- verl 0.7 environment: rlpace.adapters.verl RlpaceSampler, tests/verl07 ---------------------
 # verl 0.5-0.7 still has the curriculum-sampler hook (data.sampler.class_path) that 0.8 removed.
 # verl 0.7.1 resolves numpy<2, and pyarrow must then stay <21 (26.x needs numpy 2), so it lives in
@@ -60,13 +72,10 @@ clean:
 VENV07  ?= .venv-verl07
 STAMP07 := $(VENV07)/.rlpace-installed
 
+PINS07  := "verl==0.7.1" "numpy<2" "pyarrow>=19,<21"
+
 $(STAMP07): pyproject.toml Makefile
-	test -x $(VENV07)/bin/python || python3 -m venv $(VENV07)
-	$(VENV07)/bin/pip install -q --upgrade pip
-	$(VENV07)/bin/pip install -q torch==2.13.0
-	$(VENV07)/bin/pip install -q "verl==0.7.1" "numpy<2" "pyarrow>=19,<21"
-	$(VENV07)/bin/pip install -q -e ".[dev]"
-	touch $(STAMP07)
+	$(call side_venv,$(VENV07),$(PINS07))
 
 test-verl07: $(STAMP07)
 	$(VENV07)/bin/python -m pytest tests/verl07 -p no:cacheprovider
@@ -80,13 +89,10 @@ test-verl07: $(STAMP07)
 VENVTR  ?= .venv-trinity
 STAMPTR := $(VENVTR)/.rlpace-installed
 
+PINSTR  := "trinity-rft==0.6.0" "pyarrow>=19,<21" greenlet
+
 $(STAMPTR): pyproject.toml Makefile
-	test -x $(VENVTR)/bin/python || python3 -m venv $(VENVTR)
-	$(VENVTR)/bin/pip install -q --upgrade pip
-	$(VENVTR)/bin/pip install -q torch==2.13.0
-	$(VENVTR)/bin/pip install -q "trinity-rft==0.6.0" "pyarrow>=19,<21" greenlet
-	$(VENVTR)/bin/pip install -q -e ".[dev]"
-	touch $(STAMPTR)
+	$(call side_venv,$(VENVTR),$(PINSTR))
 
 test-trinity: $(STAMPTR)
 	$(VENVTR)/bin/python -m pytest tests/trinity_rft -p no:cacheprovider -p no:logging

@@ -26,8 +26,8 @@ import rlpace.adapters.verl as rv  # noqa: E402
 from rlpace import Feedback, Scheduler, compose  # noqa: E402
 from rlpace.policies import make_policy  # noqa: E402
 from rlpace.policies._base import REWEIGHTING, DataPolicy, EmptyState  # noqa: E402
-from verl07._verl_data import (data_config, make_tokenizer, outcome, rollout_batch,  # noqa: E402
-                               write_parquet)
+from verl07._verl_data import (data_config, load_example, make_tokenizer, outcome,  # noqa: E402
+                               rollout_batch, write_parquet)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -417,18 +417,8 @@ def test_v1_buffer_needs_batch_sizes_and_the_dataset(v1, monkeypatch):
     assert rv.RlpaceReplayBuffer is _verl_v1.RlpaceReplayBuffer   # what custom_sampler.name loads
 
 
-def load_legacy_entry():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "examples" / "verl_legacy_trainer.py"
-    spec = importlib.util.spec_from_file_location("verl_legacy_trainer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_legacy_entry_point_swaps_in_the_mixin(monkeypatch):
-    m = load_legacy_entry()
+    m = load_example("verl_legacy_trainer")
     original = m.runner_module.RayPPOTrainer
     monkeypatch.setattr(m.runner_module, "RayPPOTrainer", original)   # restored after the test
     monkeypatch.setattr(m._TaskRunner, "run", lambda self, config: m.runner_module.RayPPOTrainer)
@@ -639,12 +629,7 @@ def test_rlpace_v1_trainers_are_registered_and_hand_verl_its_own_mode(monkeypatc
 
 
 def test_v1_entry_point_registers_the_trainers_inside_the_actor(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "examples" / "verl_v1_trainer.py"
-    spec = importlib.util.spec_from_file_location("verl_v1_trainer", path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = load_example("verl_v1_trainer")
     from verl.trainer.ppo.v1 import get_trainer_cls
     base = m.TaskRunnerV1.__ray_actor_class__
     monkeypatch.setattr(base, "run", lambda self, config: get_trainer_cls(config))    # what verl's run looks up

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from _cli import one_line_error as cli_error
 from rlpace.cli import main, missing_dependency
 
 TINY = ["tasks=embedded:max2,last3", "train_per_domain=16", "heldout_per_domain=8", "hidden=32",
@@ -20,13 +21,8 @@ TINY = ["tasks=embedded:max2,last3", "train_per_domain=16", "heldout_per_domain=
 
 
 def one_line_error(capsys, argv, cmd):
-    """Run the CLI in-process; assert exit 2 and a single `rlpace <cmd>: error:` line."""
-    rc = main(argv)
-    cap = capsys.readouterr()
-    err = cap.err.strip()
-    assert rc == 2, (rc, cap.out[-500:], err)
-    assert err.startswith(f"rlpace {cmd}: error: ") and "\n" not in err and "Traceback" not in err, err
-    return err
+    """Run the CLI in-process; assert exit 2 and a single `rlpace <cmd>: error:` line; return it."""
+    return cli_error(capsys, argv, cmd)[0]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -7,17 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlpace.cli import main
+from _cli import one_line_error
 from rlpace.errors import InputError
-
-
-def one_line_error(capsys, argv, cmd):
-    rc = main(argv)
-    cap = capsys.readouterr()
-    err = cap.err.strip()
-    assert rc == 2, (rc, cap.out[-500:], err)
-    assert err.startswith(f"rlpace {cmd}: error: ") and "\n" not in err and "Traceback" not in err, err
-    return err, cap.out
 
 
 @pytest.fixture

@@ -114,6 +114,18 @@ class _Reader:
             self.fail("a key is missing")
         return k
 
+    def more(self, close: str) -> bool:
+        """After an item of a mapping or list: step past ',' (True, another item follows) or past
+        `close` (False); anything else fails at that character."""
+        c = self.peek()
+        self.i += 1
+        if c == close:
+            return False
+        if c != ",":
+            self.i -= 1
+            self.fail(f"expected ',' or '{close}'")
+        return True
+
     def mapping(self) -> dict:
         self.expect("{")
         out: dict = {}
@@ -126,13 +138,8 @@ class _Reader:
             if k in out:
                 self.fail(f"key {k!r} appears twice")
             out[k] = self.value(",]}")
-            c = self.peek()
-            self.i += 1
-            if c == "}":
+            if not self.more("}"):
                 return out
-            if c != ",":
-                self.i -= 1
-                self.fail("expected ',' or '}'")
 
     def sequence(self) -> list:
         self.expect("[")
@@ -142,13 +149,8 @@ class _Reader:
             return out
         while True:
             out.append(self.value(",]}"))
-            c = self.peek()
-            self.i += 1
-            if c == "]":
+            if not self.more("]"):
                 return out
-            if c != ",":
-                self.i -= 1
-                self.fail("expected ',' or ']'")
 
 
 def parse_value(text: str, what: str = "value") -> Any:

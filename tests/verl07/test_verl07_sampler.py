@@ -24,7 +24,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 
 import rlpace.adapters.verl as rv  # noqa: E402
 from rlpace import Feedback, Scheduler  # noqa: E402
-from _verl_data import data_config, make_tokenizer, outcome, rollout_batch, write_parquet  # noqa: E402
+from _verl_data import (data_config, load_example, make_tokenizer, outcome, rollout_batch,  # noqa: E402
+                        write_parquet)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 SAMPLER = {"class_path": "pkg://rlpace.adapters.verl", "class_name": "RlpaceSampler"}
@@ -144,12 +145,7 @@ def test_checkpoint_of_another_pool_is_rejected(cfg, tok, tmp_path):
 
 
 def test_legacy_entry_point_swaps_in_the_mixin(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "examples" / "verl_legacy_trainer.py"
-    spec = importlib.util.spec_from_file_location("verl_legacy_trainer", path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = load_example("verl_legacy_trainer")
     original = m.runner_module.RayPPOTrainer
     monkeypatch.setattr(m.runner_module, "RayPPOTrainer", original)
     monkeypatch.setattr(m._TaskRunner, "run", lambda self, config: m.runner_module.RayPPOTrainer)
