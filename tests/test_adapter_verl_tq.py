@@ -21,29 +21,20 @@ Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); mar
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import numpy as np
 import pytest
 
-pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
-pytest.importorskip("ray")
+from _isolated import require_verl_transfer_queue, run_tq_script
+
+require_verl_transfer_queue()
 
 pytestmark = [pytest.mark.slow]
 
-from _isolated import run_result_script  # noqa: E402 - after the importorskips
-
+# After _isolated's TransferQueue start (Ray and TransferQueue up, `tq` imported).
 SCRIPT = textwrap.dedent('''
-    import asyncio, json, sys
-    sys.path.insert(0, sys.argv[2])
-    import numpy as np, ray
     mode = sys.argv[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    import transfer_queue as tq
-    from omegaconf import OmegaConf
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
 
     from rlpace import Pool, Scheduler, compose
     from rlpace.adapters import _verl_v1
@@ -117,10 +108,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def run_buffer(tmp_path, mode):
-    script = tmp_path / "tq_run.py"
-    script.write_text(SCRIPT)
-    return run_result_script(script, [mode, os.path.dirname(os.path.abspath(__file__))], tmp_path, 240,
-                             "TransferQueue/Ray")
+    return run_tq_script(SCRIPT, [mode], tmp_path, "tq_run.py", 240)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

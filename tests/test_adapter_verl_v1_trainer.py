@@ -3,7 +3,7 @@ TransferQueue.
 
 Groups are written by verl's own `AgentLoopWorkerTQ._agent_loop_postprocess` (as in
 test_adapter_verl_tq.py), sampled by `RlpaceReplayBuffer` (sync) or `RlpaceReplayBufferAsync`
-(colocate_async), then the rlpace trainer runs verl's real `_compute_old_log_prob` (over a stub
+(colocate_async, separate_async), then the rlpace trainer runs verl's real `_compute_old_log_prob` (over a stub
 actor worker that writes per-token log-probs and entropies into TransferQueue, as verl's worker
 does) and verl's real `_compute_advantage` (GRPO), each with rlpace's step after it. Checked by
 hand: the advantages in TransferQueue are GRPO's (unbiased std, eps 1e-6) times loss weight ×
@@ -16,29 +16,21 @@ Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); mar
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import numpy as np
 import pytest
 
-pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
-pytest.importorskip("ray")
+from _isolated import require_verl_transfer_queue, run_tq_script
+
+require_verl_transfer_queue()
 
 pytestmark = [pytest.mark.slow]
 
-from _isolated import run_result_script  # noqa: E402 - after the importorskips
-
+# After _isolated's TransferQueue start (Ray and TransferQueue up, `tq` imported).
 SCRIPT = textwrap.dedent('''
-    import asyncio, json, sys
-    sys.path.insert(0, sys.argv[3])
-    import numpy as np, ray, torch
+    import torch
     mode, method = sys.argv[1], sys.argv[2]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    import transfer_queue as tq
-    from omegaconf import OmegaConf
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
 
     from rlpace import Pool, Scheduler, compose
     from rlpace.adapters import _verl_v1, _verl_v1_trainer
@@ -79,7 +71,8 @@ SCRIPT = textwrap.dedent('''
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
 
     cls = {"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
-           "async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync}[mode]
+           "async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
+           "separate": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[mode]
     t = object.__new__(cls)                                # verl's trainer without __init__ (no workers)
     t.config = OmegaConf.create({
         "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
@@ -87,10 +80,20 @@ SCRIPT = textwrap.dedent('''
         "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
                               "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}})
     t.global_steps = 1
+    t.local_trigger_step = 1          # separate_async: the second mini-batch of a parameter_sync_step cycle
     t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc")})
 
     class Actor:                      # verl's worker writes per-token log-probs/entropies over prompt+response
+        calls, loaded = [], "current"   # separate_async swaps the weights to pi_old around the pass
+        def save_model_to_cpu(self, n):
+            self.calls.append(["save", n])
+        def restore_model_from_cpu(self, n):
+            self.calls.append(["restore", n])
+            self.loaded = n
+        def clear_cpu_model(self, n):
+            self.calls.append(["clear", n])
         def compute_log_prob(self, batch):
+            self.calls.append(["log_prob", self.loaded])
             lp, ent = [], []
             for k in batch.keys:
                 s = int(k.split("_")[1])
@@ -104,7 +107,8 @@ SCRIPT = textwrap.dedent('''
     kw = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", poll_interval=0.0,
               refill_fn=t._add_prompts_to_generate, sampler_kwargs={"train_batch_size": 2, "gen_batch_size": 1})
     buf_cls = _verl_v1.RlpaceReplayBuffer if mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
-    t.replay_buffer = buf_cls(trainer_mode="sync" if mode == "sync" else "colocate_async", **kw)
+    t.replay_buffer = buf_cls(trainer_mode={"sync": "sync", "async": "colocate_async",
+                                            "separate": "separate_async"}[mode], **kw)
 
     write_group("uA", 100, [1.0, 0.0, 0.0], 1)
     write_group("uB", 101, [1.0, 1.0, 0.0], 1)
@@ -119,17 +123,20 @@ SCRIPT = textwrap.dedent('''
         "rm_scores": [a.tolist() for a in got["rm_scores"].unbind()],
         "observed": [[fb.prompt_ids.tolist(), fb.rewards.tolist()] for fb in observed],
         "metrics": {k: v for k, v in metrics.items() if k.startswith("rlpace/")},
-        "weights_left": len(t.replay_buffer.rlpace_weights)}), flush=True)
+        "weights_left": len(t.replay_buffer.rlpace_weights), "actor_calls": t.actor_rollout_wg.calls}), flush=True)
     tq.close()
     ray.shutdown()
 ''')
 
 
 def run(tmp_path, mode, method):
-    script = tmp_path / "v1_trainer_run.py"
-    script.write_text(SCRIPT)
-    args = [mode, method, os.path.dirname(os.path.abspath(__file__))]
-    return run_result_script(script, args, tmp_path, 300, "TransferQueue/Ray")
+    return run_tq_script(SCRIPT, [mode, method], tmp_path, "v1_trainer_run.py", 300)
+
+
+# the actor worker's calls: separate_async (at local_trigger_step 1) keeps the current weights, computes the
+# old log-probs on pi_old (version 0) and restores; the other modes compute on the loaded weights
+ACTOR_CALLS = {"sync": [["log_prob", "current"]], "async": [["log_prob", "current"]],
+               "separate": [["save", 1], ["restore", 0], ["log_prob", 0], ["restore", 1], ["clear", 1]]}
 
 
 def grpo(r):
@@ -137,7 +144,7 @@ def grpo(r):
     return (r - r.mean()) / (r.std(ddof=1) + 1e-6)          # verl's GRPO: torch.std (unbiased), eps 1e-6
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "separate"])
 def test_v1_trainer_weights_reach_verls_advantages_and_the_loss(tmp_path, mode):
     out = run(tmp_path, mode, "weights")
     assert out["keys"] == [f"{u}_{s}_0" for u in ("uA", "uB") for s in range(3)]
@@ -147,6 +154,7 @@ def test_v1_trainer_weights_reach_verls_advantages_and_the_loss(tmp_path, mode):
     assert got.shape == (6, 3)
     np.testing.assert_allclose(got, np.repeat(want[:, None], 3, axis=1), rtol=1e-5)
     assert out["weights_left"] == 0                         # applied once, then forgotten
+    assert out["actor_calls"] == ACTOR_CALLS[mode]
     assert out["observed"] == [[[0, 1], [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]]]
 
     # one optimizer step of verl's own PPO loss on these advantages = the hand-computed weighted step
@@ -166,7 +174,7 @@ def test_v1_trainer_weights_reach_verls_advantages_and_the_loss(tmp_path, mode):
     np.testing.assert_allclose(stepped, lr * np.repeat(want[:, None], 3, axis=1) / 18, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "separate"])
 def test_v1_trainer_token_entropy_rewards_after_the_old_log_prob_pass(tmp_path, mode):
     out = run(tmp_path, mode, "entropy")
     # the response tokens' entropies of session s: 0.1, 0.2, 0.3 × (s + 1) (verl's left shift of the
@@ -180,4 +188,5 @@ def test_v1_trainer_token_entropy_rewards_after_the_old_log_prob_pass(tmp_path, 
     np.testing.assert_allclose(np.array(out["advantages"]), np.repeat(want[:, None], 3, axis=1), rtol=1e-5, atol=1e-7)
     assert out["metrics"]["rlpace/token_rewards/dropped_rows"] == 1.0
     assert out["metrics"]["rlpace/token_rewards/rewritten_rows"] == 6.0
+    assert out["actor_calls"] == ACTOR_CALLS[mode]
 
