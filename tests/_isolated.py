@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -36,6 +37,35 @@ def run_result_script(script, args, cwd, timeout: int, what: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def require_verl_transfer_queue() -> None:
+    """Skip the calling test module unless verl, TransferQueue and Ray import (call at module level)."""
+    for name in ("verl", "transfer_queue", "ray"):
+        pytest.importorskip(name)
+
+
+# The start of every TransferQueue test script: this folder on the path (the tests folder comes as
+# the script's last argument), Ray with 2 logical CPUs and TransferQueue with one storage unit
+# (its default 2 units plus the controller exceed 2 CPUs, and `tq.init()` then waits forever).
+_TQ_SCRIPT_START = textwrap.dedent('''
+    import asyncio, json, sys
+    sys.path.insert(0, sys.argv[-1])
+    import numpy as np, ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+''')
+
+
+def run_tq_script(body: str, args, tmp_path, name: str, timeout: int) -> dict:
+    """Write `_TQ_SCRIPT_START + body` to tmp_path/name, run it with `args` then the tests folder
+    (see `run_result_script`) and return its RESULT JSON."""
+    script = tmp_path / name
+    script.write_text(_TQ_SCRIPT_START + textwrap.dedent(body))
+    return run_result_script(script, [*args, os.path.dirname(os.path.abspath(__file__))], tmp_path, timeout,
+                             "TransferQueue/Ray")
+
+
 def recording_tq_worker(sched):
     """Inside a Ray/TransferQueue test script: record every Feedback `sched` observes, and return
     (observed, worker) — verl's AgentLoopWorkerTQ with its write path and no server (what the
@@ -62,15 +92,18 @@ def assert_state_equal(a, b):
 
 def run_two_ranks(worker_source: str, lm, tmp_path, port: int, timeout: int = 300) -> None:
     """Write `worker_source` to tmp_path/worker.py and run it on 2 CPU ranks with torchrun
-    (gloo), as `worker.py LM_DIR TMP_PATH`; skip when torchrun is not beside the interpreter,
-    fail with the ranks' stderr when they fail. The worker writes its results into tmp_path."""
+    (gloo), as `worker.py LM_DIR TMP_PATH` with this folder on PYTHONPATH; skip when torchrun is not
+    beside the interpreter, fail with the ranks' stderr when they fail. The worker writes its
+    results into tmp_path."""
     import shutil
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     if torchrun is None:
         pytest.skip("torchrun not found beside the interpreter")
     script = tmp_path / "worker.py"
     script.write_text(worker_source)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    # the tests folder on PYTHONPATH: the workers import the tests' helpers
+    path = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=path)
     proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(script), str(lm),
                            str(tmp_path)], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
