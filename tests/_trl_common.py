@@ -4,6 +4,8 @@ deterministic outcome per (prompt, rollout, step) so feedback is known in advanc
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from datasets import Dataset
@@ -16,6 +18,30 @@ PROMPTS = [f"what is {i} plus 3?" for i in range(8)]
 def outcome(index: int, g: int, step: int) -> float:
     """Reward of rollout g of the prompt with stable id `index` at trainer step `step`."""
     return float((index * 7 + g * 3 + step) % 5 < 2)
+
+
+def informative(index: int, step: int, round_: int) -> bool:
+    """The refill tests' rule: every group at step 0; later one in three (so one round rarely fills
+    the batch)."""
+    return step == 0 or (index + step + round_) % 3 == 0
+
+
+def refill_reward(calls: list, group: int):
+    """A TRL reward function for the refill tests: rollout j of the prompt with stable id i gets 1
+    when j % group == 0 and `informative(i, step, round_)`, else 0 (each group is [1, 0, ...] or
+    all 0), where round_ counts the reward calls of the trainer step so far. Appends
+    [step, round_, ids, rewards] to `calls` per call."""
+    per_step = Counter()
+
+    def reward(prompts, completions, index, trainer_state, **kw):
+        step = trainer_state.global_step
+        round_ = per_step[step]
+        per_step[step] += 1
+        r = [float(informative(i, step, round_) and j % group == 0) for j, i in enumerate(index)]
+        calls.append([step, round_, list(index), r])
+        return r
+
+    return reward
 
 
 @pytest.fixture(scope="module")

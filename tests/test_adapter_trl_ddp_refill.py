@@ -27,7 +27,6 @@ G, B_LOCAL, MAX_REFILL = 2, 2, 2
 
 WORKER = textwrap.dedent('''
     import json, os, shutil, sys
-    from collections import Counter
     import numpy as np, torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -35,6 +34,7 @@ WORKER = textwrap.dedent('''
     from rlpace import Scheduler, compose
     from rlpace.adapters.trl import STATE_FILE, RlpaceGRPOTrainer, pool_from_dataset
     from rlpace.policies import make_policy
+    from _trl_common import refill_reward   # the tests folder is on PYTHONPATH (run_two_ranks)
 
     lm, out, mode = sys.argv[1], sys.argv[2], os.environ["RLPACE_TEST_MODE"]
     rank = int(os.environ["RANK"])
@@ -51,15 +51,8 @@ WORKER = textwrap.dedent('''
     seed = 4 if mode == "diverge" and rank == 1 else 3
     sched = Scheduler(pool_from_dataset(ds), compose(make_policy("uniform"), make_policy("dapo_dynamic_sampling")),
                       seed=seed)
-    calls, trained, per_step = [], [], Counter()
-
-    def reward(prompts, completions, index, trainer_state, **kw):
-        step = trainer_state.global_step
-        round_ = per_step[step]
-        per_step[step] += 1
-        r = [float((step == 0 or (i + step + round_) % 3 == 0) and j % G == 0) for j, i in enumerate(index)]
-        calls.append([step, round_, list(index), r])
-        return r
+    calls, trained = [], []
+    reward = refill_reward(calls, G)
 
     tok = AutoTokenizer.from_pretrained(lm)
 

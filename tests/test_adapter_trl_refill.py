@@ -11,8 +11,6 @@ the first dropped groups (masked out). The trainer's batch must be exactly that,
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 
@@ -22,7 +20,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from _trl_common import PROMPTS, dataset, lm  # noqa: E402,F401 (fixtures)
+from _trl_common import PROMPTS, dataset, informative, lm, refill_reward  # noqa: E402,F401 (fixtures)
 from rlpace import Scheduler, compose  # noqa: E402
 from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset  # noqa: E402
 from rlpace.policies import make_policy  # noqa: E402
@@ -31,24 +29,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.slow]
 G, B = 2, 2
 
 
-def informative(index: int, step: int, round_: int) -> bool:
-    """Every group at step 0; later one in three (so round 0 alone rarely fills B = 2)."""
-    return step == 0 or (index + step + round_) % 3 == 0
-
-
 def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="dapo_dynamic_sampling",
         ga=1, spg=1, ni=1, save_steps=3, zero_lag=False):
     calls, trained, metrics = [], [], []     # calls: (step, round, ids, rewards) per reward call
     sched = Scheduler(pool_from_dataset(dataset), compose(make_policy("uniform"), make_policy(policy)), seed=3)
-    per_step = Counter()
-
-    def reward(prompts, completions, index, trainer_state, **kw):
-        step = trainer_state.global_step
-        round_ = per_step[step]
-        per_step[step] += 1
-        r = [float(informative(i, step, round_) and j % G == 0) for j, i in enumerate(index)]
-        calls.append((step, round_, list(index), r))
-        return r
+    reward = refill_reward(calls, G)
 
     tok = AutoTokenizer.from_pretrained(lm)
 
