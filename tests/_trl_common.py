@@ -44,6 +44,20 @@ def refill_reward(calls: list, group: int):
     return reward
 
 
+def probe_trainer(base, tok, prompts: list, group: int, record):
+    """A subclass of `base` (an RlpaceGRPOTrainer) that calls `record(trainer, outputs, ids)` after
+    each generation batch: `ids` are the stable ids (1000 + position in `prompts`) of the trained
+    groups, read back from the decoded prompts with the tokenizer `tok`."""
+    class Probe(base):
+        def _generate_and_score_completions(self, inputs):
+            o = super()._generate_and_score_completions(inputs)
+            text = tok.batch_decode(o["prompt_ids"], skip_special_tokens=True)
+            record(self, o, [1000 + prompts.index(t.strip()) for t in text[::group]])
+            return o
+
+    return Probe
+
+
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     torch.set_num_threads(1)

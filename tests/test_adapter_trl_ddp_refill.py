@@ -34,7 +34,7 @@ WORKER = textwrap.dedent('''
     from rlpace import Scheduler, compose
     from rlpace.adapters.trl import STATE_FILE, RlpaceGRPOTrainer, pool_from_dataset
     from rlpace.policies import make_policy
-    from _trl_common import refill_reward   # the tests folder is on PYTHONPATH (run_two_ranks)
+    from _trl_common import probe_trainer, refill_reward   # the tests folder is on PYTHONPATH (run_two_ranks)
 
     lm, out, mode = sys.argv[1], sys.argv[2], os.environ["RLPACE_TEST_MODE"]
     rank = int(os.environ["RANK"])
@@ -56,13 +56,8 @@ WORKER = textwrap.dedent('''
 
     tok = AutoTokenizer.from_pretrained(lm)
 
-    class Probe(RlpaceGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            o = super()._generate_and_score_completions(inputs)
-            text = tok.batch_decode(o["prompt_ids"], skip_special_tokens=True)
-            trained.append([[1000 + prompts.index(t.strip()) for t in text[::G]],
-                            [int(x) for x in o["completion_mask"].sum(-1).tolist()]])
-            return o
+    Probe = probe_trainer(RlpaceGRPOTrainer, tok, prompts, G, lambda trainer, o, ids: trained.append(
+        [ids, [int(x) for x in o["completion_mask"].sum(-1).tolist()]]))
 
     run_dir = os.path.join(out, "run")
     cfg = GRPOConfig(output_dir=run_dir if mode != "resume" else os.path.join(out, "resumed"), use_cpu=True,

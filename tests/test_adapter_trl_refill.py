@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from _trl_common import PROMPTS, dataset, informative, lm, refill_reward  # noqa: E402,F401 (fixtures)
+from _trl_common import PROMPTS, dataset, informative, lm, probe_trainer, refill_reward  # noqa: E402,F401 (fixtures)
 from rlpace import Scheduler, compose  # noqa: E402
 from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset  # noqa: E402
 from rlpace.policies import make_policy  # noqa: E402
@@ -37,15 +37,12 @@ def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="
 
     tok = AutoTokenizer.from_pretrained(lm)
 
-    class Probe(RlpaceGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            o = super()._generate_and_score_completions(inputs)
-            text = tok.batch_decode(o["prompt_ids"], skip_special_tokens=True)
-            trained.append(dict(ids=[1000 + PROMPTS.index(t.strip()) for t in text[::G]],
-                                rows=o["completion_mask"].sum(-1).tolist(), n_items=int(o["num_items_in_batch"]),
-                                mask_sum=int(o["completion_mask"].sum()), adv=o["advantages"].clone()))
-            metrics.append({k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("rlpace/")})
-            return o
+    def record(trainer, o, ids):
+        trained.append(dict(ids=ids, rows=o["completion_mask"].sum(-1).tolist(), n_items=int(o["num_items_in_batch"]),
+                            mask_sum=int(o["completion_mask"].sum()), adv=o["advantages"].clone()))
+        metrics.append({k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("rlpace/")})
+
+    Probe = probe_trainer(RlpaceGRPOTrainer, tok, PROMPTS, G, record)
 
     cfg = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", seed=0,
                      per_device_train_batch_size=B * G // spg, num_generations=G, max_completion_length=4,
