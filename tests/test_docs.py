@@ -199,6 +199,19 @@ def test_strict_site_build_fails_on_a_broken_link_or_a_page_missing_from_the_nav
     assert rc != 0 and "orphan.md" in log
 
 
+def test_api_reference_names_no_private_base_class(tmp_path):
+    """`DataPolicy` is built on a private NamedTuple of its fields: the rendered reference shows
+    its attributes, never a "Bases: _DataPolicyFields" line a user cannot import."""
+    def api_of_data_policy(docs):
+        api = docs / "api.md"          # keeps the anchors other pages link
+        api.write_text(api.read_text(encoding="utf-8") + "\n::: rlpace.policies.DataPolicy\n", encoding="utf-8")
+    rc, log = _strict_build(tmp_path, api_of_data_policy)
+    assert rc == 0, log
+    html = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert "DataPolicy" in html and "kind" in html
+    assert "_DataPolicyFields" not in html
+
+
 def test_api_page_lists_every_name_rlpace_exports():
     import rlpace
     text = (DOCS / "api.md").read_text(encoding="utf-8")
