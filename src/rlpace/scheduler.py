@@ -289,7 +289,7 @@ class Scheduler:
             out[rows, :sub.rewards.shape[1]] = view(sub)
         return out
 
-    def allocate(self, ids, budget) -> np.ndarray:
+    def allocate(self, ids, budget, unit: int = 1) -> np.ndarray:
         """int64[B] rollouts N_i for each proposed prompt: N_i ≥ 0, Σ N_i = `budget` exactly,
         each within the allocation policy's `bounds`. Pure: state unchanged.
 
@@ -298,6 +298,20 @@ class Scheduler:
         (`knapsack`, `gvm`, `oracle_allocation`: docs/methods/knapsack.md) its `apply`
         decides. The trainer generates N_i rollouts of prompt i and reports them as ragged
         groups: `Feedback(ids, rewards[B, max N], group_sizes=N, step=t)`.
+
+        `unit` (default 1): every N_i a multiple of `unit`, for an engine that generates a
+        prompt's rollouts in fixed groups (TRL's `num_generations`: N_i = k_i·G is k_i copies
+        of the prompt); `budget` must be a multiple of it. The policy allocates rollouts as
+        with unit 1, then each N_i is rounded to a multiple of `unit` by largest remainder
+        (floor(N_i / unit) units each, then one more unit to the largest remainders N_i mod
+        unit, ties to the first prompts), which keeps Σ N_i = budget. The rounded N_i lie in
+        [unit·⌊min_n / unit⌋, unit·⌈max_n / unit⌉]: a prompt the policy gives fewer than
+        `unit` rollouts may get none. Without a policy the budget's units are split evenly.
+
+        >>> import numpy as np
+        >>> from rlpace import Pool, Scheduler
+        >>> Scheduler(Pool(["a"] * 4), "uniform").allocate(np.array([0, 1, 2]), 10, unit=2).tolist()
+        [4, 4, 2]
 
         Bad input (one InputError, nothing changes): ids that are not pool positions, a budget
         that is not an integer, a budget below B·min_n or above B·max_n (the policy's bounds).
@@ -320,7 +334,13 @@ class Scheduler:
         if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
             raise InputError(f"allocate: budget must be an int (rollouts this step, e.g. B·G); got "
                              f"{budget!r} ({type(budget).__name__}).")
-        budget, b = int(budget), int(ids.shape[0])
+        if isinstance(unit, (bool, np.bool_)) or not isinstance(unit, (int, np.integer)) or unit < 1:
+            raise InputError(f"allocate: unit must be an int ≥ 1 (rollouts per generated group, e.g. TRL's "
+                             f"num_generations); got {unit!r}.")
+        if int(budget) % int(unit):
+            raise InputError(f"allocate: budget {int(budget)} is not a multiple of unit {int(unit)} (every prompt "
+                             f"gets a multiple of unit rollouts); pass a budget k·{int(unit)}, e.g. B·G.")
+        budget, b, unit = int(budget), int(ids.shape[0]), int(unit)
         policy = self.method.allocation
         lo, hi = (0, None) if policy is None else (policy.bounds or (0, None))
         if budget < b * lo or budget < 0:
@@ -336,9 +356,10 @@ class Scheduler:
                 raise InputError(f"allocate: budget {budget} for 0 prompts; an empty batch has budget 0.")
             return np.zeros(0, np.int64)
         if policy is None:
-            out = np.full(b, budget // b, dtype=np.int64)
-            out[:budget % b] += 1
-            return out
+            units = budget // unit
+            out = np.full(b, units // b, dtype=np.int64)
+            out[:units % b] += 1
+            return out * unit
         out = np.asarray(policy.apply(self.states[ALLOCATION], self.pool, ids, budget))
         ok = (out.shape == (b,) and out.dtype.kind in "iu" and int(out.sum()) == budget
               and int(out.min()) >= lo and (hi is None or int(out.max()) <= hi))
@@ -348,7 +369,8 @@ class Scheduler:
             raise RuntimeError(f"allocation policy {policy.name!r} returned {got} for {b} prompts and "
                                f"budget {budget} (expected int[{b}] summing to {budget}, each in "
                                f"[{lo}, {hi}]): a bug in that policy.")
-        return out.astype(np.int64)
+        out = out.astype(np.int64)
+        return out if unit == 1 else _round_to_unit(out, unit)
 
     def _observe(self, batch: Batch, wins: np.ndarray, informative: np.ndarray,
                  defer: frozenset = frozenset(), tally: bool = True) -> None:
@@ -909,6 +931,19 @@ class Scheduler:
 
 
 # ---- helpers ---------------------------------------------------------------------------
+def _round_to_unit(n: np.ndarray, unit: int) -> np.ndarray:
+    """int64[B] multiples of `unit` with the sum of `n` (a multiple of unit): floor(n / unit)
+    units each, then one more unit to the largest remainders n mod unit, ties to the first.
+
+    >>> _round_to_unit(np.array([6, 9, 15, 2]), 4).tolist()
+    [8, 8, 16, 0]
+    """
+    base, rem = np.divmod(n, unit)
+    extra = int(rem.sum()) // unit                       # Σ n ≡ 0 (mod unit): exact
+    base[np.argsort(-rem, kind="stable")[:extra]] += 1
+    return base * unit
+
+
 def _cluster_to_domain(pool: Pool) -> np.ndarray:
     """float64[K, C]: column c is the domain make-up of cluster c (sums to 1)."""
     return pool.cluster_domain_shares()
