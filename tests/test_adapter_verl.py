@@ -245,6 +245,7 @@ def test_engine_version_inside_range_passes(monkeypatch, version):
 @pytest.mark.parametrize("feature,module,name", [
     ("replay_buffer", "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer", "_dapo_filtered_keys"),
     ("replay_buffer", "verl.trainer.ppo.v1.replay_buffer.tq", "kv_clear"),
+    ("replay_buffer", "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer", "_clear_groups"),
     ("v1_trainer", "verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_compute_advantage"),
     ("legacy_trainer", "verl.trainer.ppo.ray_trainer", "extract_reward"),
     ("legacy_trainer", "verl.trainer.ppo.ray_trainer.RayPPOTrainer", "_update_actor")])
@@ -267,6 +268,11 @@ def test_a_changed_trajectory_key_format_or_buffer_state_fails_loudly(monkeypatc
     src = inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda m: src(m).replace("{uid}_{session_id}_{i}", "{uid}-{i}"))
     with pytest.raises(ValueError, match="session_id"):
+        rv.check_verl_internals("replay_buffer")
+    # a verl whose stale eviction no longer goes through _clear_groups (where weights are dropped)
+    monkeypatch.setattr(inspect, "getsource", lambda m: src(m).replace("self._clear_groups(partition_id, evicted_uids)",
+                                                                       "self._evict(partition_id, evicted_uids)"))
+    with pytest.raises(ValueError, match="_clear_groups"):
         rv.check_verl_internals("replay_buffer")
     monkeypatch.setattr(inspect, "getsource", src)
     buf, _, _ = make(lambda b: np.ones(b.rewards.shape, bool))
@@ -699,8 +705,44 @@ def test_v1_loss_weights_are_kept_per_session_and_resume_exactly(v1, monkeypatch
     assert not np.all(w2 == 1.0)                  # the weights are not trivially 1
 
 
-@pytest.mark.parametrize("policy,match", [("diem", "gradient features"), ("knapsack", "allocation place")])
-def test_legacy_mixin_refuses_gradient_features_and_allocation_at_fit(policy, match):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_v1_buffer_drops_the_weights_of_groups_verl_evicts(v1, mode):
+    """verl clears groups it evicts after rlpace decided them (async: stale past
+    `max_off_policy_threshold`; sync: the surplus it discards once a batch is full); their
+    loss weights must go with them. Each of 40 steps: one fresh group (trained: its weights
+    popped, as `_compute_advantage` does) and one group it evicts; afterwards the weight map
+    is empty, and each trained group's weights are the hand-computed 2 + g."""
+    fake, _ = v1
+    from rlpace import Pool
+    from rlpace.adapters import _verl_v1
+    weight = DataPolicy(REWEIGHTING, lambda p: EmptyState(), lambda s, p, b: s,
+                        lambda s, p, b: np.tile(2.0 + np.arange(b.rewards.shape[1]), (b.rewards.shape[0], 1)),
+                        name="test_two_plus_g")
+    sched = Scheduler(Pool(["math"] * 4, ids=[100, 101, 102, 103]), compose(make_policy("uniform"), weight))
+    trainer = StubTrainer(rv.VerlFeedback(sched, reward_key="acc"), applies_weights=True)
+    cls = _verl_v1.RlpaceReplayBuffer if mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
+    buf = cls(trainer_mode="sync" if mode == "sync" else "colocate_async", trainer_config={},
+              max_off_policy_threshold=None if mode == "sync" else 1, max_off_policy_strategy="drop",
+              poll_interval=0.0, refill_fn=trainer._add_prompts_to_generate,
+              sampler_kwargs={"train_batch_size": 1, "gen_batch_size": 1})
+    for t in range(2, 42):
+        fake.add_group(f"fresh{t}", 100 + t % 2, [1.0, 0.0, 1.0], t)
+        # async: drawn 2 steps ago, stale (span 3 > 1); sync: finished with the same step, one too many
+        fake.add_group(f"extra{t}", 102 + t % 2, [0.0, 1.0, 1.0], t if mode == "sync" else t - 2)
+        meta, _ = buf.sample(global_steps=t, partition_id="train", batch_size=1)
+        (uid,) = {k.split("_")[0] for k in meta.keys}
+        if mode == "async":
+            assert uid == f"fresh{t}"
+        np.testing.assert_array_equal(buf.pop_weights(sorted(meta.keys)), [2.0, 3.0, 4.0])
+        fake.kv_clear(meta.keys, "train")                            # verl's fit clears the trained batch
+        evicted = ({f"fresh{t}", f"extra{t}"} - {uid}).pop()
+        assert evicted in fake.cleared
+        assert buf.rlpace_weights == {}, (t, buf.rlpace_weights)
+    assert int(sched.counters.groups) == 80          # every group was observed, the evicted ones too
+
+
+@pytest.mark.parametrize("policy,match", [("diem", "gradient features")])
+def test_legacy_mixin_refuses_gradient_features_at_fit(policy, match):
     from types import SimpleNamespace
     from rlpace import Pool
     fit = []

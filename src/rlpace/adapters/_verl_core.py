@@ -6,7 +6,7 @@ the module that imports them."""
 from __future__ import annotations
 
 from ..errors import InputError
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import verl
@@ -44,6 +44,10 @@ def check_verl_version(feature: str) -> None:
 _INTERNALS = {
     "replay_buffer": [
         ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer._dapo_filtered_keys"),
+        # every eviction goes through _clear_groups, which the buffer extends to drop weights
+        ("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer._clear_groups"),
+        ("verl.trainer.ppo.v1.replay_buffer", "source:self._clear_groups(partition_id, evicted_uids)"),
+        ("verl.trainer.ppo.v1.replay_buffer", "source:self._clear_groups(partition_id, surplus_uids)"),
         ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_batch_get"),
         ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_batch_put"),
         ("verl.trainer.ppo.v1.replay_buffer", "tq.kv_clear"),
@@ -65,6 +69,8 @@ _INTERNALS = {
         ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._compute_old_log_prob"),
         ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._balance_batch"),
         ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._load_checkpoint"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._get_gen_batch"),
+        ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._validate"),
     ],
     "reward_manager": [(None, "loop.run_until_complete"), (None, "run_single")],
 }
@@ -95,18 +101,22 @@ def check_verl_internals(feature: str, obj: Any = None) -> None:
                              f"Install a verl in that range.")
 
 
-def refuse_gradient_features(sched) -> None:
-    """InputError when the method has an allocation place (verl's `rollout.n` is fixed) or a policy reads per-rollout gradient features (`diem`, `dvc`: "grads",
+def refuse_gradient_features(sched, allocation: bool = False) -> None:
+    """InputError when a policy reads per-rollout gradient features (`diem`, `dvc`: "grads",
     "ref_grad"): verl's actor computes gradients inside its FSDP/Megatron workers and returns no
-    per-rollout features, and without them such a policy would silently weigh every rollout 1."""
-    from ..policies import is_neutral
+    per-rollout features, and without them such a policy would silently weigh every rollout 1.
+    Also when the method has an allocation place and the caller's path does not apply it
+    (`allocation=False`: only `RlpaceTrainerMixin` and rlpace's V1 trainer change the number of
+    rollouts per prompt; verl's own trainers repeat every prompt `rollout.n` times)."""
     from ..scheduler import FEATURE_SIGNALS
     from ._supervision import needs
-    alloc = getattr(sched.method, "allocation", None)
-    if alloc is not None and not is_neutral(alloc):
-        raise InputError(f"method {sched.name!r} has an allocation place ({alloc.name!r}: rollouts per prompt), which "
-                         f"rlpace does not apply on verl: verl repeats every prompt actor_rollout_ref.rollout.n "
-                         f"times. Use a method without allocation on verl.")
+    from ._verl_allocation import allocates
+    if allocates(sched) and not allocation:
+        raise InputError(f"method {sched.name!r} has an allocation place ({sched.method.allocation.name!r}: rollouts "
+                         f"per prompt), which verl's own trainers do not apply (they repeat every prompt "
+                         f"actor_rollout_ref.rollout.n times): run examples/verl_legacy_trainer.py "
+                         f"(RlpaceTrainerMixin) or examples/verl_v1_trainer.py (trainer.v1.trainer_mode=rlpace_sync, "
+                         f"...), or use a method without allocation.")
     read = sorted(needs(sched) & FEATURE_SIGNALS)
     if read:
         raise InputError(f"method {sched.name!r} reads {read} (per-rollout gradient features), which verl's actor "
@@ -155,17 +165,41 @@ def _kwargs(value) -> dict:
 
 def feedback_from_config(pool: Pool, data_config) -> "VerlFeedback":
     """The Scheduler named by `data.rlpace` (`policy`, `kwargs`, `seed`, `success_threshold`,
-    `reward_key`), wrapped in a `VerlFeedback`."""
+    `reward_key`), wrapped in a `VerlFeedback`; `budget` (rollouts per batch of
+    `data.train_batch_size` prompts for an allocation place, default B·rollout.n) and `record`
+    (the pilot record's path, `rlpace.advise.PilotRecorder`; `record_reward_range`, default
+    [0, 1], the rewards it declares) go with it."""
     cfg = _plain(data_config.get("rlpace", None)) or {}
-    unknown = sorted(set(cfg) - {"policy", "kwargs", "seed", "success_threshold", "reward_key"})
+    valid = ("policy", "kwargs", "seed", "success_threshold", "reward_key", "budget", "record", "record_reward_range")
+    unknown = sorted(set(cfg) - set(valid))
     if unknown:
-        raise InputError(f"unknown data.rlpace keys {unknown}; valid: policy, kwargs, seed, "
-                         f"success_threshold, reward_key.")
+        raise InputError(f"unknown data.rlpace keys {unknown}; valid: {', '.join(valid)}.")
     seed = cfg.get("seed", data_config.get("seed", None))
+    thr = float(cfg.get("success_threshold", 0.5))
     sched = Scheduler(pool, cfg.get("policy", "uniform"), seed=0 if seed is None else int(seed),
-                      success_threshold=float(cfg.get("success_threshold", 0.5)),
-                      **_kwargs(cfg.get("kwargs")))
-    return VerlFeedback(sched, reward_key=cfg.get("reward_key", "acc"))
+                      success_threshold=thr, **_kwargs(cfg.get("kwargs")))
+    budget = cfg.get("budget", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise InputError(f"data.rlpace.budget must be a positive int (rollouts per batch of data.train_batch_size "
+                         f"prompts); got {budget!r}.")
+    record = None
+    if cfg.get("record"):
+        rng = cfg.get("record_reward_range", None) or (0.0, 1.0)
+        try:
+            lo, hi = (float(x) for x in rng)
+        except (TypeError, ValueError):
+            lo, hi = float("nan"), float("nan")
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi and lo <= thr <= hi):
+            raise InputError(f"data.rlpace.record_reward_range must be [low, high] with low < high around "
+                             f"success_threshold {thr}; got {rng!r}. Give the range your reward_key's values lie in.")
+        record = _RecordSpec(str(cfg["record"]), (lo, hi), thr)
+    return VerlFeedback(sched, reward_key=cfg.get("reward_key", "acc"), budget=budget, record=record)
+
+
+class _RecordSpec(NamedTuple):
+    path: str
+    reward_range: tuple
+    success_threshold: float
 
 
 def _check_loader_config(data_config) -> None:
@@ -201,21 +235,83 @@ class VerlFeedback:
     exactly, and verl's `rollout_is_weights` (rollout correction) still multiplies on top.
     """
 
-    def __init__(self, scheduler: Scheduler, reward_key: str | None = "acc"):
-        self.scheduler, self.reward_key = scheduler, reward_key
+    def __init__(self, scheduler: Scheduler, reward_key: str | None = "acc", budget: int | None = None,
+                 record=None):
+        self.scheduler, self.reward_key, self.budget, self.record = scheduler, reward_key, budget, record
+        self.allocated: dict[str, Any] = {}   # uid -> Allocation of the submitted batches not yet observed
+        self.record_lines = 0                 # batch lines this run's pilot record holds
+        self._recorder, self._record_keep, self._allocation_applied = None, None, False
+
+    # -- allocation (`rlpace.adapters._verl_allocation`) ----------------------------------------
+    def allocate(self, uids, prompt_ids, prompts_per_batch: int, n: int):
+        """`Scheduler.allocate` of one submitted batch (budget: `data.rlpace.budget` per
+        `prompts_per_batch` prompts, else rollout.n each), remembered by uid until observed."""
+        from ._verl_allocation import allocate_prompts, step_budget
+        budget = step_budget(self.budget, len(uids), n, prompts_per_batch)
+        alloc = allocate_prompts(self.scheduler, uids, prompt_ids, budget)
+        for u in alloc.uids:
+            self.allocated[str(u)] = alloc
+        return alloc
+
+    def _allocation_of(self, uids) -> Any:
+        """The one Allocation every uid in `uids` belongs to (None when none was allocated);
+        forgotten once taken."""
+        found = {id(self.allocated[str(u)]): self.allocated[str(u)] for u in uids if str(u) in self.allocated}
+        if not found:
+            return None
+        if len(found) > 1:
+            raise InputError("a verl batch mixes the rows of several allocated submissions; rlpace's allocation on the "
+                             "legacy trainer needs one dataloader batch per step.")
+        alloc = next(iter(found.values()))
+        for u in alloc.uids:
+            self.allocated.pop(str(u), None)
+        return alloc
+
+    # -- pilot record (`rlpace.advise.PilotRecorder`) --------------------------------------------
+    def write_record(self, fb) -> None:
+        """Append `fb` (what the Scheduler just observed) to the pilot record, when one is set.
+        The first write of a run starts the file afresh, or, after `restore_record(n)`, keeps its
+        header and first n batch lines (what the checkpoint's Scheduler had observed)."""
+        if self.record is None or fb.batch_size == 0:
+            return
+        if self._recorder is None:
+            from ..advise._record import PilotRecorder
+            _truncate_record(self.record.path, self._record_keep)
+            self._recorder = PilotRecorder(self.record.path, self.scheduler.pool, reward_range=self.record.reward_range,
+                                           success_threshold=self.record.success_threshold)
+        sizes = fb.group_sizes
+        self._recorder.write(fb, rollouts=int(fb.rewards.size if sizes is None else sizes.sum()))
+        self.record_lines += 1
+
+    def restore_record(self, lines: int) -> None:
+        """A resumed run: its record keeps the header and the first `lines` batch lines."""
+        self._recorder, self._record_keep, self.record_lines = None, int(lines), int(lines)
 
     def _feedbacks(self, batch, step: int | None) -> list:
-        """[(Feedback, rows int64[B, G])] of the batch's groups; [] when already observed."""
+        """[(Feedback, rows int64[B, G])] of the batch's groups; [] when already observed. An
+        allocated batch gives one ragged Feedback (`group_sizes`, rows −1 on padding)."""
         if batch.meta_info.get(_SEEN):
             return []
         s = int(self.scheduler.counters.observations) if step is None else int(step)
-        return feedbacks_from_rows(self.scheduler.pool, dataproto_rows(batch, self.reward_key), step=s)
+        rows = dataproto_rows(batch, self.reward_key)
+        alloc = self._allocation_of(rows.group_keys)
+        self._allocation_applied = alloc is not None
+        if alloc is not None:
+            from ._verl_allocation import ragged_feedback
+            return [ragged_feedback(self.scheduler.pool, rows, alloc, step=s)]
+        return feedbacks_from_rows(self.scheduler.pool, rows, step=s)
 
     def observe(self, batch, step: int | None = None) -> list:
         """`Scheduler.observe` of the batch's groups (verl's own hook: no admission, no weights)."""
         fbs = self._feedbacks(batch, step)
+        if fbs and not self._allocation_applied:
+            from ._verl_allocation import allocates
+            if allocates(self.scheduler):
+                raise InputError(f"method {self.scheduler.name!r} has an allocation place, which verl's own legacy "
+                                 f"trainer does not apply: run examples/verl_legacy_trainer.py (RlpaceTrainerMixin).")
         for fb, _ in fbs:
             self.scheduler.observe(fb)
+            self.write_record(fb)
         batch.meta_info[_SEEN] = True
         return fbs
 
@@ -224,14 +320,20 @@ class VerlFeedback:
         once), written into the batch: admission, then loss weights, then advantage weights
         (the last only with an advantage place). Returns [(Feedback, rows)]."""
         fbs = self._feedbacks(batch, step)
-        results = [self.scheduler.step(fb) for fb, _ in fbs]
+        results = []
+        for fb, _ in fbs:
+            results.append(self.scheduler.step(fb))
+            self.write_record(fb)
         batch.meta_info[_SEEN] = True
         if fbs and "advantages" in batch.batch.keys():
-            self._admit_rows(batch, [(fb, rows, r.keep, r.full_group_advantages)
-                                     for (fb, rows), r in zip(fbs, results)])
-            _scale_rows(batch, [(rows, r.weights) for (_, rows), r in zip(fbs, results)])
+            # a ragged Feedback's results, one rectangular part per group size (padding left out)
+            parts = [(sub, rows[r, :sub.group_size], res, r, sub.group_size)
+                     for (fb, rows), res in zip(fbs, results) for r, sub in fb.by_size()]
+            self._admit_rows(batch, [(sub, idx, res.keep[r, :n], res.full_group_advantages)
+                                     for sub, idx, res, r, n in parts])
+            _scale_rows(batch, [(idx, res.weights[r, :n]) for sub, idx, res, r, n in parts])
             if active_supervision_places(self.scheduler.method):
-                _scale_rows(batch, [(rows, r.advantage_weights) for (_, rows), r in zip(fbs, results)])
+                _scale_rows(batch, [(idx, res.advantage_weights[r, :n]) for sub, idx, res, r, n in parts])
         return fbs
 
     def apply_admission(self, batch, fbs: list) -> None:
@@ -271,6 +373,25 @@ class VerlFeedback:
 
     def metrics(self) -> dict[str, float]:
         return {f"rlpace/{k}": v for k, v in self.scheduler.metrics().items()}
+
+
+def _truncate_record(path: str, keep: int | None) -> None:
+    """Start the pilot record at `path` afresh (keep None), or keep its header and first `keep`
+    batch lines (a resumed run: the lines the restored Scheduler had observed)."""
+    import os
+    if not os.path.exists(path):
+        return
+    if keep is None:
+        open(path, "w").close()
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    kept = lines[:1 + int(keep)]
+    if len(kept) < 1 + int(keep):
+        raise InputError(f"the pilot record {path} holds {len(lines) - 1} batch lines but the checkpoint was written "
+                         f"after {keep}: it is not this run's record. Point data.rlpace.record at this run's file.")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(ln + "\n" for ln in kept))
 
 
 def _scale_rows(batch, weighted: list) -> None:

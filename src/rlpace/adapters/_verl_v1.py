@@ -169,6 +169,15 @@ class _RlpaceAdmission:
             self.rlpace_weights.pop(s, None)
         return w
 
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        # verl clears every group it evicts here (stale past max_off_policy_threshold, filtered,
+        # failed, the surplus of a full sync batch), after this buffer decided some of them: no
+        # batch will train their rollouts, so their weights go too (else the map grows each step)
+        super()._clear_groups(partition_id, uids)
+        if uids and self.rlpace_weights:
+            for s in [s for s in self.rlpace_weights if s.split("_")[0] in uids]:
+                del self.rlpace_weights[s]
+
     def _dapo_filtered_keys(self, partition_id: str):
         if partition_id == "val":
             return set(), Counter()
