@@ -151,6 +151,39 @@ def _by_arm_then_distance(arm: np.ndarray, dist: np.ndarray) -> np.ndarray:
     return by_dist[np.argsort(key, kind="stable")]
 
 
+def _nearest_in_each_arm(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Positions of the keep[a] smallest `dist` of each arm a, arm-major, nearest first, ties
+    by position: exactly the first keep[a] of each arm in `np.lexsort((dist, arm))`.
+
+    `arm` int64[m] is non-decreasing (the candidates come arm by arm) and every arm
+    0..A−1 has at least keep[a] ≥ 0 candidates. Sorting all m candidates costs ~0.3 ms for
+    m = 8192 while only about m / ratio of them are kept, so a histogram first finds, per arm,
+    the bucket of |γ − target| = sqrt(dist) that holds its keep[a]-th nearest (the bucket is
+    monotone in dist, so every candidate left out is farther than every one kept) and only
+    the candidates up to that bucket are sorted.
+    """
+    m, n_arms = dist.size, keep.size
+    if m == 0:
+        return np.zeros(0, np.int64)
+    root = np.sqrt(dist)
+    top = float(root.max())
+    if not 0.0 < top < np.inf:                          # every distance 0 (or not finite)
+        kept = np.arange(m)
+    else:
+        nb = max(1, min(256, m // (8 * n_arms)))        # buckets per arm: ~8 candidates each
+        # floor, monotone in dist; ≤ nb − 1, as root ≤ top (x·(c/x) rounds to at most c + 1 ulp)
+        bucket = (root * ((nb - 1) / top)).astype(np.int64)
+        cum = np.bincount(arm * nb + bucket, minlength=n_arms * nb).reshape(n_arms, nb).cumsum(axis=1)
+        last = np.count_nonzero(cum < keep[:, None], axis=1)     # bucket of each arm's keep-th
+        kept = np.flatnonzero(bucket <= last[arm])
+    sub_arm = arm[kept]
+    by = _by_arm_then_distance(sub_arm, dist[kept])
+    lens = np.bincount(sub_arm, minlength=n_arms)
+    a = sub_arm[by]
+    rank = np.arange(by.size) - (np.cumsum(lens) - lens)[a]
+    return kept[by[rank < keep[a]]]
+
+
 def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.ndarray:
     """MoPPS's ratio·n candidates among positions 0..size−1: without replacement
     (`Generator.choice`, O(ratio·n) for large pools); every position when ratio·n > size
@@ -161,6 +194,80 @@ def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.n
     if n <= size:
         return rng.permutation(size)                                # size < ratio·n: O(ratio·n)
     return rng.integers(0, size, size=m)
+
+
+def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np.ndarray,
+                       ratio: int) -> tuple[np.ndarray, np.ndarray]:
+    """MoPPS's candidates inside each arm: (pos int64[m], arm int64[m]) for the arms with
+    counts[k] > 0 in arm order — pos indexes the pool's `order` (`Pool.members`, so arm k's
+    prompts are order[offsets[k]:offsets[k+1]]), arm numbers those arms 0, 1, ... (the
+    index in `np.flatnonzero(counts)`), non-decreasing. Arm k gets what `_candidates` gives
+    over its size_k prompts: ratio·counts[k] distinct ones in the usual case.
+
+    The usual case (4·ratio·counts[k] ≤ size_k) is drawn for all such arms at once: i.i.d.
+    uniform positions, then the later copy of a position drawn twice is drawn again until all
+    are distinct. Each arm's set is then uniform over its subsets of that size — the law of
+    `Generator.choice(size_k, m_k, replace=False)`, as the procedure treats every position of
+    an arm alike; only the order differs, and the selection never reads it (it sorts by
+    distance) — and one draw for all arms replaces one `Generator.choice` call per arm
+    (~25 μs each). Arms where that would be a long rejection loop (more than a quarter of
+    the arm wanted) get `_candidates` itself, arm by arm, after the common draw.
+    """
+    active = np.flatnonzero(counts)
+    start, size = offsets[active], offsets[active + 1] - offsets[active]
+    m = ratio * counts[active]
+    common = 4 * m <= size
+    parts = {}
+    arm = np.repeat(np.flatnonzero(common), m[common])
+    if arm.size:
+        lo, width = start[arm], size[arm]
+        pos = lo + (rng.random(arm.size) * width).astype(np.int64)
+        _redraw_repeats(rng, pos, lo, width)
+        if common.all():
+            return pos, arm
+        ends = np.cumsum(m[common])
+        for j, end, n_j in zip(np.flatnonzero(common).tolist(), ends.tolist(), m[common].tolist()):
+            parts[j] = pos[end - n_j:end]
+    for j in np.flatnonzero(~common).tolist():
+        parts[j] = start[j] + _candidates(rng, int(size[j]), int(counts[active[j]]), ratio)
+    pos = np.concatenate([parts[j] for j in range(active.size)])
+    arm = np.repeat(np.arange(active.size), [parts[j].size for j in range(active.size)])
+    return pos, arm
+
+
+def _redraw_repeats(rng: np.random.Generator, pos: np.ndarray, lo: np.ndarray, width: np.ndarray) -> None:
+    """In place: while some value of int64[m] `pos` occurs twice, draw its later copies again,
+    uniformly in [lo, lo + width) (each entry's own range; entries with equal values share
+    it). One sort of (value, index) packed in an int64 finds the repeats; the few redraws
+    are checked against the sorted values kept (a search, not another sort of all m)."""
+    m = pos.size
+    if m < 2:
+        return
+    bits = int(m).bit_length()
+    if int(pos.max()) < 1 << (62 - bits):
+        packed = np.sort((pos << bits) | np.arange(m, dtype=np.int64))
+        value, index = packed >> bits, packed & ((1 << bits) - 1)
+    else:                                                             # the packing would overflow
+        index = np.argsort(pos, kind="stable")
+        value = pos[index]
+    repeat = value[1:] == value[:-1]
+    again = index[1:][repeat]                                         # every copy after the first
+    if again.size == 0:
+        return
+    first = np.ones(m, dtype=bool)
+    first[1:] = ~repeat
+    taken = value[first]                                              # the values kept, sorted
+    while again.size:
+        new = lo[again] + (rng.random(again.size) * width[again]).astype(np.int64)
+        by = np.argsort(new, kind="stable")
+        v = new[by]
+        fresh = np.ones(v.size, dtype=bool)                           # first of its value among the redraws
+        fresh[1:] = v[1:] != v[:-1]
+        at = np.searchsorted(taken, v)
+        fresh &= taken[np.minimum(at, taken.size - 1)] != v           # and not kept already
+        pos[again[by[fresh]]] = v[fresh]
+        taken = np.insert(taken, at[fresh], v[fresh])
+        again = np.sort(again[by[~fresh]])
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
@@ -192,9 +299,11 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
     decides how many prompts each arm gets and MoPPS which ones: n_k ~ Multinomial(n,
     probs) (`split_by_arm`), then the rule above inside each arm — ratio·n_k candidates
     from arm k's prompts (the same three cases with |arm k| for the pool), one Thompson
-    draw, the n_k closest to `target` kept; the ids come arm by arm. Extra cost per step:
-    O(K), a candidate draw per arm drawn, and one O(m log m) sort of the m ≈ ratio·n
-    candidates by (arm, distance) in place of the O(m) partition. Without a mixture the
+    draw, the n_k closest to `target` kept; the ids come arm by arm. The candidates of
+    the arms where ratio·n_k is at most a quarter of the arm are drawn for all those arms
+    at once (`_candidates_by_arm`: the same law, one draw instead of one per arm). Extra
+    cost per step: O(K), and a histogram of the distances per arm so that only about n of
+    the m ≈ ratio·n candidates are sorted by (arm, distance) (`_nearest_in_each_arm`). Without a mixture the
     pool-wide rule runs exactly as before (the paper's).
 
     Example (hand-computed, λ = 1): a fresh prompt (α, β) = (1, 1) with 3 of 4 rollouts
@@ -237,10 +346,8 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
             cand, counts = _candidates(rng, len(pool), n, ratio), None
         else:                                                       # per arm: n_k, then the rule
             counts, order, offsets = split_by_arm(pool, n, probs, arms, rng, "mopps")
-            active = np.flatnonzero(counts)
-            parts = [order[offsets[k] + _candidates(rng, int(offsets[k + 1] - offsets[k]), int(counts[k]),
-                                                    ratio)] for k in active]
-            cand = np.concatenate(parts)
+            pos, arm = _candidates_by_arm(rng, offsets, counts, ratio)
+            cand = order[pos]
         a, b = state.alpha[cand], state.beta[cand]
         if pr is not None:
             unseen = (a == prior_alpha) & (b == prior_beta)
@@ -254,14 +361,10 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         if counts is None:
             return cand[_closest(dist, n)].astype(np.int64)
         # Each arm keeps its counts[k] candidates closest to the target among its own
-        # (`cand` holds the arms' candidates one arm after another): one stable sort by
-        # (arm, distance), then the first counts[k] of each arm — `_closest` per arm, without
-        # a Python loop over hundreds of clusters.
-        lens = np.array([part.size for part in parts], dtype=np.int64)
-        arm = np.repeat(np.arange(active.size), lens)                 # [m] segment of each candidate
-        by = _by_arm_then_distance(arm, dist)                         # arm-major, nearest first
-        rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
-        return cand[by[rank < counts[active][arm[by]]]].astype(np.int64)
+        # (`cand` holds the arms' candidates one arm after another): the first counts[k] of
+        # each arm in the order (arm, distance) — `_closest` per arm, without a Python loop
+        # over hundreds of clusters.
+        return cand[_nearest_in_each_arm(arm, dist, counts[counts > 0])].astype(np.int64)
 
     def check_state(state, pool):
         if pr is not None:
