@@ -16,11 +16,11 @@ def knapsack_scheduler():
 
 
 def round_loop(n, unit):
-    """Largest remainder, one unit at a time: the obvious loop."""
+    """Largest remainder (equal remainders: the larger n, then the first), the obvious loop."""
     units = [x // unit for x in n]
     rem = [x % unit for x in n]
     left = sum(n) // unit - sum(units)
-    order = sorted(range(len(n)), key=lambda i: (-rem[i], i))
+    order = sorted(range(len(n)), key=lambda i: (-rem[i], -n[i], i))
     for i in order[:left]:
         units[i] += 1
     return [u * unit for u in units]
@@ -30,9 +30,11 @@ def test_hand_computed_rounding_of_the_knapsack_allocation():
     s = knapsack_scheduler()
     ids = np.array([0, 1, 2, 3])
     assert s.allocate(ids, 32).tolist() == [6, 9, 15, 2]
-    # 6, 9, 15, 2 = 4·(1, 2, 3, 0) + (2, 1, 3, 2): 2 units left → remainders 3 (prompt 2), then 2 (prompt 0)
+    # 6, 9, 15, 2 = 4·(1, 2, 3, 0) + (2, 1, 3, 2): 2 units left → remainder 3 (prompt 2), then
+    # remainder 2: prompts 0 (N = 6) and 3 (N = 2) tie, the larger N wins
     assert s.allocate(ids, 32, unit=4).tolist() == [8, 8, 16, 0]
-    assert s.allocate(ids, 32, unit=2).tolist() == [6, 10, 14, 2]      # 9 → 10 (rem 1 first), 15 → 14
+    # = 2·(3, 4, 7, 1) + (0, 1, 1, 0): 1 unit left, prompts 1 (N = 9) and 2 (N = 15) tie → prompt 2
+    assert s.allocate(ids, 32, unit=2).tolist() == [6, 8, 16, 2]
     assert s.allocate(ids, 32, unit=1).tolist() == [6, 9, 15, 2]
 
 

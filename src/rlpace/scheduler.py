@@ -304,7 +304,8 @@ class Scheduler:
         of the prompt); `budget` must be a multiple of it. The policy allocates rollouts as
         with unit 1, then each N_i is rounded to a multiple of `unit` by largest remainder
         (floor(N_i / unit) units each, then one more unit to the largest remainders N_i mod
-        unit, ties to the first prompts), which keeps Σ N_i = budget. The rounded N_i lie in
+        unit; among equal remainders the larger N_i first, then the first prompt), which keeps
+        Σ N_i = budget. The rounded N_i lie in
         [unit·⌊min_n / unit⌋, unit·⌈max_n / unit⌉]: a prompt the policy gives fewer than
         `unit` rollouts may get none. Without a policy the budget's units are split evenly.
 
@@ -933,14 +934,17 @@ class Scheduler:
 # ---- helpers ---------------------------------------------------------------------------
 def _round_to_unit(n: np.ndarray, unit: int) -> np.ndarray:
     """int64[B] multiples of `unit` with the sum of `n` (a multiple of unit): floor(n / unit)
-    units each, then one more unit to the largest remainders n mod unit, ties to the first.
+    units each, then one more unit to the largest remainders n mod unit; equal remainders go
+    to the larger n first (the prompt the policy wanted more of), then to the first prompt.
 
     >>> _round_to_unit(np.array([6, 9, 15, 2]), 4).tolist()
     [8, 8, 16, 0]
+    >>> _round_to_unit(np.array([1, 1, 3, 3]), 2).tolist()
+    [0, 0, 4, 4]
     """
     base, rem = np.divmod(n, unit)
     extra = int(rem.sum()) // unit                       # Σ n ≡ 0 (mod unit): exact
-    base[np.argsort(-rem, kind="stable")[:extra]] += 1
+    base[np.lexsort((np.arange(n.shape[0]), -n, -rem))[:extra]] += 1
     return base * unit
 
 

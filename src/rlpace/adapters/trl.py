@@ -24,6 +24,23 @@
   scored and stepped; each rank trains its first kept groups in round order (then, at the
   limit, dropped ones, masked out), so the batch keeps B·G rows. Decided from the gathered
   keep masks: the same on every rank. `rlpace/rollouts_total` counts every rollout.
+* Allocation (a method with an allocation place: `knapsack`, `gvm`, `oracle_allocation`): TRL
+  generates a fixed G = num_generations per dataset row, so a prompt's N_i rollouts are
+  k_i = N_i / G copies of its row. Each chunk's B proposals get N_i from
+  `Scheduler.allocate(ids, B·G, unit=G)` (multiples of G, Σ = B·G: the policy's allocation
+  rounded by largest remainder), and the chunk's B group slots are proposal i k_i times in a
+  row (k_i = 0: not generated). The copies' k_i·G rollouts are one group: rows of a prompt
+  with k_i ≥ 2 train on TRL's formula over all of them (`merged_group_advantages`: mean, and
+  unbiased std for `scale_rewards="group"`, over the k_i·G rewards), and the Scheduler sees
+  one ragged group per proposal (`Feedback.group_sizes` = N_i, 0 included). Decided inside
+  the sampler, which every rank replicates, so all ranks agree; every rank's slice is
+  B / world group slots of G rows, as without allocation. The copies are part of the
+  sampler's checkpointed queue (exact resume). Not with refills, gradient features,
+  supervision places or `normalize_then_sum` (refused at start-up, naming the fix).
+* Pilot record (`record=PATH`): `rlpace advise`'s JSONL (`rlpace.advise.PilotRecorder`), one
+  line per generated chunk (refills included), each generated group of G a row (a prompt
+  with k copies has k rows), the pool's stable ids, the step and the rollouts spent; written
+  by the main process; a resumed run keeps the lines before its step and rewrites the rest.
 * Lag: the sampler draws a chunk when the dataloader first asks for one of its rows, and
   the loops ahead of training decide when that is. With A = gradient_accumulation_steps and
   R = steps_per_generation × num_iterations (dataloader batches per chunk): transformers'
@@ -92,6 +109,7 @@ import numpy as np
 from ..scheduler import Scheduler
 from ..policies._base import is_neutral
 from ..types import Feedback, Pool, group_advantages
+from ..advise._record import PilotRecorder
 
 try:
     import torch
@@ -108,6 +126,7 @@ from ._supervision import has_supervision_places
 from ._trl_supervision import TrlSupervision
 
 __all__ = ["RlpaceGRPOTrainer", "SchedulerRepeatSampler", "lookahead_chunks", "pool_from_dataset",
+           "ragged_layout", "merged_group_advantages", "ragged_admission", "sharded_model_setting",
            "check_trl_version", "missing_trl_methods", "state_digest", "SUPPORTED_TRL", "STATE_FILE"]
 
 SUPPORTED_TRL = ("1.16", "1.17")   # [lowest, highest) trl releases tested (1.16.0)
@@ -126,7 +145,7 @@ TRL_PRIVATE_METHODS = {
     "_load_optimizer_and_scheduler": ("checkpoint",),
     "_get_output_dir": ("trial",),
 }
-TRL_PRIVATE_ATTRIBUTES = ("_metrics", "num_generations", "num_iterations", "reward_weights", "reward_funcs",
+TRL_PRIVATE_ATTRIBUTES = ("_metrics", "num_generations", "num_iterations", "reward_weights", "reward_funcs", "scale_rewards",
                           "temperature", "top_entropy_quantile", "multi_objective_aggregation", "beta",
                           "_entropy_bonus_enabled", "aux_loss_enabled", "entropy_coef", "_last_world_entropy",
                           "_entropy_window_stats")
@@ -218,6 +237,80 @@ def state_digest(state: dict[str, np.ndarray]) -> int:
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
+def sharded_model_setting(accelerator) -> str | None:
+    """The accelerate setting that shards the model's weights across ranks — "FSDP" or
+    "DeepSpeed ZeRO-3" — or None (single process, DDP, ZeRO-1/2). Gradient features call
+    the hooked layers (lm_head) as whole modules, so they need every rank to hold the full weight."""
+    from accelerate.utils import DistributedType
+    kind = getattr(accelerator, "distributed_type", None)
+    if kind == DistributedType.FSDP:
+        return "FSDP"
+    if kind == DistributedType.DEEPSPEED:
+        plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+        if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
+            return "DeepSpeed ZeRO-3"
+    return None
+
+
+def ragged_layout(copies: np.ndarray, g: int) -> np.ndarray:
+    """int64[B, W] the generation batch's row of each rollout of each proposal, −1 on padding:
+    proposal i's N_i = copies[i]·g rollouts are the rows of its copies' group slots, which
+    follow each other (`SchedulerRepeatSampler.slots`); W = max N_i (at least 1).
+
+    >>> ragged_layout(np.array([2, 0, 1]), 2).tolist()
+    [[0, 1, 2, 3], [-1, -1, -1, -1], [4, 5, -1, -1]]
+    """
+    n = np.asarray(copies, dtype=np.int64) * g                               # [B]
+    width = max(1, int(n.max(initial=0)))
+    start = np.cumsum(n) - n                                                 # [B] first row
+    cols = np.arange(width)[None, :]                                         # [1, W]
+    return np.where(cols < n[:, None], start[:, None] + cols, -1)
+
+
+def merged_group_advantages(rewards: np.ndarray, layout: np.ndarray, scale_rewards: str = "group") -> np.ndarray:
+    """float64[n] TRL's advantage with each proposal's rollouts as one group: rewards float[n]
+    of the generation batch's rows, `layout` from `ragged_layout`. A = r − mean over the
+    prompt's N_i rollouts, divided by (std + 1e-4) where std is the unbiased std of those N_i
+    (`scale_rewards="group"`) or of the whole batch ("batch"); "none" does not divide —
+    TRL's `sum_then_normalize` formulas with the group widened from G to N_i = k·G.
+
+    >>> r = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    >>> merged_group_advantages(r, ragged_layout(np.array([2, 1]), 2)).round(4).tolist()
+    [1.4997, -0.4999, -0.4999, -0.4999, 0.0, 0.0]
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    valid = layout >= 0
+    x = np.where(valid, r[np.maximum(layout, 0)], 0.0)                       # [B, W]
+    n = valid.sum(axis=1, keepdims=True).astype(np.float64)                  # [B, 1]
+    centred = np.where(valid, x - x.sum(axis=1, keepdims=True) / np.maximum(n, 1.0), 0.0)
+    if scale_rewards == "group":
+        centred = centred / (np.sqrt((centred ** 2).sum(axis=1, keepdims=True) / np.maximum(n - 1.0, 1.0)) + 1e-4)
+    elif scale_rewards == "batch":
+        centred = centred / (r.std(ddof=1) + 1e-4)
+    elif scale_rewards != "none":
+        raise InputError(f"scale_rewards must be 'group', 'batch' or 'none'; got {scale_rewards!r}.")
+    out = np.zeros(r.shape[0])
+    out[layout[valid]] = centred[valid]
+    return out
+
+
+def ragged_admission(rewards: np.ndarray, keep: np.ndarray, layout: np.ndarray, full_group_advantages: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`admitted_advantages` of ragged groups (rewards, keep [B, W]; `layout` from
+    `ragged_layout`) in the generation batch's rows: (replace bool[n], value float64[n],
+    keep bool[n]); each group size's groups go through the rectangular rule."""
+    valid = layout >= 0
+    n_rows = int(valid.sum())
+    replace, value, kept = np.zeros(n_rows, bool), np.zeros(n_rows), np.zeros(n_rows, bool)
+    sizes = valid.sum(axis=1)
+    for size in np.unique(sizes[sizes > 0]):
+        rows = np.flatnonzero(sizes == size)
+        rep, val = admitted_advantages(rewards[rows, :size], keep[rows, :size], full_group_advantages)
+        at = layout[rows, :size]
+        replace[at], value[at], kept[at] = rep, val, keep[rows, :size]
+    return replace, value, kept
+
+
 class SchedulerRepeatSampler(Sampler[int]):
     """`RepeatSampler`'s index layout, with chunks proposed by a Scheduler at fixed points.
 
@@ -225,23 +318,42 @@ class SchedulerRepeatSampler(Sampler[int]):
     order. After the feedback of a chunk arrives (`scored`), the next chunk is proposed,
     so chunk j always sees the feedback of chunks 0..j−1−lag whatever the prefetching.
 
+    A chunk is B proposals and each one's copies (Σ copies = B): one copy each, or with an
+    allocation policy `Scheduler.allocate(ids, B·G, unit=G) // G` — a prompt given N_i = k·G
+    rollouts fills k group slots in a row (k = 0: none). Its B slots are what TRL generates.
+
     Args:
         scheduler: the Scheduler (its pool positions map to dataset rows by `rows`).
         rows: int64[N] dataset row of each pool position.
-        batch_size: B distinct proposals per chunk; mini_repeat_count: G; repeat_count: R.
+        batch_size: B proposals (and group slots) per chunk; mini_repeat_count: G; repeat_count: R.
         num_batches: chunks per epoch (fixes `len`, hence TRL's steps per epoch).
         lag: chunks proposed ahead of the feedback (`lookahead_chunks`); placeholder: yield
             row 0 (zero-lag mode).
+        allocate: ask the Scheduler's allocation policy for each proposal's copies.
     """
 
     def __init__(self, scheduler: Scheduler, rows: np.ndarray, batch_size: int, mini_repeat_count: int,
-                 repeat_count: int, num_batches: int, lag: int, placeholder: bool = False):
+                 repeat_count: int, num_batches: int, lag: int, placeholder: bool = False,
+                 allocate: bool = False):
         self.scheduler, self.rows = scheduler, rows
         self.b, self.g, self.r, self.num_batches = batch_size, mini_repeat_count, repeat_count, num_batches
-        self.lag, self.placeholder = lag, placeholder
-        self.queue: deque[np.ndarray] = deque()   # proposed, not yet scored (pool positions)
+        self.lag, self.placeholder, self.allocate = lag, placeholder, allocate
+        # proposed, not yet scored: (pool positions int64[B], copies int64[B])
+        self.queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self.handed = 0                           # how many of `queue` the dataloader has taken
         self.primed = False
+
+    def propose(self) -> tuple[np.ndarray, np.ndarray]:
+        """One chunk: (pool positions int64[B], copies int64[B]), Σ copies = B."""
+        ids = self.scheduler.propose(self.b)
+        if not self.allocate:
+            return ids, np.ones(self.b, np.int64)
+        return ids, self.scheduler.allocate(ids, self.b * self.g, unit=self.g) // self.g
+
+    @staticmethod
+    def slots(chunk: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """int64[B] the pool position of each group slot: proposal i `copies[i]` times in a row."""
+        return np.repeat(chunk[0], chunk[1])
 
     def __len__(self) -> int:
         return self.num_batches * self.b * self.g * self.r
@@ -250,7 +362,7 @@ class SchedulerRepeatSampler(Sampler[int]):
         if self.placeholder:
             return np.zeros(self.b, dtype=np.int64)
         if not self.primed:
-            self.queue.extend(self.scheduler.propose(self.b) for _ in range(self.lag + 1))
+            self.queue.extend(self.propose() for _ in range(self.lag + 1))
             self.primed = True
         if self.handed >= len(self.queue):
             raise RuntimeError(f"the dataloader asked for a chunk more than {self.lag} chunk(s) ahead of the "
@@ -259,7 +371,7 @@ class SchedulerRepeatSampler(Sampler[int]):
                                f"something reads further ahead: set dataloader_num_workers=0, or pass "
                                f"zero_lag=True to RlpaceGRPOTrainer.")
         self.handed += 1
-        return self.rows[self.queue[self.handed - 1]]
+        return self.rows[self.slots(self.queue[self.handed - 1])]
 
     def __iter__(self):
         for _ in range(self.num_batches):
@@ -269,30 +381,72 @@ class SchedulerRepeatSampler(Sampler[int]):
                     for _ in range(self.g):
                         yield int(i)
 
+    def oldest(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The oldest handed chunk, checked against the generated groups' pool positions."""
+        if not self.queue or self.handed == 0 or not np.array_equal(self.slots(self.queue[0]), positions):
+            raise RuntimeError(f"scored prompts {positions.tolist()} are not the oldest proposed chunk "
+                               f"{self.slots(self.queue[0]).tolist() if self.queue else []}: the batch layout "
+                               f"was changed.")
+        return self.queue[0]
+
     def scored(self, positions: np.ndarray) -> None:
         """The oldest handed chunk was generated and scored: drop it, propose the next."""
         if self.placeholder:
             return
-        if not self.queue or self.handed == 0 or not np.array_equal(self.queue[0], positions):
-            raise RuntimeError(f"scored prompts {positions.tolist()} are not the oldest proposed chunk "
-                               f"{self.queue[0].tolist() if self.queue else []}: the batch layout was changed.")
+        self.oldest(positions)
         self.queue.popleft()
         self.handed -= 1
-        self.queue.append(self.scheduler.propose(self.b))
+        self.queue.append(self.propose())
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        q = np.stack(self.queue) if self.queue else np.zeros((0, self.b), np.int64)
-        return {"sampler/queue": q, "sampler/primed": np.array(self.primed)}
+        q = np.stack([c[0] for c in self.queue]) if self.queue else np.zeros((0, self.b), np.int64)
+        k = np.stack([c[1] for c in self.queue]) if self.queue else np.zeros((0, self.b), np.int64)
+        return {"sampler/queue": q, "sampler/copies": k, "sampler/primed": np.array(self.primed)}
 
     def load_state_dict(self, state) -> None:
         queue, primed = np.asarray(state["sampler/queue"], dtype=np.int64), bool(state["sampler/primed"])
+        # checkpoints written before allocation existed hold no copies: one copy each
+        copies = np.asarray(state.get("sampler/copies", np.ones_like(queue)), dtype=np.int64)
         if primed and not self.placeholder and len(queue) != self.lag + 1:
             # the queue always holds lag + 1 chunks once primed (one proposed per feedback)
             raise InputError(f"the checkpoint's sampler looks {len(queue) - 1} chunk(s) ahead, this run {self.lag} "
                              f"(gradient_accumulation_steps // (steps_per_generation × num_iterations)): resume "
                              f"with the gradient_accumulation_steps, steps_per_generation and num_iterations "
                              f"the checkpoint was trained with.")
-        self.queue, self.primed, self.handed = deque(queue), primed, 0
+        self.queue, self.primed, self.handed = deque(zip(queue, copies)), primed, 0
+
+
+def _to_rows(values: np.ndarray, layout: np.ndarray, fill: float) -> np.ndarray:
+    """float64[n] ragged [B, W] `values` at the generation batch's rows (`ragged_layout`)."""
+    out = np.full(int((layout >= 0).sum()), fill)
+    out[layout[layout >= 0]] = values[layout >= 0]
+    return out
+
+
+def _check_allocation(scheduler: Scheduler, cfg, grad_features: str, max_refill_rounds: int) -> None:
+    """Refuse what an allocation method cannot do in TRL (each with the fix)."""
+    name = f"method {scheduler.name!r} allocates rollouts ({scheduler.method.allocation.name})"
+    g = getattr(cfg, "num_generations", None) or 8
+    lo, hi = scheduler.method.allocation.bounds or (0, None)
+    if lo > g or (hi is not None and hi < g):
+        # the step's budget is B·G (every proposal's share G on average); N_i are multiples of G
+        bad = f"min_n = {lo} is above" if lo > g else f"max_n = {hi} is below"
+        raise InputError(f"{name}: {bad} num_generations = {g}, but the step's budget is B·num_generations "
+                         f"(the bounds must hold num_generations); change the policy's bounds or num_generations.")
+    agg = getattr(cfg, "multi_objective_aggregation", "sum_then_normalize")
+    if agg != "sum_then_normalize":
+        raise InputError(f"{name}: a prompt's copies are merged into one group of its summed rewards, so "
+                         f"multi_objective_aggregation must be 'sum_then_normalize'; got {agg!r}.")
+    if max_refill_rounds and not is_neutral(scheduler.method.admission):
+        raise InputError(f"{name} and has an admission ({scheduler.method.admission.name}) that may ask for "
+                         f"refills; refills of allocated chunks are not supported: pass max_refill_rounds=0 "
+                         f"(dropped groups then leave the loss without replacement).")
+    if needs_grad_features(scheduler, grad_features):
+        raise InputError(f"{name}; gradient features of merged groups are not supported in TRL: pass "
+                         f"grad_features='off' with a method that does not read 'grads'.")
+    if has_supervision_places(scheduler):
+        raise InputError(f"{name}; the supervision places (targets, rewards, advantage weights) are not "
+                         f"supported with allocation in TRL: use a method without them.")
 
 
 class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
@@ -318,6 +472,11 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             on; None: `rlpace.adapters._supervision.extract_answer`.
         max_refill_rounds: extra generation rounds while the admission asks for refills
             (DAPO dynamic sampling; DAPO's `max_num_gen_batches` − 1); 0: never refill.
+        record: a path: write the pilot record `rlpace advise --pilot` reads (docs/run-records.md,
+            "Pilot records"), one line per generated chunk — what the built-in trainer's
+            `record=` writes; the main process writes it, a resumed run keeps its lines
+            before the resumed step. record_reward_range: (low, high) the rewards' weighted
+            sum lies in (a reward outside is refused when written).
 
     Example:
         >>> pool = pool_from_dataset(ds)                                # doctest: +SKIP
@@ -328,7 +487,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
     def __init__(self, *args, scheduler: Scheduler, id_column: str = "index", zero_lag: bool = False,
                  loss_weights: bool = False, grad_features: str = "auto", grad_params: str = "lm_head",
                  grad_dim: int = 256, grad_reference: str = "previous", target_column: str | None = None,
-                 answer_extractor=None, max_refill_rounds: int = 4, **kwargs):
+                 answer_extractor=None, max_refill_rounds: int = 4, record=None,
+                 record_reward_range: tuple = (0.0, 1.0), **kwargs):
         check_trl_version(trl.__version__)
         _require(missing_trl_methods(GRPOTrainer))
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
@@ -346,13 +506,19 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             raise InputError(f"grad_features must be 'auto', 'on' or 'off'; got {grad_features!r}.")
         if isinstance(max_refill_rounds, bool) or not isinstance(max_refill_rounds, int) or max_refill_rounds < 0:
             raise InputError(f"max_refill_rounds must be an int ≥ 0 (0: never refill); got {max_refill_rounds!r}.")
+        lo_hi = tuple(record_reward_range) if isinstance(record_reward_range, (tuple, list)) else ()
+        if record is not None and not (len(lo_hi) == 2 and all(isinstance(x, (int, float)) and np.isfinite(x)
+                                                               for x in lo_hi) and lo_hi[0] < lo_hi[1]
+                                       and lo_hi[0] <= scheduler.success_threshold <= lo_hi[1]):
+            raise InputError(f"record_reward_range must be (low, high), finite, low < high, holding the "
+                             f"Scheduler's success_threshold {scheduler.success_threshold}: the range your reward "
+                             f"functions' weighted sum lies in; got {record_reward_range!r}.")
         if grad_reference not in ("previous", "none"):
             raise InputError(f"grad_reference must be 'previous' or 'none'; got {grad_reference!r}.")
         alloc = scheduler.method.allocation
-        if alloc is not None and not is_neutral(alloc):
-            raise InputError(f"method {scheduler.name!r} has an allocation place ({alloc.name}: rollouts per prompt), "
-                             f"but TRL generates num_generations rollouts for every prompt; use rlpace's built-in "
-                             f"trainer for allocation methods, or a method without one.")
+        allocates = alloc is not None and not is_neutral(alloc)
+        if allocates:
+            _check_allocation(scheduler, cfg, grad_features, max_refill_rounds)
         mismatch = (f"the Scheduler's pool ({len(scheduler.pool)} prompts) is not the train dataset "
                     f"({len(ds)} rows, column {id_column!r}); build it with pool_from_dataset(ds)")
         try:
@@ -365,6 +531,11 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         self.scheduler, self.rlpace_id_column = scheduler, id_column
         self.rlpace_zero_lag, self.rlpace_loss_weights = zero_lag, loss_weights
         self.rlpace_max_refill_rounds, self.rlpace_rollouts_total = max_refill_rounds, 0
+        self.rlpace_allocates = allocates
+        # the pilot record (`rlpace advise`): its path until the first batch opens it, main process only
+        self.rlpace_record, self.rlpace_record_reward_range = record, record_reward_range
+        self._rlpace_chunk = None                 # zero-lag: the chunk _rlpace_swap proposed
+        self._rlpace_batches, self._rlpace_layout = [], None   # this generation batch's rounds; ragged rows
         n_local = self.args.per_device_train_batch_size * self.args.steps_per_generation
         if max_refill_rounds and not is_neutral(scheduler.method.admission) and n_local % self.num_generations:
             raise InputError(f"refills fill each rank's slice of the generation batch with whole groups: "
@@ -376,9 +547,15 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         r = self.num_iterations * self.args.steps_per_generation
         self.rlpace_sampler = SchedulerRepeatSampler(
             scheduler, rows, b, self.num_generations, r, len(ds) // b,
-            lag=lookahead_chunks(self.args.gradient_accumulation_steps, r), placeholder=zero_lag)
+            lag=lookahead_chunks(self.args.gradient_accumulation_steps, r), placeholder=zero_lag, allocate=allocates)
         self.args.ignore_data_skip = True   # the sampler resumes itself; HF's skip would re-draw
         self._rlpace_rewards = None
+        if needs_grad_features(scheduler, grad_features) and sharded_model_setting(self.accelerator):
+            raise InputError(f"gradient features (grad_features={grad_features!r}, method {scheduler.name!r}) need "
+                             f"the full lm_head weight on every rank, and this run shards the model with "
+                             f"{sharded_model_setting(self.accelerator)}: run data-parallel without sharding (DDP, "
+                             f"or DeepSpeed ZeRO stage 1/2), or pass grad_features='off' with a method that does "
+                             f"not read 'grads' (not diem or dvc).")
         self.rlpace_gf = (GradFeatures(self.model, grad_params, grad_dim, self.args.seed)   # validates
                           if needs_grad_features(scheduler, grad_features) else None)
         self.rlpace_grad_reference = grad_reference
@@ -401,6 +578,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         self._rlpace_check_replicas()        # before anything of this batch is proposed or generated
+        self._rlpace_batches = []            # (pool positions [B], rewards [B, G]) per round: the pilot record
         if self.rlpace_zero_lag:
             inputs = self._rlpace_swap(len(inputs))
         # round 0 is the sampler's chunk; while the admission asks for refills (DAPO dynamic
@@ -412,14 +590,20 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             rounds.append(self._rlpace_round(self._rlpace_swap(len(inputs)), first=False))
         output = rounds[0][0] if len(rounds) == 1 else self._rlpace_assemble(rounds)
         b_local = self.rlpace_sampler.b // self.accelerator.num_processes
-        self.rlpace_rollouts_total += sum(r.keep.size for _, r in rounds)
+        spent = len(rounds) * self.rlpace_sampler.b * self.num_generations     # every generated rollout
+        self.rlpace_rollouts_total += spent
+        self._rlpace_record(spent)
         m = self._metrics["train"]
         for k, v in self.scheduler.metrics().items():
             m[f"rlpace/{k}"].append(v)
         m["rlpace/rollouts_total"].append(float(self.rlpace_rollouts_total))    # refills included
         m["rlpace/refill_rounds"].append(float(len(rounds) - 1))
-        kept = (int(rounds[0][1].keep.any(axis=1).sum()) if len(rounds) == 1 else   # (a group may straddle ranks)
-                sum(min(n, b_local) for n in self._rlpace_kept_per_rank(rounds)))
+        if self._rlpace_layout is not None:                  # group slots with a kept rollout
+            keep = _to_rows(rounds[0][1].keep, self._rlpace_layout, 0.0)
+            kept = int(keep.reshape(self.rlpace_sampler.b, -1).any(axis=1).sum())
+        else:
+            kept = (int(rounds[0][1].keep.any(axis=1).sum()) if len(rounds) == 1 else   # (a group may straddle ranks)
+                    sum(min(n, b_local) for n in self._rlpace_kept_per_rank(rounds)))
         m["rlpace/kept_fraction_trained"].append(kept / self.rlpace_sampler.b)   # groups trained on / B
         return output
 
@@ -479,7 +663,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         return out
 
     def _rlpace_swap(self, n_local: int) -> list[dict]:
-        rows = np.repeat(self.rlpace_sampler.rows[self.scheduler.propose(self.rlpace_sampler.b)], self.num_generations)
+        self._rlpace_chunk = chunk = self.rlpace_sampler.propose()
+        rows = np.repeat(self.rlpace_sampler.rows[self.rlpace_sampler.slots(chunk)], self.num_generations)
         start = self.accelerator.process_index * n_local    # the same process-major slice as TRL's
         return self.train_dataset.select(rows[start:start + n_local].tolist()).to_list()
 
@@ -490,10 +675,28 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         if (pos != pos[:, :1]).any():
             raise RuntimeError("rows of one generation group carry different prompt ids; the sampler "
                                "layout (each prompt num_generations times in a row) was changed.")
-        rewards = self._rlpace_rewards.double().cpu().numpy().reshape(-1, g)
-        fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step, **self._rlpace_sup)
+        rewards = self._rlpace_rewards.double().cpu().numpy().reshape(-1, g)    # [B, G] per generated group
+        self._rlpace_batches.append((pos[:, 0], rewards))
         n_local = output["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+        layout = None
+        if self.rlpace_allocates:
+            # one ragged group per proposal: its N_i = k·G rollouts are its k copies' rows
+            ids, copies = (self.rlpace_sampler.oldest(pos[:, 0]) if not self.rlpace_zero_lag
+                           else self._rlpace_chunk)
+            if not np.array_equal(self.rlpace_sampler.slots((ids, copies)), pos[:, 0]):
+                raise RuntimeError("the generated groups are not the proposed chunk's copies; the batch "
+                                   "layout was changed.")
+            layout = ragged_layout(copies, g)                                # [B', W], −1 padding
+            flat = rewards.ravel()
+            rewards = np.where(layout >= 0, flat[np.maximum(layout, 0)], 0.0)   # [B', W]
+            fb = Feedback(ids, rewards, group_advantages(rewards, group_sizes=copies * g),
+                          step=self.state.global_step, group_sizes=copies * g)
+            self._rlpace_merge(output, flat, layout, copies, local)
+        else:
+            fb = Feedback(pos[:, 0], rewards, group_advantages(rewards), step=self.state.global_step,
+                          **self._rlpace_sup)
+        self._rlpace_layout = layout
         admitted = []
 
         def features(adm):
@@ -508,11 +711,12 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         if first:
             self.rlpace_sampler.scored(pos[:, 0])
         if not admitted:
-            self._rlpace_admit(output, rewards, r.keep, local, r.full_group_advantages)
+            self._rlpace_admit(output, rewards, r.keep, local, r.full_group_advantages, layout)
         if r.feedback.grads is not None and self.rlpace_grad_reference == "previous":
             self.rlpace_ref_grad = r.feedback.grads.sum(axis=(0, 1)).astype(np.float32)   # the next batch's
         if self.rlpace_loss_weights:
-            self._rlpace_scale_advantages(output, r.weights, local)
+            self._rlpace_scale_advantages(output, r.weights if layout is None else
+                                          _to_rows(r.weights, layout, 1.0), local)
         if self.rlpace_supervises and has_supervision_places(self.scheduler):
             self._rlpace_scale_advantages(output, r.advantage_weights, local)    # Ã = w·Â
         return r
@@ -574,13 +778,33 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             entropy = -(logp.exp() * logp).sum(-1) if compute_entropy else None
         return per_token, entropy, (out.aux_loss if compute_aux_loss else None)
 
-    def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice,
-                      full_group_advantages: bool = False) -> None:
-        """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages
-        (`admitted_advantages`)."""
-        if keep.all():
+    def _rlpace_merge(self, output: dict, rewards: np.ndarray, layout: np.ndarray, copies: np.ndarray,
+                      local: slice) -> None:
+        """Rows of a proposal with k ≥ 2 copies train on TRL's advantages of its k·G rollouts as one
+        group (`merged_group_advantages`); a single copy keeps TRL's own."""
+        if (copies < 2).all():
             return
-        replace, value = admitted_advantages(rewards, keep, full_group_advantages)
+        value = merged_group_advantages(rewards, layout, self.scale_rewards)
+        at = layout[copies >= 2]
+        replace = np.zeros(rewards.shape[0], bool)
+        replace[at[at >= 0]] = True
+        adv = output["advantages"]
+        rep = torch.as_tensor(replace[local], device=adv.device)
+        val = torch.as_tensor(value[local], dtype=adv.dtype, device=adv.device)
+        if adv.dim() == 2:
+            rep, val = rep[:, None], val[:, None]
+        output["advantages"] = torch.where(rep, val, adv)
+
+    def _rlpace_admit(self, output: dict, rewards: np.ndarray, keep: np.ndarray, local: slice,
+                      full_group_advantages: bool = False, layout: np.ndarray | None = None) -> None:
+        """Dropped rollouts leave the loss; thinned groups train on kept-subset advantages
+        (`admitted_advantages`; ragged groups, `layout` given: `ragged_admission`)."""
+        if (keep if layout is None else keep[layout >= 0]).all():
+            return
+        if layout is None:
+            replace, value = admitted_advantages(rewards, keep, full_group_advantages)
+        else:
+            replace, value, keep = ragged_admission(rewards, keep, layout, full_group_advantages)
         replace, value = replace.ravel()[local], value.ravel()[local]        # rows whose advantage changes
         adv = output["advantages"]
         rep = torch.as_tensor(replace, device=adv.device)
@@ -593,6 +817,20 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         output["completion_mask"] = mask
         loss_mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+    def _rlpace_record(self, rollouts: int) -> None:
+        """The pilot record's lines for this generation batch (main process): one per generated
+        chunk, each generated group of G a row (a prompt with k copies has k rows)."""
+        if self.rlpace_record is None or not self.accelerator.is_main_process:
+            return
+        if isinstance(self.rlpace_record, (str, os.PathLike)):
+            # opened at the first batch: a resumed run (global_step k) keeps the lines before step k
+            self.rlpace_record = PilotRecorder(self.rlpace_record, self.scheduler.pool,
+                                               reward_range=self.rlpace_record_reward_range,
+                                               success_threshold=self.scheduler.success_threshold,
+                                               restart_at=self.state.global_step)
+        fbs = [Feedback(p, r, step=self.state.global_step) for p, r in self._rlpace_batches]
+        self.rlpace_record.write_step(fbs, rollouts=rollouts)
 
     def _rlpace_check_replicas(self) -> None:
         """On several ranks, all-gather an 8-byte digest of the Scheduler's and the sampler's state
