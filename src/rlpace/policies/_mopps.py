@@ -97,14 +97,21 @@ def _beta_draw(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out[flat] = rng.random(n_flat)
         if n_flat < a.shape[0]:
             rest = ~flat
-            out[rest] = _beta_draw(rng, a[rest], b[rest])
+            out[rest] = _gamma_ratio(rng, a[rest], b[rest])   # none of these is flat
         return out
+    return _gamma_ratio(rng, a, b)
+
+
+def _gamma_ratio(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Beta(a, b) draws as X / (X + Y), X ~ Gamma(a), Y ~ Gamma(b) (`_beta_draw` without its
+    flat case)."""
     x, y = rng.standard_gamma(a), rng.standard_gamma(b)
     total = x + y
+    if total.all():                                # total ≥ 0: all positive, the usual case
+        return x / total
     out = np.divide(x, total, out=np.zeros_like(x), where=total > 0)
     tiny = total <= 0                              # both underflowed: only for shapes ≪ 1
-    if tiny.any():
-        out[tiny] = rng.beta(a[tiny], b[tiny])
+    out[tiny] = rng.beta(a[tiny], b[tiny])
     return out
 
 
