@@ -99,7 +99,7 @@ class RlpaceDataset(RLHFDataset):
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
         if v1 is not None:
             from ._verl_v1 import refuse_trainer_places
-            refuse_gradient_features(self.rlpace.scheduler)
+            refuse_gradient_features(self.rlpace.scheduler, allocation=v1 == "trainer")
             if v1 == "buffer":            # verl's own V1 trainer: refuse what only rlpace's trainer applies
                 refuse_trainer_places(self.rlpace.scheduler)
 
@@ -118,11 +118,18 @@ class RlpaceDataset(RLHFDataset):
             self.rlpace.observe(batch)
 
     def state_dict(self) -> dict:
-        return {} if self.rlpace is None else {"rlpace": self.rlpace.scheduler.state_dict()}
+        if self.rlpace is None:
+            return {}
+        out = {"rlpace": self.rlpace.scheduler.state_dict()}
+        if self.rlpace.record is not None:          # the pilot record's lines this state had observed
+            out["rlpace_record_lines"] = self.rlpace.record_lines
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if self.rlpace is not None and state and "rlpace" in state:
             self.rlpace.scheduler.load_state_dict(state["rlpace"])
+            if self.rlpace.record is not None and "rlpace_record_lines" in state:
+                self.rlpace.restore_record(int(state["rlpace_record_lines"]))
 
 
 class RlpaceTrainerMixin:
@@ -155,12 +162,39 @@ class RlpaceTrainerMixin:
                          "RlpaceDataset (verl ≥ 0.8) or data.sampler to RlpaceSampler (verl ≤ 0.7).")
 
     def _update_actor(self, batch):
+        from ._verl_allocation import zero_singleton_advantages
         bridge = self._rlpace()
-        bridge.step(batch, step=self.global_steps)       # observe → admission → weights, one order
+        fbs = bridge.step(batch, step=self.global_steps)       # observe → admission → weights, one order
+        if any(fb.group_sizes is not None for fb, _ in fbs):      # an allocated step
+            zero_singleton_advantages(batch, fbs, self.config.algorithm.adv_estimator)
         out = super()._update_actor(batch)
         out.meta_info.setdefault("metrics", {}).update(bridge.metrics())
         out.meta_info["metrics"].update(getattr(self, "_rlpace_supervision_metrics", {}))
         return out
+
+    # -- allocation: N_i rows per prompt sharing its uid (`rlpace.adapters._verl_allocation`) -------
+    def _get_gen_batch(self, batch):
+        # fit has just given each prompt row its uid; verl repeats `batch` and the generation batch
+        # by rollout.n next: with an allocation place both repeat row i N_i times instead
+        from ._verl_allocation import allocates, repeat_by_counts
+        gen = super()._get_gen_batch(batch)
+        bridge = self._rlpace()
+        if getattr(self, "_rlpace_validating", False) or not allocates(bridge.scheduler):
+            return gen
+        nt = batch.non_tensor_batch
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        alloc = bridge.allocate(nt["uid"], [e["index"] for e in nt["extra_info"]],
+                                int(self.config.data.train_batch_size), n)
+        for proto in (batch, gen):
+            repeat_by_counts(proto, alloc.counts, n)
+        return gen
+
+    def _validate(self, *args, **kwargs):
+        self._rlpace_validating = True          # validation batches keep verl's val_kwargs.n
+        try:
+            return super()._validate(*args, **kwargs)
+        finally:
+            self._rlpace_validating = False
 
     # -- supervision transforms (`rlpace.adapters._verl_supervision`) ------------------------------
     rlpace_answer_extractor = None   # str -> str | None; None: `_supervision.extract_answer`
@@ -174,7 +208,10 @@ class RlpaceTrainerMixin:
         from ._verl_supervision import check_token_signals
         check_verl_internals("legacy_trainer")
         sched = self._rlpace().scheduler
-        refuse_gradient_features(sched)
+        refuse_gradient_features(sched, allocation=True)
+        from ._verl_allocation import allocates, check_legacy_allocation
+        if allocates(sched):
+            check_legacy_allocation(self._rlpace(), self.config)
         if not needs_supervision_pass(sched):
             return super().fit()
         check_token_signals(sched)

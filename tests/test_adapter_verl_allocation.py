@@ -1,0 +1,232 @@
+"""Rollout allocation and the pilot record on verl's legacy trainer (`RlpaceTrainerMixin`),
+against the installed verl 0.9 (CPU, no Ray).
+
+`legacy_step` replays the lines of `RayPPOTrainer.fit` that build a step's rows, with verl's own
+code at each: the loader batch → `DataProto.from_single_dict` → a uid per prompt row →
+`_get_gen_batch` (the mixin's, over verl's) → `gen_batch.repeat(rollout.n, interleave=True)` →
+generation (here: one response per row, scored by a fixed rule) → `batch.repeat(rollout.n,
+interleave=True)` → `union` → verl's `_balance_batch` (2 data-parallel ranks) → verl's
+`compute_advantage` (GRPO) → the mixin's `_update_actor` (over a stub that keeps the batch
+the actor would train on) → `on_batch_end`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("torchdata")
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage  # noqa: E402
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler  # noqa: E402
+from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
+
+import rlpace.adapters.verl as rv  # noqa: E402
+from rlpace import group_advantages  # noqa: E402
+from rlpace.advise import read_pilot  # noqa: E402
+from rlpace.policies._base import ALLOCATION, DataPolicy, EmptyState  # noqa: E402
+from verl07._verl_data import data_config, make_tokenizer, write_parquet  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+B, N = 4, 3                       # prompts per step, actor_rollout_ref.rollout.n
+SHARES = np.array([0, 1, 4, 7])   # the test allocation: N_i by rank of the pool position in the batch
+
+
+def ranked_allocation():
+    """An allocation policy that gives the batch's prompts 0, 1, 4, 7 rollouts by increasing pool
+    position (B = 4, budget 12), so N_i = 0 and N_i = 1 both occur every step."""
+    def apply(state, pool, ids, budget):
+        assert (len(ids), budget) == (B, B * N)
+        out = np.zeros(len(ids), np.int64)
+        out[np.argsort(ids, kind="stable")] = SHARES
+        return out
+    return DataPolicy(ALLOCATION, lambda pool: EmptyState(), lambda s, p, b: s, apply, name="test_ranked",
+                      bounds=(0, 7))
+
+
+def score(index: int, k: int, step: int) -> float:
+    """The verifier's result of the k-th rollout of prompt `index` at `step`."""
+    return float((index * 5 + k * 3 + step) % 7 < 3)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+class Actor:
+    """The last base class of the trainer: keeps the batch `_update_actor` would train on."""
+
+    def _update_actor(self, batch):
+        self.trained = batch
+        return DataProto.from_dict(tensors={}, meta_info={"metrics": {}})
+
+
+Trainer = type("Trainer", (rv.RlpaceTrainerMixin, Actor, RayPPOTrainer), {})
+
+
+def make_trainer(tmp_path, tok, policy, *, record=None, name="train", kwargs=None):
+    train = write_parquet(tmp_path / f"{name}.parquet")
+    val = write_parquet(tmp_path / f"{name}_val.parquet", n=8)
+    cfg = data_config(train, val, cache_dir=str(tmp_path / "cache"), batch=B,
+                      policy=policy if isinstance(policy, str) else "uniform")
+    if kwargs:
+        cfg.rlpace.kwargs = kwargs
+    if record is not None:
+        cfg.rlpace.record = str(record)
+    ds = create_rl_dataset(cfg.train_files, cfg, tok, None)
+    if not isinstance(policy, str):
+        ds.rlpace = rv.VerlFeedback(rv.Scheduler(ds.scheduler.pool, policy), reward_key="acc",
+                                    record=ds.rlpace.record)
+    loader = StatefulDataLoader(ds, batch_size=B, num_workers=0, drop_last=True, collate_fn=collate_fn,
+                                sampler=create_rl_sampler(cfg, ds))
+    t = object.__new__(Trainer)            # verl's trainer without __init__ (no workers)
+    t.config = OmegaConf.create({
+        "data": {"train_batch_size": B},
+        "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True, "gamma": 1.0, "lam": 1.0},
+        "actor_rollout_ref": {"rollout": {"n": N}, "actor": {"ppo_mini_batch_size": 2}}})
+    t.train_dataset, t.train_dataloader, t.global_steps = ds, loader, 0
+    t._get_dp_size = lambda wg, role: 2
+    t.actor_rollout_wg = None
+    return t
+
+
+def generate(gen_batch, step):
+    """One response per row (what verl's agent loop returns), scored by `score`: the k-th row of
+    a uid is its k-th rollout."""
+    uids, extra = gen_batch.non_tensor_batch["uid"], gen_batch.non_tensor_batch["extra_info"]
+    seen: dict = {}
+    acc = []
+    for u, e in zip(uids, extra):
+        k = seen.setdefault(u, 0)
+        seen[u] = k + 1
+        acc.append(score(e["index"], k, step))
+    r, length = len(uids), 4
+    lengths = torch.tensor([1 + (i * 7) % length for i in range(r)])
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    scores = torch.zeros(r, length)
+    scores[torch.arange(r), lengths - 1] = torch.tensor(acc)
+    return DataProto.from_dict(
+        tensors={"responses": torch.ones(r, length, dtype=torch.long), "response_mask": mask,
+                 "attention_mask": torch.cat([torch.ones(r, 2), mask], 1).long(), "rm_scores": scores},
+        non_tensors={"acc": np.array(acc), "multi_modal_inputs": np.array([{}] * r, dtype=object)})
+
+
+def legacy_step(t, it, step):
+    """verl's legacy fit, one step (module docstring). Returns (trained batch, verl's GRPO
+    advantages before the mixin, the loader batch's stable ids)."""
+    t.global_steps = step
+    batch = DataProto.from_single_dict(next(it))
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch.batch))], dtype=object)
+    gen_batch = t._get_gen_batch(batch)
+    n = t.config.actor_rollout_ref.rollout.n
+    out = generate(gen_batch.repeat(repeat_times=n, interleave=True), step)
+    batch = batch.repeat(repeat_times=n, interleave=True)
+    batch = batch.union(out)
+    t._balance_batch(batch, metrics={})
+    batch.batch["token_level_scores"] = batch.batch["rm_scores"]
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    batch = compute_advantage(batch, adv_estimator="grpo", num_repeat=n, norm_adv_by_std_in_grpo=True,
+                              config=t.config.algorithm)
+    verl_adv = batch.batch["advantages"].clone()
+    t._update_actor(batch)
+    t.train_dataset.on_batch_end(batch=batch)
+    return t.trained, verl_adv
+
+
+def per_prompt(batch, values):
+    """{stable id: [values of its rows in generation order]} and {stable id: uid set}."""
+    by, uids = {}, {}
+    for e, u, v, k in zip(batch.non_tensor_batch["extra_info"], batch.non_tensor_batch["uid"], values,
+                          np.argsort(np.argsort(batch.non_tensor_batch["uid"], kind="stable"), kind="stable")):
+        by.setdefault(e["index"], []).append(v)
+        uids.setdefault(e["index"], set()).add(u)
+    return by, uids
+
+
+def test_legacy_allocation_rows_share_the_uid_and_verls_grpo_equals_group_advantages(tmp_path, tok):
+    from rlpace import compose
+    from rlpace.policies import make_policy
+    t = make_trainer(tmp_path, tok, compose(make_policy("uniform"), ranked_allocation()))
+    sched = t.train_dataset.rlpace.scheduler
+    observed = []
+    step_of = sched.step
+    sched.step = lambda fb, features=None: observed.append(fb) or step_of(fb, features)
+    it = iter(t.train_dataloader)
+    for step in (1, 2, 3):
+        before = int(sched.counters.rollouts)
+        trained, verl_adv = legacy_step(t, it, step)
+        fb = observed[-1]
+        ids = sched.pool.ids[fb.prompt_ids]
+        want_n = np.zeros(B, np.int64)
+        want_n[np.argsort(fb.prompt_ids, kind="stable")] = SHARES
+        # rows: prompt i has N_i rows, all sharing one uid; N_i = 0 prompts are absent; Σ = B·n
+        assert len(trained) == B * N == 12
+        rows_of = {}
+        for e, u in zip(trained.non_tensor_batch["extra_info"], trained.non_tensor_batch["uid"]):
+            rows_of.setdefault(e["index"], []).append(u)
+        assert {i: len(v) for i, v in rows_of.items()} == {int(i): int(k) for i, k in zip(ids, want_n) if k}
+        assert all(len(set(v)) == 1 for v in rows_of.values())
+        # the Scheduler saw one ragged Feedback: every prompt, its N_i rewards (in the balanced row order)
+        assert fb.group_sizes.tolist() == want_n.tolist() and fb.step == step
+        for b, (i, k) in enumerate(zip(ids, want_n)):
+            assert sorted(fb.rewards[b, :k].tolist()) == sorted(score(int(i), j, step) for j in range(k))
+        assert int(sched.counters.rollouts) - before == 12                    # rollouts counted
+        # verl's GRPO over the duplicated rows = rlpace.group_advantages(group_sizes=N, ddof=1),
+        # except that verl gives a one-rollout prompt A = r and the mixin sets it to 0
+        adv = trained.batch["advantages"]
+        seq = (adv * trained.batch["response_mask"]).sum(-1) / trained.batch["response_mask"].sum(-1)
+        verl_seq = (verl_adv * trained.batch["response_mask"]).sum(-1) / trained.batch["response_mask"].sum(-1)
+        ref = group_advantages(fb.rewards, group_sizes=fb.group_sizes, ddof=1)
+        k_of = {int(i): b for b, i in enumerate(ids)}
+        got, got_verl = per_prompt(trained, seq.tolist())[0], per_prompt(trained, verl_seq.tolist())[0]
+        for i, b in k_of.items():
+            k = int(want_n[b])
+            if k == 0:
+                continue
+            # rows of a prompt in generation order: the balance reorders them, the rewards tell them apart
+            r = fb.rewards[b, :k]
+            loop = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if k > 1 else np.zeros(1)      # independent loop
+            np.testing.assert_allclose(sorted(got[i]), sorted(loop), atol=1e-5)
+            np.testing.assert_allclose(sorted(got[i]), sorted(ref[b, :k]), atol=1e-5)
+            if k == 1:
+                assert got_verl[i] == [pytest.approx(float(r[0]))]           # verl's singleton rule: A = r
+            else:
+                np.testing.assert_allclose(sorted(got_verl[i]), sorted(loop), atol=1e-5)
+        assert any(np.ptp(ref[b, :int(want_n[b])]) > 0 for b in range(B) if want_n[b] > 1)   # not all-zero
+
+
+def test_legacy_allocation_resumes_exactly_with_knapsack(tmp_path, tok):
+    """knapsack (p̂ valid after 3 rollouts): the rows of every step after a restore from data.pt
+    equal the uninterrupted run's."""
+    policy, kw = "knapsack", {"min_count": 3, "max_n": 8}
+
+    def rows(t, it, step):
+        trained, _ = legacy_step(t, it, step)
+        return sorted((e["index"], float(s)) for e, s in zip(trained.non_tensor_batch["extra_info"],
+                                                            trained.batch["rm_scores"].sum(-1).tolist()))
+
+    a = make_trainer(tmp_path, tok, policy, name="a", kwargs=kw)
+    it = iter(a.train_dataloader)
+    full = [rows(a, it, s) for s in range(1, 11)]      # one epoch: 40 prompts, 4 a step
+    b = make_trainer(tmp_path, tok, policy, name="b", kwargs=kw)
+    it = iter(b.train_dataloader)
+    first = [rows(b, it, s) for s in range(1, 7)]
+    torch.save(b.train_dataloader.state_dict(), tmp_path / "data.pt")
+    c = make_trainer(tmp_path, tok, policy, name="c", kwargs=kw)
+    c.train_dataloader.load_state_dict(rv.load_data_pt(str(tmp_path / "data.pt")))
+    it = iter(c.train_dataloader)
+    rest = [rows(c, it, s) for s in range(7, 11)]
+    assert first + rest == full
+    counts = [len(r) for r in full]
+    assert counts == [12] * 10
+    per = [sorted(np.unique([i for i, _ in r], return_counts=True)[1].tolist()) for r in full]
+    assert any(p != [N] * B for p in per)                  # knapsack moved rollouts between prompts
