@@ -230,3 +230,47 @@ def test_legacy_allocation_resumes_exactly_with_knapsack(tmp_path, tok):
     assert counts == [12] * 10
     per = [sorted(np.unique([i for i, _ in r], return_counts=True)[1].tolist()) for r in full]
     assert any(p != [N] * B for p in per)                  # knapsack moved rollouts between prompts
+
+
+def test_legacy_pilot_record_round_trips_and_resume_truncates_it_exactly(tmp_path, tok):
+    """data.rlpace.record: one line per step from the driver's train dataset, read back by
+    `rlpace.advise.read_pilot` equal to what the Scheduler observed; a run restored from data.pt
+    keeps the lines of the steps its checkpoint had observed and rewrites the rest, so its record
+    equals the uninterrupted run's."""
+    def run(t, steps, it=None):
+        sched = t.train_dataset.rlpace.scheduler
+        seen = []
+        step_of = sched.step
+        sched.step = lambda fb, features=None: seen.append(fb) or step_of(fb, features)
+        it = iter(t.train_dataloader) if it is None else it
+        for s in steps:
+            legacy_step(t, it, s)
+        return seen
+
+    rec_a, rec_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    rec_b.write_text('{"stale": "a previous run\'s file is replaced"}\n')
+    a = make_trainer(tmp_path, tok, "dump", record=rec_a, name="a")
+    seen = run(a, range(1, 7))
+    pilot = read_pilot(rec_a)
+    assert pilot.ids == "pool" and pilot.kind == "training"
+    assert pilot.step.tolist() == [s for fb in seen for s in [fb.step] * fb.batch_size] == \
+        [s for s in range(1, 7) for _ in range(B)]
+    assert list(pilot.prompt_ids) == [int(i) for fb in seen for i in a.train_dataset.scheduler.pool.ids[fb.prompt_ids]]
+    np.testing.assert_array_equal(pilot.rewards, np.concatenate([fb.rewards for fb in seen]))
+    assert pilot.step_rollouts == {s: B * N for s in range(1, 7)} and pilot.rollouts == 6 * B * N
+
+    b = make_trainer(tmp_path, tok, "dump", record=rec_b, name="b")
+    it = iter(b.train_dataloader)
+    run(b, range(1, 4), it)
+    torch.save(b.train_dataloader.state_dict(), tmp_path / "data.pt")       # the checkpoint after step 3
+    run(b, range(4, 6), it)                                                 # steps the restart repeats
+    assert len(read_pilot(rec_b).steps) == 5
+    c = make_trainer(tmp_path, tok, "dump", record=rec_b, name="c")
+    c.train_dataloader.load_state_dict(rv.load_data_pt(str(tmp_path / "data.pt")))
+    run(c, range(4, 7))
+    got, want = read_pilot(rec_b), read_pilot(rec_a)
+    assert got.step.tolist() == want.step.tolist()
+    assert list(got.prompt_ids) == list(want.prompt_ids)
+    np.testing.assert_array_equal(got.rewards, want.rewards)
+    lines = rec_b.read_text().splitlines()
+    assert len(lines) == 1 + 6 and '"format": "rlpace-pilot"' in lines[0]
