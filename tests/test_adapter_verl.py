@@ -579,6 +579,76 @@ def test_v1_trainer_without_rlpace_replay_buffer_is_refused(files, tok, monkeypa
     assert ds.scheduler is not None
 
 
+def separated_config(kind: str, data):
+    """verl's own config of its resource-separated trainers (`one_step_off` or `fully_async`),
+    composed by Hydra from the yaml verl installs (both extend ppo_trainer, so `trainer.use_v1`
+    stays True there), with the test's `data` node."""
+    import importlib
+    import os
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+    pkg, name = {"one_step_off": ("one_step_off_policy", "one_step_off_ppo_trainer"),
+                 "fully_async": ("fully_async_policy", "fully_async_ppo_trainer")}[kind]
+    folder = os.path.join(os.path.dirname(importlib.import_module(f"verl.experimental.{pkg}").__file__), "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=folder, version_base=None):
+        # one-step-off's yaml names ppo_trainer by a path relative to verl's repository
+        root = compose(config_name=name, overrides=["hydra.searchpath=[pkg://verl.trainer.config]"])
+    GlobalHydra.instance().clear()
+    with open_dict(root):
+        root.data = data
+    return root
+
+
+def test_one_step_off_trainer_feeds_the_dataset_through_on_batch_end(files, tok):
+    """verl's one-step-off-policy trainer (its real config: trainer.use_v1 stays True there)
+    builds the dataset without the V1 refusal, and its own post-step hook
+    (`SeparateRayPPOTrainer._fit_experimental`) reaches the Scheduler: after 3 steps its
+    state equals a Scheduler fed the same Feedback by hand."""
+    from types import SimpleNamespace
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    train, val, cache = files
+    root = separated_config("one_step_off", data_config(train, val, cache_dir=cache))
+    assert root.trainer.use_v1 and root.rollout.n_gpus_per_node == 8 and "async_training" not in root
+    ds = create_rl_dataset(root.data.train_files, root.data, tok, None)
+    loader = StatefulDataLoader(ds, batch_size=4, num_workers=0, drop_last=True, collate_fn=collate_fn,
+                                sampler=create_rl_sampler(root.data, ds))
+    ref = Scheduler(ds.scheduler.pool, "dump", seed=3)
+    trainer = SimpleNamespace(train_dataset=ds)
+    for step, batch_dict in zip(range(3), loader):
+        assert batch_positions(ds, batch_dict).tolist() == ref.propose(4).tolist()
+        proto, positions, rew, adv, _, _ = rollout_batch(batch_dict, step, pool=ref.pool, seed=5)
+        SeparateRayPPOTrainer._fit_experimental(trainer, proto)          # verl's call of on_batch_end
+        ref.observe(Feedback(positions, rew, adv, step=step))
+    got, want = ds.scheduler.state_dict(), ref.state_dict()
+    assert sorted(got) == sorted(want) and ds.scheduler.history.attempts.sum() == 3 * 4 * 3
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("policy,match", [("dump+dapo_dynamic_sampling", "admission"),
+                                          ("per_advantage", "reweighting"), ("ttrl", "target"),
+                                          ("entropy_min", "reward")])
+def test_one_step_off_trainer_refuses_places_it_would_not_apply(files, tok, policy, match):
+    train, val, cache = files
+    root = separated_config("one_step_off", data_config(train, val, cache_dir=cache, policy=policy))
+    with pytest.raises(ValueError, match=f"{match}.*one-step-off-policy trainer.*rlpace_colocate_async"):
+        create_rl_dataset(root.data.train_files, root.data, tok, None)
+
+
+def test_fully_async_trainer_is_refused_naming_the_setting_and_the_fix(files, tok):
+    """verl's fully-async trainer (its real config, `async_training`): its rollouter never passes
+    a finished step to the dataset, so the dataset refuses to be built, naming the setting and
+    the V1 trainer's fully-async mode; the validation copy (not scheduled) is built as verl's."""
+    train, val, cache = files
+    root = separated_config("fully_async", data_config(train, val, cache_dir=cache))
+    assert root.trainer.use_v1 and root.async_training.trigger_parameter_sync_step == 4
+    with pytest.raises(ValueError, match="async_training.*no on_batch_end.*trainer.v1.trainer_mode=rlpace_separate_async"):
+        create_rl_dataset(root.data.train_files, root.data, tok, None)
+    assert create_rl_dataset(root.data.val_files, root.data, tok, None).rlpace is None
+
+
 def test_v1_buffer_without_rewards_at_sampling_time_names_the_fix(v1):
     fake, make = v1
     buf, sched, _ = make(lambda b: np.ones(b.rewards.shape, bool), batch=1)

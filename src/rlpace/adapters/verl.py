@@ -80,6 +80,48 @@ def _check_v1_feedback_channel(data_config) -> str | None:
         f"{V1_BUFFERS[0] if mode == 'sync' else V1_BUFFERS[1]}, or run the legacy trainer with trainer.use_v1=False.")
 
 
+def _check_separated_trainer(data_config) -> bool:
+    """True when the run is verl's one-step-off-policy trainer; InputError for its fully-async
+    trainer. Both (verl.experimental.one_step_off_policy, verl.experimental.fully_async_policy)
+    ignore `trainer.use_v1` and are recognised by the keys their configs add at the top:
+    `rollout.n_gpus_per_node` (the rollout's own GPUs, both) and `async_training` (fully async
+    only). The fully-async rollouter draws the prompts in its own process and nothing there
+    calls `on_batch_end`: no feedback would reach the Scheduler. The one-step-off trainer calls
+    `on_batch_end` after each step (`SeparateRayPPOTrainer._fit_experimental`), one batch late."""
+    from omegaconf import OmegaConf
+    root = data_config._get_root() if OmegaConf.is_config(data_config) else None
+    if root is None or root is data_config:
+        return False
+    if OmegaConf.select(root, "async_training", default=None) is not None:
+        raise InputError(
+            "verl's fully-async trainer (a config with async_training, verl.experimental.fully_async_policy."
+            "fully_async_main) draws prompts in its rollouter, which never passes a finished step to the "
+            "dataset (no on_batch_end), so the Scheduler would propose on no feedback. Run verl's V1 "
+            "trainer in its fully-async mode instead, where rlpace has every place: examples/verl_v1_trainer.py "
+            "trainer.use_v1=True trainer.v1.trainer_mode=rlpace_separate_async (docs/engines.md).")
+    return OmegaConf.select(root, "rollout.n_gpus_per_node", default=None) is not None
+
+
+def _refuse_beyond_selection(sched, trainer: str) -> None:
+    """InputError when the method has a place besides mixture and selection, or a policy reads a
+    signal besides rewards: `trainer` calls only `on_batch_end`, and nothing would apply them."""
+    from ..policies import active_supervision_places, is_neutral
+    from ._supervision import needs
+    m = sched.method
+    extra = [k for k in ("admission", "reweighting", "allocation") if getattr(m, k, None) is not None
+             and not is_neutral(getattr(m, k))] + sorted(active_supervision_places(m))
+    read = sorted(needs(sched))
+    if extra or read:
+        what = (f"{', '.join(extra)} place(s)" if extra else "") + (" and " if extra and read else "") + \
+            (f"reads {read}" if read else "")
+        raise InputError(
+            f"method {sched.name!r} has {what}, which nothing applies on {trainer}: it only passes each finished "
+            f"step to the dataset (on_batch_end), so rlpace chooses the prompts there (mixture, selection) and "
+            f"nothing else. Use a method with mixture and selection only, or verl's V1 trainer in an async mode "
+            f"with every place: examples/verl_v1_trainer.py trainer.use_v1=True "
+            f"trainer.v1.trainer_mode=rlpace_colocate_async (docs/engines.md).")
+
+
 class RlpaceDataset(RLHFDataset):
     """verl ≥ 0.8 `data.custom_cls`: the train batches come from `Scheduler.propose`.
 
@@ -94,9 +136,12 @@ class RlpaceDataset(RLHFDataset):
         check_verl_version("dataset")
         _check_loader_config(config)
         scheduled = _train_files(data_files, config)
-        v1 = _check_v1_feedback_channel(config) if scheduled else None
+        one_step_off = _check_separated_trainer(config) if scheduled else False
+        v1 = _check_v1_feedback_channel(config) if scheduled and not one_step_off else None
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
         self.rlpace = feedback_from_config(pool_from_dataframe(self.dataframe), config) if scheduled else None
+        if one_step_off:
+            _refuse_beyond_selection(self.rlpace.scheduler, "verl's one-step-off-policy trainer")
         if v1 is not None:
             from ._verl_v1 import refuse_trainer_places
             refuse_gradient_features(self.rlpace.scheduler, allocation=v1 == "trainer")
