@@ -159,14 +159,17 @@ class PilotRecorder:
         if r.size and (r.min() < lo or r.max() > hi):
             raise InputError(f"PilotRecorder.write: rewards span [{r.min():g}, {r.max():g}], outside the declared "
                              f"reward_range [{lo:g}, {hi:g}]; declare the range your verifier returns.")
-        n = int(r.size if rollouts is None else rollouts)
-        if n < r.size:
-            raise InputError(f"PilotRecorder.write rollouts={rollouts} is less than the batch's {r.size} rollouts; "
+        own = _rollouts_of(fb)
+        n = int(own if rollouts is None else rollouts)
+        if n < own:
+            raise InputError(f"PilotRecorder.write rollouts={rollouts} is less than the batch's {own} rollouts; "
                              f"count every generated rollout (refills and probes included).")
         ev = _eval_record(eval)
         ids = fb.prompt_ids if self.pool is None else self.pool.ids[fb.prompt_ids]
+        sizes = getattr(fb, "group_sizes", None)      # ragged groups: row i's first N_i rewards
+        rows = r.tolist() if sizes is None else [row[:k] for row, k in zip(r.tolist(), sizes.tolist())]
         line = {"step": int(fb.step), "prompt_ids": [x.item() if hasattr(x, "item") else x for x in ids],
-                "rewards": r.tolist(), "rollouts": n, "eval": ev}
+                "rewards": rows, "rollouts": n, "eval": ev}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, allow_nan=False) + "\n")
 
@@ -175,17 +178,22 @@ class PilotRecorder:
         """Append a trainer step: one line per generated batch `fbs` (the first batch, then its
         refills). `rollouts` is all the step cost; what exceeds the batches' own rollouts
         (probes) is charged to the first line, and `eval` goes with it."""
-        extra = int(rollouts) - sum(int(np.asarray(fb.rewards).size) for fb in fbs)
+        extra = int(rollouts) - sum(_rollouts_of(fb) for fb in fbs)
         for k, fb in enumerate(fbs):
             first = k == 0
-            self.write(fb, rollouts=int(np.asarray(fb.rewards).size) + (extra if first else 0),
-                       eval=eval if first else None)
+            self.write(fb, rollouts=_rollouts_of(fb) + (extra if first else 0), eval=eval if first else None)
 
     def write_eval(self, step: int, eval: Any) -> None:
         """Append a held-out evaluation without a batch (e.g. the final one, after the last step)."""
         line = {"step": int(step), "eval": _eval_record(eval)}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, allow_nan=False) + "\n")
+
+
+def _rollouts_of(fb) -> int:
+    """Rollouts a batch holds: B·G, or Σ N_i for ragged groups (`Feedback.group_sizes`)."""
+    sizes = getattr(fb, "group_sizes", None)
+    return int(np.asarray(fb.rewards).size) if sizes is None else int(np.sum(sizes))
 
 
 def _eval_record(ev: Any) -> dict | None:

@@ -110,6 +110,10 @@ class TrainConfig:
     # ---- RL
     batch_prompts: int = _f(16, "B: prompts per step")
     group_size: int = _f(8, "G: rollouts per prompt")
+    rollout_budget: int = _f(0, "W: rollouts per step that an allocation policy (knapsack, gvm, "
+                                "recommended+knapsack, ...) splits over the B prompts, N_i each "
+                                "(Scheduler.allocate; a refill round of R prompts gets R·W // B); "
+                                "0 = B·G. Without an allocation policy a W > 0 is split evenly")
     max_new_tokens: int = _f(10, "generation budget per rollout (tokens)")
     temperature: float = _f(1.0, "sampling temperature of rollouts")
     objective: str = _f("grpo", "loss: grpo | dr_grpo | dapo | gspo")

@@ -36,7 +36,9 @@ ORACLE = 2                    # stream of the oracle measurement
 
 
 class Groups(NamedTuple):
-    """B prompts × G sampled completions, verified."""
+    """B prompts × G sampled completions, verified. Ragged groups (`sizes`, an allocation
+    policy's N_i): prompts, completions and texts hold the Σ N_i rollouts, prompt-major, and
+    every [B, G] field is [B, max N] with 0 after row i's first N_i columns."""
 
     ids: np.ndarray              # int64[B]     pool positions
     prompts: list                # B·G token-id lists (prompt of each rollout)
@@ -48,6 +50,7 @@ class Groups(NamedTuple):
     token_entropy: np.ndarray | None = None    # float64[B, G] mean H(p_t) over response tokens (token_stats)
     self_certainty: np.ndarray | None = None   # float64[B, G] mean KL(U ‖ p_t) over response tokens
     mean_logprob: np.ndarray | None = None     # float64[B, G] mean log p_t(o_t) over response tokens
+    sizes: np.ndarray | None = None            # int64[B] N_i rollouts of each prompt (ragged); None = G each
 
 
 def step_generator(cfg: TrainConfig, step: int, round_: int, stream: int) -> torch.Generator:
@@ -58,26 +61,42 @@ def step_generator(cfg: TrainConfig, step: int, round_: int, stream: int) -> tor
 
 
 def sample_groups(model, tok, tasks, prompt_tokens, ids, g: int, cfg: TrainConfig, gen,
-                  token_stats: bool = False) -> Groups:
+                  token_stats: bool = False, sizes=None) -> Groups:
     """Generate g rollouts for each pool position in `ids` and score them against the truth;
-    with `token_stats`, also each rollout's mean token entropy, self-certainty and log-probability."""
-    ro = generate(model, [prompt_tokens[i] for i in ids], repeats=g, max_new_tokens=cfg.max_new_tokens,
-                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=gen,
-                  stats=token_stats)
-    prompts = [prompt_tokens[i] for i in ids for _ in range(g)]
-    texts = decode_completions(tok, ro)
-    items = [tasks.train[i] for i in ids for _ in range(g)]
-    rewards = tasks.score(items, texts).reshape(len(ids), g)
-    lens = ro.completion_mask.sum(1).long().tolist()
-    comps = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lens)]
+    with `token_stats`, also each rollout's mean token entropy, self-certainty and log-probability.
+    `sizes` int[B] (an allocation, `Scheduler.allocate`): N_i rollouts of prompt i instead of g
+    each, as ragged `Groups` (N_i = 0: the prompt gets none)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n_i = np.full(len(ids), g, np.int64) if sizes is None else np.asarray(sizes, dtype=np.int64)   # [B]
+    prompts = [prompt_tokens[i] for i, n in zip(ids, n_i) for _ in range(n)]                     # Σ N_i rows
+    if prompts:      # ragged: one row per rollout (no shared prompt forward); else G rows per prompt
+        ro = generate(model, prompts if sizes is not None else [prompt_tokens[i] for i in ids],
+                      repeats=1 if sizes is not None else g, max_new_tokens=cfg.max_new_tokens,
+                      eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature,
+                      generator=gen, stats=token_stats)
+        texts = decode_completions(tok, ro)
+        lens = ro.completion_mask.sum(1).long().tolist()
+        comps = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lens)]
+    else:
+        ro, texts, lens, comps = None, [], [], []
+    items = [tasks.train[i] for i, n in zip(ids, n_i) for _ in range(n)]
+    width = g if sizes is None else int(n_i.max(initial=0))
+    valid = np.arange(width)[None, :] < n_i[:, None]                                  # [B, G or max N]
+
+    def grouped(flat, dtype):            # Σ N_i values, prompt-major → [B, G or max N], 0 after N_i
+        out = np.zeros(valid.shape, dtype)
+        out[valid] = flat
+        return out
+
+    rewards = grouped(tasks.score(items, texts) if items else [], np.float32)
     stats = {}
-    if token_stats:              # masked means over each rollout's tokens (EOS included)
+    if token_stats and ro is not None:   # masked means over each rollout's tokens (EOS included)
         n_tok = ro.completion_mask.sum(1).clamp(min=1).double()
-        stats = {k: (getattr(ro, src).double().sum(1) / n_tok).cpu().numpy().reshape(len(ids), g)
+        stats = {k: grouped((getattr(ro, src).double().sum(1) / n_tok).cpu().numpy(), np.float64)
                  for k, src in (("token_entropy", "token_entropy"), ("self_certainty", "self_certainty"),
                                 ("mean_logprob", "token_logprob"))}
-    return Groups(np.asarray(ids, dtype=np.int64), prompts, comps, rewards, int(sum(lens)),
-                  np.asarray(lens, dtype=np.int64).reshape(len(ids), g), tuple(texts), **stats)
+    return Groups(ids, prompts, comps, rewards, int(sum(lens)), grouped(lens, np.int64), tuple(texts), **stats,
+                  sizes=None if sizes is None else n_i)
 
 
 def lilo_select(sched, model, tok, tasks, prompt_tokens, cfg: TrainConfig, step: int):

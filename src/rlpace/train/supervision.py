@@ -208,10 +208,12 @@ class Supervision:
     def round_feedback(self, sched, grp, step: int):
         """(groups with training rewards, their Feedback) of one generation round: through
         `feedback` when supervision is active, else the truth's rewards with GRPO group
-        advantages, as they were sampled."""
+        advantages, as they were sampled (ragged groups: `Feedback.group_sizes`)."""
         if self.active:
             return self.feedback(sched, grp, step)
-        return grp, Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards), step, lengths=grp.lengths)
+        sizes = getattr(grp, "sizes", None)
+        return grp, Feedback(grp.ids, grp.rewards, group_advantages(grp.rewards, group_sizes=sizes), step,
+                             lengths=grp.lengths, group_sizes=sizes)
 
     def trained_feedback(self, sched, fb_t: Feedback, round_fbs: list, src: list):
         """(the trained batch's Feedback, float64[Bt, G] advantage weights or None): with

@@ -2,9 +2,10 @@
 
     setup:  tasks → Pool → Scheduler (+ training labels);  base policy (tiny, cached) or
             --model DIR;  optimizer;  the optional signals the policy reads (below)
-    loop:   propose B prompts → generate G rollouts per prompt → verify → observe → admit
-            (+ refills) → advantages on the kept rollouts → loss weights (per token:
-            Scheduler.token_weights) → loss (GRPO / Dr. GRPO / DAPO / GSPO, optional KL) → step
+    loop:   propose B prompts → generate G rollouts per prompt (with an allocation policy,
+            N_i of the step's W: Scheduler.allocate) → verify → observe → admit (+ refills) →
+            advantages on the kept rollouts → loss weights (per token: Scheduler.token_weights) →
+            loss (GRPO / Dr. GRPO / DAPO / GSPO, optional KL) → step
             held-out greedy eval every k steps; one JSONL record per step; checkpoints
     end:    final eval, summary.json
 
@@ -72,7 +73,7 @@ from ..checkpoint import check_resumable, load_checkpoint, restore_domain_tokens
 from ..config import TrainConfig
 from ..evaluate import heldout_accuracy
 from ..generated import FreshItems, cell_pool
-from ..gradfeatures import GradFeatures, heldout_reference
+from ..gradfeatures import GradFeatures, heldout_reference, needs_grad_features
 from ..gradsignal import GradSignal
 from ..logging import StepLogger
 from ..lossprobe import LossCurves
@@ -95,6 +96,10 @@ def check_config(cfg: TrainConfig) -> None:
     need(cfg.steps >= 0, f"steps must be ≥ 0; got {cfg.steps}.")
     need(cfg.batch_prompts >= 1, f"batch_prompts must be ≥ 1; got {cfg.batch_prompts}.")
     need(cfg.group_size >= 2, f"group_size must be ≥ 2 (a group of 1 has no advantage signal); got {cfg.group_size}.")
+    need(isinstance(cfg.rollout_budget, (int, np.integer)) and not isinstance(cfg.rollout_budget, bool)
+         and cfg.rollout_budget >= 0,
+         f"rollout_budget must be a whole number of rollouts per step ≥ 0 (0 = batch_prompts × group_size); "
+         f"got {cfg.rollout_budget!r}.")
     rollouts = cfg.batch_prompts * cfg.group_size
     need(cfg.micro_batch >= 0 and (cfg.micro_batch == 0 or (rollouts % cfg.micro_batch == 0
                                                              and cfg.micro_batch % cfg.group_size == 0)),
@@ -192,6 +197,7 @@ def train(cfg: TrainConfig) -> dict:
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)  # iso_*: frames
     prompt_tokens = encode_prompts(tok, [it.prompt for it in tasks.train], cfg.chat)
     b, g = cfg.batch_prompts, cfg.group_size
+    w = allocated_budget(cfg, sched)          # rollouts per step that Scheduler.allocate splits; None: G each
     oracle = OracleMeasurement.build(sched, model, tok, tasks, prompt_tokens, cfg)   # oracle_*
     curves = LossCurves.build(sched, model, tok, tasks, pool, cfg)                   # epiplexity
     grads = GradSignal.build(sched, model, tok, tasks, pool, cfg, sup.active, GradFeatures)   # diem, dvc
@@ -255,8 +261,10 @@ def train(cfg: TrainConfig) -> dict:
         pieces, fbs, admitted, round_, gen_tokens = [], [], 0, 0, probe_tokens     # fbs: each round's Feedback
         while True:
             rng = step_generator(cfg, step, round_, SAMPLE)
+            n_i = sched.allocate(ids, len(ids) * w // b) if w else None    # int64[B] rollouts per prompt
             grp = (fresh.sample(model, tok, tasks, g, rng, sup.token_stats) if fresh else
-                   sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg, rng, token_stats=sup.token_stats))
+                   sample_groups(model, tok, tasks, prompt_tokens, ids, g, cfg, rng, token_stats=sup.token_stats,
+                                 sizes=n_i))
             grp, fb = sup.round_feedback(sched, grp, step)     # training labels, targets, the reward place
             fbs.append(fb)
             if grads is None:        # with features: observed after the loss forward (2d); admission
@@ -269,7 +277,7 @@ def train(cfg: TrainConfig) -> dict:
                 break
             round_ += 1
             ids = fresh.propose(sched, int(adm.refill), step, round_) if fresh else sched.propose(int(adm.refill))
-        rollouts = probe_rollouts + sum(p[0].rewards.size for p in pieces)
+        rollouts = probe_rollouts + sum(len(p[0].completions) for p in pieces)
         spent += rollouts
 
         # 2d. the training batch (the first B groups with an admitted rollout), loss, step(s)
@@ -288,15 +296,16 @@ def train(cfg: TrainConfig) -> dict:
             rec.update(fresh.after_update(model, tok, bool(batch.taken)))
 
         # 2e. one JSONL record per step (and, with record=, the pilot record's lines)
-        all_rewards = np.concatenate([p[0].rewards.ravel() for p in pieces])
+        all_rewards = np.concatenate([_rollout_rewards(p[0]) for p in pieces])
         dt = time.perf_counter() - t0
         seconds += dt
         rec.update(stats)
         rec.update({
             "reward_mean": float(all_rewards.mean()),
-            "informative_groups": float((pieces[0][0].rewards.std(axis=1) > 0).mean()),    # first round
+            "informative_groups": _informative(pieces[0][0]),                         # first round
             "groups_trained": batch.taken, "refill_rounds": round_,
             "prompt_ids": [int(i) for p in pieces for i in p[0].ids],
+            **({"group_sizes": [int(n) for p in pieces for n in p[0].sizes]} if w else {}),
             "rollouts": rollouts, "probe_rollouts": probe_rollouts, "rollouts_total": spent,
             "oracle_rollouts": oracle_rollouts,
             "tokens": gen_tokens, "seconds": dt, "train_seconds": time.perf_counter() - t_train,
@@ -358,43 +367,104 @@ def _build_data(cfg: TrainConfig):
         raise InputError(f"tasks={cfg.tasks!r} chooses the prompts itself, so policy={cfg.policy!r} may not "
                          f"have a mixture or a selection; admission and reweighting policies are fine "
                          f"(e.g. policy=uniform or policy=dapo_dynamic_sampling).")
-    if sched.method.allocation is not None:
-        # Not silently uniform: this trainer rolls out G per prompt (Groups, micro-batches and the
-        # packed forward are [B, G]); ragged groups run in the simulator and through Scheduler.allocate.
-        raise InputError(f"policy={cfg.policy!r} has an allocation place ({sched.method.allocation.name}), "
-                         f"which the built-in trainer does not run yet (it generates group_size rollouts "
-                         f"per prompt); drop it from the policy, or use rlpace.sim / Scheduler.allocate.")
+    if allocated_budget(cfg, sched):
+        _check_allocation(cfg, sched, sup, generated or grid)
     if grid and uses_oracle(sched):
         raise InputError(f"tasks={cfg.tasks!r} rolls out fresh items, which an oracle cannot measure in "
                          f"advance; use another policy (e.g. policy=criticality_grid) or tasks=embedded:<names>.")
     return full_tasks, tasks, pool, sched, sup
 
 
-class TrainingBatch(NamedTuple):
-    """The groups the step trains on: the first B with an admitted rollout, in round order."""
+def allocated_budget(cfg: TrainConfig, sched) -> int | None:
+    """W, the rollouts each step splits by `Scheduler.allocate` (`rollout_budget`, default B·G),
+    when the policy has an allocation place or `rollout_budget` is set; None: G per prompt."""
+    if sched.method.allocation is None and not cfg.rollout_budget:
+        return None
+    return int(cfg.rollout_budget or cfg.batch_prompts * cfg.group_size)
 
-    prompts: list                # Bt·G prompt token-id lists
-    completions: list            # Bt·G completion token-id lists
+
+def _check_allocation(cfg: TrainConfig, sched, sup: Supervision, fresh: bool) -> None:
+    """InputError when the step's rollout allocation cannot run: a budget outside the allocation
+    policy's bounds, or a component that reads rectangular [B, G] groups (the supervision places
+    and noisy labels, gradient features, fresh items of generated: / grid: tasks). Training on the
+    labelled prompts only (labeled_fraction < 1 without a place) is plain rollouts: allowed."""
+    b, w, policy = cfg.batch_prompts, allocated_budget(cfg, sched), sched.method.allocation
+    name = policy.name if policy is not None else "an even split"
+    lo, hi = (policy.bounds or (0, None)) if policy is not None else (0, None)
+    if w < max(1, b * lo) or (hi is not None and w > b * hi):
+        raise InputError(f"rollout_budget={w} must lie in [batch_prompts·min_n, batch_prompts·max_n] = "
+                         f"[{b}·{lo}, {b}·{hi if hi is not None else '∞'}] for {name} (min_n, max_n: its "
+                         f"bounds; at least 1); raise or lower rollout_budget (0 = batch_prompts × group_size), "
+                         f"or change the policy's min_n / max_n.")
+    clash = ("tasks=generated: / grid: (fresh items of proposed cells)" if fresh else
+             "label_noise > 0 or a target, reward or advantage place (ttrl, trapo, ...)" if sup.active else
+             "gradient features (diem, dvc or grad_features=on)" if needs_grad_features(sched, cfg.grad_features)
+             else "")
+    if clash:
+        raise InputError(f"policy={cfg.policy!r} allocates rollouts per prompt ({name}, ragged groups), which "
+                         f"the built-in trainer cannot combine with {clash}: those read G rollouts per prompt. "
+                         f"Drop the allocation (policy without knapsack / gvm / oracle_allocation, "
+                         f"rollout_budget=0) or the other part.")
+
+
+class TrainingBatch(NamedTuple):
+    """The groups the step trains on: the first B with an admitted rollout, in round order.
+    N = Σ N_i rollouts (Bt·G without an allocation); G' = G, or max N_i for ragged groups."""
+
+    prompts: list                # N prompt token-id lists, group after group
+    completions: list            # N completion token-id lists
     ids: np.ndarray              # int64[Bt]      pool positions
-    rewards: np.ndarray          # float[Bt, G]   training rewards
-    keep: np.ndarray             # bool[Bt, G]    admitted rollouts
+    rewards: np.ndarray          # float[Bt, G']  training rewards (0 after a ragged group's N_i)
+    keep: np.ndarray             # bool[Bt, G']   admitted rollouts (False after N_i)
     src: list                    # Bt (round, row) of each group in the step's rounds
     taken: int                   # Bt
+    sizes: np.ndarray | None = None    # int64[Bt] N_i of each group (allocated rollouts); None = G each
+
+
+def _sizes(grp, g: int) -> np.ndarray:
+    """int64[B] rollouts of each group of a round: its allocation, else G each."""
+    return grp.sizes if getattr(grp, "sizes", None) is not None else np.full(len(grp.ids), g, np.int64)
+
+
+def _rollout_rewards(grp) -> np.ndarray:
+    """float[N] the round's rewards, one per generated rollout (a ragged round's padding left out)."""
+    r = grp.rewards
+    return r.ravel() if getattr(grp, "sizes", None) is None else r[np.arange(r.shape[1]) < grp.sizes[:, None]]
+
+
+def _informative(grp) -> float:
+    """Share of the round's prompts whose rewards are not all equal (a non-zero GRPO advantage;
+    Knapsack RL's "effective gradient ratio"); a prompt allocated N_i ≤ 1 rollouts has none."""
+    r = grp.rewards.astype(np.float64)
+    if getattr(grp, "sizes", None) is None:
+        return float((r.std(axis=1) > 0).mean())
+    valid = np.arange(r.shape[1]) < grp.sizes[:, None]                                # [B, max N]
+    hi = np.where(valid, r, -np.inf).max(axis=1, initial=-np.inf)
+    lo = np.where(valid, r, np.inf).min(axis=1, initial=np.inf)
+    return float((hi > lo).mean())
 
 
 def _training_batch(pieces: list, b: int, g: int) -> TrainingBatch:
     """The first `b` groups of the rounds `pieces` [(Groups, keep bool[B, G])] with an admitted rollout."""
     prompts, comps, rows, src = [], [], [], []
     for pi, (grp, keep) in enumerate(pieces):
+        n_i = _sizes(grp, g)
+        start = np.concatenate([[0], np.cumsum(n_i)])         # first rollout of each group (prompt-major)
         for j in np.flatnonzero(keep.any(axis=1))[: b - len(rows)]:
-            prompts += grp.prompts[j * g:(j + 1) * g]
-            comps += grp.completions[j * g:(j + 1) * g]
-            rows.append((grp.ids[j], grp.rewards[j], keep[j]))
+            prompts += grp.prompts[start[j]:start[j + 1]]
+            comps += grp.completions[start[j]:start[j + 1]]
+            rows.append((grp.ids[j], grp.rewards[j, :n_i[j]], keep[j, :n_i[j]]))
             src.append((pi, j))                     # round and row of each trained group
     if not rows:
         return TrainingBatch([], [], np.zeros(0, np.int64), np.zeros((0, g)), np.zeros((0, g), bool), [], 0)
-    return TrainingBatch(prompts, comps, np.array([i for i, _, _ in rows], dtype=np.int64),
-                         np.stack([r_ for _, r_, _ in rows]), np.stack([k_ for _, _, k_ in rows]), src, len(rows))
+    sizes = np.array([len(r_) for _, r_, _ in rows], dtype=np.int64)                   # [Bt]
+    ragged = any(getattr(grp, "sizes", None) is not None for grp, _ in pieces)
+    rewards = np.zeros((len(rows), int(sizes.max())), dtype=rows[0][1].dtype)         # [Bt, G']
+    keep_ = np.zeros(rewards.shape, dtype=bool)
+    for k, (_, r_, k_) in enumerate(rows):
+        rewards[k, :len(r_)], keep_[k, :len(k_)] = r_, k_
+    return TrainingBatch(prompts, comps, np.array([i for i, _, _ in rows], dtype=np.int64), rewards, keep_, src,
+                         len(rows), sizes if ragged else None)
 
 
 def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: TrainingBatch, subset: bool,
@@ -405,24 +475,37 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
 
     Advantages are recomputed on each group's kept rollouts (PODS, GFPO: the subset is trained
     as if it were the group; equal to the full-group advantages when a group is kept whole),
-    unless the admission policy says otherwise (`subset` False: `Admission.full_group_advantages`)."""
+    unless the admission policy says otherwise (`subset` False: `Admission.full_group_advantages`).
+
+    Allocated rollouts (`batch.sizes`, ragged groups of N_i): the advantage of prompt i's
+    rollouts is taken over its own N_i (mean and population std as above, the trainer's
+    setting for every group — not Knapsack RL's unbiased std and ±5 clip, which
+    `rlpace.group_advantages(ddof=1, clip=5.0)` gives; N_i = 1 gets A = 0), and the loss keeps
+    the objective's normaliser over the batch's rollouts (tokens for DAPO): every rollout weighs
+    the same, so prompt i enters the step in proportion to N_i, as in verl's GRPO over the
+    duplicated rows Knapsack RL trains on. The forward shares a prompt over a chunk's groups
+    when they have one size, else runs one row per rollout."""
     model.train()
     dev, g, n, taken = cfg.device, cfg.group_size, len(batch.completions), batch.taken
+    sizes = batch.sizes if batch.sizes is not None else np.full(taken, g, np.int64)        # [Bt] N_i
+    valid = np.arange(batch.rewards.shape[1])[None, :] < sizes[:, None]                    # [Bt, G'] real rollouts
     clip_low = None if cfg.clip_low < 0 else cfg.clip_low
     clip_high = None if cfg.clip_high < 0 else cfg.clip_high
     p_ids, p_mask = left_pad(batch.prompts, tok.pad_token_id)
     c_ids, c_mask = right_pad(batch.completions, tok.pad_token_id)
     rew_t, keep_np = batch.rewards, batch.keep                                          # [Bt, G]
-    adv_t = advantages(torch.from_numpy(rew_t), cfg.objective,
-                       torch.from_numpy(keep_np) if subset else None).reshape(-1).to(dev)  # [N]
-    keep_t = torch.from_numpy(keep_np.reshape(-1)).float().to(dev)                       # [N] 0/1
-    fb_t = Feedback(batch.ids, rew_t, group_advantages(rew_t), step,
-                    lengths=np.array([len(x) for x in batch.completions], dtype=np.int64).reshape(taken, g))
+    over = keep_np if subset else valid if batch.sizes is not None else None   # the rollouts A is taken over
+    adv_t = advantages(torch.from_numpy(rew_t), cfg.objective, None if over is None else torch.from_numpy(over))
+    adv_t = adv_t[torch.from_numpy(valid)].to(dev)                                          # [N]
+    keep_t = torch.from_numpy(keep_np[valid]).float().to(dev)                               # [N] 0/1
+    lengths = np.zeros(valid.shape, np.int64)                                               # [Bt, G']
+    lengths[valid] = [len(x) for x in batch.completions]
+    fb_t = Feedback(batch.ids, rew_t, group_advantages(rew_t, group_sizes=batch.sizes), step, lengths=lengths,
+                    group_sizes=batch.sizes)
     fb_t, w_adv = sup.trained_feedback(sched, fb_t, fbs, batch.src)     # supervision: Ã = w · Â
     if w_adv is not None:
         adv_t = adv_t * torch.from_numpy(w_adv.reshape(-1)).float().to(dev)
-    mb = cfg.micro_batch or n                    # a multiple of G: whole groups per chunk
-    chunks = [slice(s, min(n, s + mb)) for s in range(0, n, mb)]
+    chunks, gs = _chunks(sizes, cfg.micro_batch or n)     # whole groups; gs: each chunk's shared group size
     batches = [Rollout(p_ids[c].to(dev), p_mask[c].to(dev), c_ids[c].to(dev), c_mask[c].to(dev)) for c in chunks]
     units = [aggregation_units(cfg.objective, r.completion_mask, keep_t[c]) for r, c in zip(batches, chunks)]
     total_units = sum(units) or 1.0
@@ -433,9 +516,9 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
         # π_old of every token, before the first update: the Scheduler's token weights
         # are normalised over the whole batch. One forward, one epoch: that forward's own
         # log-probs are π_old, read inside the loop (no extra pass).
-        old = ([completion_logprobs(model, r, cfg.temperature, g, packed=pack) for r in batches]
+        old = ([completion_logprobs(model, r, cfg.temperature, gk, packed=pack) for r, gk in zip(batches, gs)]
                if cfg.epochs > 1 or len(batches) > 1 else None)
-        ref_lp = ([completion_logprobs(ref, r, cfg.temperature, g, packed=pack) for r in batches]
+        ref_lp = ([completion_logprobs(ref, r, cfg.temperature, gk, packed=pack) for r, gk in zip(batches, gs)]
                   if ref is not None else None)
 
     def loss_of(k, logp, weights):               # chunk k's objective at log-probs logp, loss weights [n, T]
@@ -448,7 +531,7 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
         pre, feats = grads.forward(batches, shares, lambda r, gs, packed: completion_logprobs(
             model, r, cfg.temperature, gs, first_logits=True, packed=packed), loss_of)
         fb_t = grads.observe(sched, fbs, batch.src, fb_t, feats)
-    w_tok = None if old is None else _token_weights(sched, fb_t, old, c_mask, g)  # [N, T]
+    w_tok = None if old is None else _token_weights(sched, fb_t, old, c_mask, valid)  # [N, T]
     for group in opt.param_groups:
         group["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.lr_warmup))
     for epoch in range(cfg.epochs):
@@ -460,9 +543,9 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
             # its gradient at the log-probs c ⊙ ∂L₁/∂logp (losses.logp_grad_scale), so the
             # backward starts at the log-probs and the loss is not evaluated a second time.
             at_logp = bool(pre) and epoch == 0
-            logp = pre[k][0] if at_logp else completion_logprobs(model, r, cfg.temperature, g, packed=pack)
+            logp = pre[k][0] if at_logp else completion_logprobs(model, r, cfg.temperature, gs[k], packed=pack)
             if w_tok is None:
-                w_tok = _token_weights(sched, fb_t, [logp.detach()], c_mask, g)
+                w_tok = _token_weights(sched, fb_t, [logp.detach()], c_mask, valid)
             w_k = w_tok[c].to(dev)                                                   # [n, T]
             if at_logp:            # roots of the backward and their incoming gradients
                 _, g_logp, g_unit, clipped = pre[k]
@@ -486,19 +569,39 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-    return (c_mask.sum(1).double().numpy().reshape(taken, g) * keep_np).sum(1)          # [Bt] tokens
+    tokens = np.zeros(valid.shape)                                                           # [Bt, G']
+    tokens[valid] = c_mask.sum(1).double().numpy()
+    return (tokens * keep_np).sum(1)                                                         # [Bt] tokens
 
 
-def _token_weights(sched, fb: Feedback, old_logp: list, c_mask: torch.Tensor, g: int) -> torch.Tensor:
+def _chunks(sizes: np.ndarray, rows: int) -> tuple[list, list]:
+    """([slice of rows], [group size]) of each forward: whole groups, `rows` or more a chunk
+    (micro_batch; the last may hold fewer). A chunk whose groups have one size N shares each
+    prompt over N rows (`completion_logprobs(group_size=N)`); mixed sizes forward one row per
+    rollout (group_size 1). Equal groups of G with `rows` a multiple of G: chunks of `rows`."""
+    chunks, gs, start, first = [], [], 0, 0
+    for k, end in enumerate(np.cumsum(sizes)):
+        if end - start >= rows or k == len(sizes) - 1:
+            part = sizes[first:k + 1]
+            chunks.append(slice(start, int(end)))
+            gs.append(int(part[0]) if (part == part[0]).all() else 1)
+            start, first = int(end), k + 1
+    return chunks, gs
+
+
+def _token_weights(sched, fb: Feedback, old_logp: list, c_mask: torch.Tensor, valid: np.ndarray) -> torch.Tensor:
     """float32[N, T] loss weights of the training batch's tokens from the Scheduler
     (`Scheduler.token_weights`): a rollout-level reweighter's weight on each real token, or
-    a token-level one's (`ar`) from the sampling policy's token probabilities exp(old_logp)."""
+    a token-level one's (`ar`) from the sampling policy's token probabilities exp(old_logp).
+    `valid` bool[Bt, G']: where the N rollouts sit in the [Bt, G'] groups (ragged: padding)."""
     lp = torch.cat([x.detach().float().cpu() for x in old_logp])                     # [N, T]
-    bt, t = fb.rewards.shape[0], lp.shape[1]
-    probs = torch.exp(lp).clamp(max=1.0).reshape(bt, g, t).double().numpy()          # [Bt, G, T]
-    mask = (c_mask > 0).reshape(bt, g, t).numpy()
-    w = sched.token_weights(fb, np.where(mask, probs, 0.0), mask)                    # [Bt, G, T]
-    return torch.from_numpy(w.reshape(bt * g, t)).float()
+    t = lp.shape[1]
+    probs = np.zeros(valid.shape + (t,))                                             # [Bt, G', T]
+    probs[valid] = torch.exp(lp).clamp(max=1.0).double().numpy()
+    mask = np.zeros(valid.shape + (t,), dtype=bool)
+    mask[valid] = (c_mask > 0).numpy()
+    w = sched.token_weights(fb, np.where(mask, probs, 0.0), mask)                    # [Bt, G', T]
+    return torch.from_numpy(np.ascontiguousarray(w[valid])).float()                  # [N, T]
 
 
 def _truncate_log(path: Path, step: int) -> None:
