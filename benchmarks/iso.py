@@ -267,22 +267,32 @@ def merge_time(args):
     if args.tmp:
         Path(args.tmp).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="iso-merge-time-", dir=args.tmp))
+    # --cache DIR keeps the random base and experts between runs (building them takes minutes)
+    src = Path(args.cache) / args.shape if args.cache else tmp
     try:
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(Qwen2Config(**shapes[args.shape])).to(torch.bfloat16)
-        n = sum(p.numel() for p in model.parameters())
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
-        model.save_pretrained(tmp / "base")
-        for i in range(2):
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(1e-3 * torch.randn_like(p))
-            model.save_pretrained(tmp / f"e{i}")
-        del model
+        if not (src / "e1" / "config.json").is_file():
+            torch.manual_seed(0)
+            model = Qwen2ForCausalLM(Qwen2Config(**shapes[args.shape])).to(torch.bfloat16)
+            model.save_pretrained(src / "base")
+            for i in range(2):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1e-3 * torch.randn_like(p))
+                model.save_pretrained(src / f"e{i}")
+            del model
+        from safetensors import safe_open
+        n = size = 0
+        for f in (src / "base").glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as h:
+                for name in h.keys():
+                    t = h.get_slice(name)
+                    numel = int(np.prod(t.get_shape()))
+                    n += numel
+                    size += numel * {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}[t.get_dtype()]
         for method in args.methods.split(","):
             load = os.getloadavg()
-            res = subprocess.run([sys.executable, __file__, "merge-one", str(tmp), method, str(args.threads)],
-                                 capture_output=True, text=True, check=True)
+            res = subprocess.run([sys.executable, __file__, "merge-one", str(src), method, str(args.threads),
+                                  str(tmp / f"m_{method}")], capture_output=True, text=True, check=True)
             secs, cpu, peak = (float(x) for x in res.stdout.split())
             print(f"{args.shape} ({n / 1e6:.0f} M parameters, bf16 {size / 2**30:.2f} GiB, 2 experts, CPU "
                   f"{args.threads} thread(s)): {method} {secs:.1f} s ({cpu:.1f} s CPU), peak memory {peak / 2**30:.2f} GiB "
@@ -303,7 +313,7 @@ def merge_one(args):
     torch.set_num_threads(args.threads)
     d = Path(args.dir)
     t0 = time.perf_counter()
-    merge_checkpoints(d / "base", [d / "e0", d / "e1"], d / f"m_{args.method}", method=args.method, progress=False)
+    merge_checkpoints(d / "base", [d / "e0", d / "e1"], args.out, method=args.method, progress=False)
     secs = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(secs, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
@@ -337,10 +347,12 @@ def main(argv=None):
     t.add_argument("--methods", default="iso,task_arithmetic,ties")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--tmp", default=None)
+    t.add_argument("--cache", default=None, help="directory that keeps the random base and experts between runs")
     one = sub.add_parser("merge-one")
     one.add_argument("dir")
     one.add_argument("method")
     one.add_argument("threads", type=int)
+    one.add_argument("out")
     for p in (o, e, m):
         p.add_argument("--out", default="runs/bench_iso")
     args = ap.parse_args(argv)

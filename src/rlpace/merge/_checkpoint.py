@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 import json
+import math
 import os
 import shutil
 import time
@@ -118,7 +119,7 @@ def _rule(method: str, shape, dtype: str) -> str:
 
 def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = "cpu", out_dtype: str | None = None,
                       rho_keep: float = RHO_KEEP, scale: float = 1.0, density: float = 0.2,
-                      progress: bool = True) -> dict:
+                      precision: str = "auto", progress: bool = True) -> dict:
     """Merge the `experts` (HF checkpoint directories fine-tuned from `base`) into `out`.
 
     Args:
@@ -129,6 +130,9 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         device: where the float64 algebra runs ("cpu", "cuda", "cuda:1").
         out_dtype: "float32" | "bfloat16" | "float16"; None = each tensor's dtype in the base.
         rho_keep: ISO's share of singular modes whose frame motion is kept (paper: 0.9).
+        precision: ISO's large products: "auto" (float32 for tensors written in bf16 / fp16,
+            whose rounding is far above the float32 products' ~1e-7 relative error; float64
+            for float32 / float64 output) or "float64" (always).
         progress: a tqdm bar over tensors.
 
     Writes `out/` with the base's file layout (one file, or the same shards and an index whose
@@ -139,7 +143,6 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
 
     >>> merge_checkpoints("base", ["math_rl", "code_rl"], "merged")      # doctest: +SKIP
     """
-    from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -152,6 +155,8 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         raise InputError(f"rho_keep must be in (0, 1]; got {rho_keep}.")
     if not 0 < density <= 1:
         raise InputError(f"density must be in (0, 1]; got {density}.")
+    if precision not in ("auto", "float64"):
+        raise InputError(f"precision must be 'auto' or 'float64'; got {precision!r}.")
     experts = [Path(e) for e in experts]
     if not experts:
         raise InputError("give at least one expert directory (--experts DIR [DIR ...]).")
@@ -205,7 +210,10 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         coeffs, counts, sizes, dtypes_written = [], {"frames": 0, "mean": 0, "delta": 0, "copy": 0}, {}, set()
         bar = tqdm(total=len(names), desc=f"merge ({method})", unit="tensor", disable=not progress)
         for fname in sorted(by_file):
-            tensors = {}
+            # each tensor is written as soon as it is merged: memory holds one tensor's inputs and
+            # output, not a whole shard (or a single-file model) and its serialised copy
+            writer = _StreamingSafetensors(tmp / fname, [(n, _written_dtype(base_layout[n][1], out_dtype),
+                                                          base_layout[n][2]) for n in by_file[fname]])
             for n in by_file[fname]:
                 w0 = _load(base_layout, n, device)
                 kind = kinds[n]
@@ -222,15 +230,17 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
                 elif kind == "mean":
                     merged = task_vector_mean(w0, ws)
                 else:
-                    merged, c = _iso_stack(w0, ws, rho_keep, DTYPES[out_dtype] if out_dtype else w0.dtype)
+                    merged, c = _iso_stack(w0, ws, rho_keep, out_dt, _blas_dtype(precision, out_dt))
                     coeffs.append([n, c])
                 counts[kind] += 1
                 dt = DTYPES[out_dtype] if out_dtype and merged.is_floating_point() else w0.dtype
-                tensors[n] = merged.to(dt).cpu().contiguous()
-                dtypes_written.add(str(tensors[n].dtype).replace("torch.", ""))
-                sizes[n] = tensors[n].numel() * tensors[n].element_size()
+                merged = merged.to(dt).cpu().contiguous()
+                dtypes_written.add(str(merged.dtype).replace("torch.", ""))
+                sizes[n] = merged.numel() * merged.element_size()
+                writer.write(n, merged)
+                del merged, w0, ws
                 bar.update(1)
-            save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+            writer.close()
         bar.close()
         _write_side_files(base, tmp, base_cfg, by_file, sizes, out_dtype, dtypes_written)
         (tmp / "retention_coefficients.json").write_text(json.dumps(
@@ -246,12 +256,21 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             "out": str(out)}
 
 
-def _iso_stack(w0, ws, rho_keep, dtype=torch.float64):
+def _blas_dtype(precision: str, written: torch.dtype) -> torch.dtype:
+    """The dtype of the Gram route's m × n products (`iso_merge_matrix_gram(blas_dtype=)`):
+    "auto" = float32 for a tensor written in bf16 / fp16 (its rounding, 2^-9 or 2^-12
+    relative, is 10³–10⁵ times the float32 products' error), float64 otherwise."""
+    if precision == "float64" or (precision == "auto" and written not in (torch.bfloat16, torch.float16)):
+        return torch.float64
+    return torch.float32
+
+
+def _iso_stack(w0, ws, rho_keep, dtype=torch.float64, blas_dtype=torch.float64):
     """ISO-merge a matrix [m, n] or a stack [..., m, n] matrix by matrix (MoE expert stacks),
     each by the Gram route (`iso_merge_matrix_gram`: no m × q frame is formed, memory stays at
     a few row blocks) or, for a matrix too ill-conditioned for it, by LAPACK SVDs; in `dtype`."""
     def one(a, bs):
-        got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype)
+        got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype, blas_dtype=blas_dtype)
         if got is None:
             w, c = iso_merge_matrix(a, bs, rho_keep=rho_keep)
             got = w.to(dtype), c
@@ -309,6 +328,54 @@ def _ties_chunked(w0, ws, density, scale, dtype):
         mean = (taus * agree).sum(0) / agree.sum(0).clamp(min=1)
         out[i:j] = (base + scale * mean).to(dtype)
     return out.reshape(w0.shape)
+
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def _written_dtype(base_dtype: str, out_dtype: str | None) -> str:
+    """The safetensors dtype a tensor is written in: `out_dtype` for floating tensors when
+    given, else the base's (the rule of the merge loop: `merged.to(out_dtype)` if floating)."""
+    floating = base_dtype.startswith("F") or base_dtype == "BF16"
+    return _ST_DTYPES[DTYPES[out_dtype]] if out_dtype and floating else base_dtype
+
+
+class _StreamingSafetensors:
+    """A safetensors file written tensor by tensor: the header (names, dtypes, shapes, byte
+    offsets) is known before any tensor is merged, so each tensor's bytes go to disk as soon
+    as it exists. The format: an 8-byte little-endian header length, the JSON header padded
+    with spaces to a multiple of 8, then the tensors' bytes back to back in header order
+    (what `safetensors.torch.save_file` writes; read back by `safe_open`, tested)."""
+
+    def __init__(self, path, entries):
+        sizes = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "F16": 2, "BF16": 2,
+                 "I32": 4, "F32": 4, "I64": 8, "F64": 8}
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, dtype, shape in entries:
+            end = offset + sizes[dtype] * int(math.prod(shape))
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
+            offset = end
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self._plan = [(name, dtype, tuple(shape)) for name, dtype, shape in entries]
+        self._next = 0
+        self._f = open(path, "wb")
+        self._f.write(len(raw).to_bytes(8, "little") + raw)
+
+    def write(self, name: str, t: torch.Tensor) -> None:
+        want = self._plan[self._next]
+        if (name, _ST_DTYPES.get(t.dtype), tuple(t.shape)) != want:
+            raise RuntimeError(f"merged tensor {name!r} is {t.dtype} {tuple(t.shape)}, the planned header says "
+                               f"{want}; nothing is kept.")
+        self._f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        self._next += 1
+
+    def close(self) -> None:
+        self._f.close()
+        if self._next != len(self._plan):
+            raise RuntimeError(f"{len(self._plan) - self._next} planned tensors were not written.")
 
 
 def _write_side_files(base, tmp, cfg, by_file, sizes, out_dtype, dtypes_written):
