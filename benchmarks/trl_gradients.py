@@ -6,7 +6,9 @@ A random Qwen2 (hidden H, L layers; the BPE tokenizer of tests/_tiny_lm.py, voca
 micro-batch per step (steps_per_generation = 1), lm_head features (d ≤ 256):
 
     plain     policy=uniform                 no features
-    features  policy=uniform grad_features=on  the feature pass, weights 1
+    features  policy=uniform grad_features=on  the feature pass on every generation batch (the
+                                             benchmark calls it: uniform reads no features, so
+                                             `Scheduler.step` would skip it), weights 1
     diem      policy=diem, loss_weights=True   features → DIEM weights → scaled advantages
 
 Runs alternate (plain, features, diem, plain, ...) so drifts of a shared machine hit every
@@ -83,6 +85,14 @@ def main(argv=None) -> int:
                 out = super()._rlpace_grad_features(output)
                 feat_times.append(clock() - t)
                 return out
+
+            def _rlpace_feedback(self, inputs, output, first=True):
+                r = super()._rlpace_feedback(inputs, output, first)
+                if name == "features":
+                    # `Scheduler.step` calls the features only for a policy that reads them, and
+                    # uniform does not: run the same pass here, on the loss as admitted
+                    self._rlpace_grad_features(output)
+                return r
 
         class StepTimer(TrainerCallback):
             def on_step_begin(self, a, state, control, **kw):
