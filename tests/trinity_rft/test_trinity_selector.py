@@ -89,22 +89,46 @@ async def pipeline(cfg) -> ExperiencePipeline:
     return pipe
 
 
+def experiences(tasks, step: int) -> list:
+    """Each task's real workflow run on the scripted model, as Trinity's WorkflowRunner runs it."""
+    exps = []
+    for t_id, task in enumerate(tasks):
+        task = dataclasses.replace(task, batch_id=step, task_id=t_id)          # as Trinity's scheduler
+        wf = task.to_workflow(model=ScriptedModel(step))
+        wf.set_repeat_times(G, 0)
+        for e in wf.run():
+            e.eid.batch, e.eid.task = task.batch_id, task.task_id
+            e.info["task_index"] = task.index
+            exps.append(e)
+    return exps
+
+
 async def explore(taskset, pipe, first: int, last: int) -> list[list[int]]:
     """Explorer steps first..last: read → run each task's workflow → pipeline → feedback."""
     batches = []
     for step in range(first, last + 1):
         tasks = await taskset.read()
-        exps = []
-        for t_id, task in enumerate(tasks):
-            task = dataclasses.replace(task, batch_id=step, task_id=t_id)      # as Trinity's scheduler
-            wf = task.to_workflow(model=ScriptedModel(step))
-            wf.set_repeat_times(G, 0)
-            for e in wf.run():                                                 # as WorkflowRunner
-                e.eid.batch, e.eid.task = task.batch_id, task.task_id
-                e.info["task_index"] = task.index
-                exps.append(e)
-        taskset.feedback(await pipe.process(Experience.serialize_many(exps)))
+        taskset.feedback(await pipe.process(Experience.serialize_many(experiences(tasks, step))))
         batches.append([t.index["index"] for t in tasks])
+    return batches
+
+
+async def explore_fully_async(taskset, pipe, steps: int, window: int, finish: bool = False) -> list[list[int]]:
+    """Trinity's fully_async explorer (`Explorer.explore_step`): read step s, and when `window`
+    batches are in flight (`explorer.max_inflight_batches`) finish the oldest first (its feedback
+    reaches the selector then), then submit s. After the last read the batches stay in flight
+    (the explorer's weight-sync watcher writes its checkpoint then), or with `finish` are
+    finished in order (`finish_current_steps`, what every other sync style does before it
+    writes one)."""
+    batches, in_flight = [], []
+    for step in range(1, steps + 1):
+        tasks = await taskset.read()
+        if len(in_flight) >= window:
+            taskset.feedback(await pipe.process(Experience.serialize_many(in_flight.pop(0))))
+        in_flight.append(experiences(tasks, step))
+        batches.append([t.index["index"] for t in tasks])
+    while finish and in_flight:
+        taskset.feedback(await pipe.process(Experience.serialize_many(in_flight.pop(0))))
     return batches
 
 
@@ -155,6 +179,54 @@ def test_resume_through_the_explorer_checkpoint_is_exact(tmp_path):
     resumed, batches = run(cfg, steps=3, state=state)
     assert batches == full_batches[3:]
     assert_same_state(selector(resumed).scheduler, selector(full).scheduler)
+
+
+def test_fully_async_runs_on_lagged_feedback_and_its_in_flight_checkpoint_is_refused(tmp_path):
+    """Trinity's fully_async sync style: each proposal sees the feedback of batches up to
+    `max_inflight_batches` + 1 steps old (the selector equals a Scheduler driven by hand with that
+    lag). Its checkpoint is written while batches are in flight and a resumed explorer never
+    generates them again: resuming from it is refused (naming the sync styles that resume
+    exactly), with the selector's state unchanged; a checkpoint with every batch collected loads."""
+    cfg, W, S = config(tmp_path / "a"), 2, 6
+    taskset = get_taskset_scheduler({}, cfg)
+    batches = asyncio.run(explore_fully_async(taskset, asyncio.run(pipeline(cfg)), S, W))
+    ref = Scheduler(Pool(DOMAINS), "dump", seed=SEED)
+    for step, ids in enumerate(batches, start=1):
+        assert ref.propose(B).tolist() == ids
+        if step > W:                                     # the oldest batch, finished before step is submitted
+            old = batches[step - W - 1]
+            ref.observe(Feedback(np.array(old), np.array([expected_rewards(step - W, i) for i in old]),
+                                 step=step - W - 1))
+    assert_same_state(selector(taskset).scheduler, ref)
+    assert int(ref.counters.groups) == (S - W) * B
+    ckpt = tmp_path / "ckpt"
+    StateManager(str(ckpt), explorer_name="explorer").save_explorer(S, taskset.state_dict())
+    state = StateManager(str(ckpt), explorer_name="explorer").load_explorer()
+    assert state["taskset_states"][0][rt._IN_FLIGHT] == batches[S - W:]          # the W lost batches
+    with pytest.raises(InputError, match=f"{W} batch.*{W * B} tasks.*fully_async.*fixed, explorer_driven and "
+                                         f"trainer_driven"):
+        get_taskset_scheduler(state, cfg)
+    # the same run with its in-flight batches collected (what the other sync styles checkpoint)
+    cfg2 = config(tmp_path / "b")
+    done = get_taskset_scheduler({}, cfg2)
+    assert asyncio.run(explore_fully_async(done, asyncio.run(pipeline(cfg2)), S, W, finish=True)) == batches
+    assert done.state_dict()[0][rt._IN_FLIGHT] == []
+    assert int(selector(done).scheduler.counters.groups) == S * B
+    resumed = get_taskset_scheduler({"latest_iteration": S, "taskset_states": done.state_dict()}, cfg2)
+    assert_same_state(selector(resumed).scheduler, selector(done).scheduler)
+
+
+def test_a_batch_that_sends_no_feedback_is_not_left_in_flight(tmp_path):
+    """A batch whose tasks all failed sends no feedback; the next batch's feedback (Trinity
+    finishes batches in order) closes it too, so a later sync-style checkpoint still loads.
+    Partial feedback (over-rollout: only the tasks that finished) closes its batch."""
+    sel = selector(get_taskset_scheduler({}, config(tmp_path / "a", policy="uniform")))
+    first, second, third = sel.get_indices(B), sel.get_indices(B), sel.get_indices(B)
+    sel.feedback(second, [[1.0, 0.0, 1.0, 0.0]] * B)                   # nothing ever came for `first`
+    assert sel.state_dict()[rt._IN_FLIGHT] == [third]
+    sel.feedback(third[:2], [[0.0, 1.0, 0.0, 0.0]] * 2)                # over-rollout: 2 of 4 tasks
+    assert sel.state_dict()[rt._IN_FLIGHT] == []
+    assert int(sel.scheduler.counters.groups) == B + 2
 
 
 def test_groups_of_one_prompt_twice_in_a_batch_stay_apart(tmp_path):

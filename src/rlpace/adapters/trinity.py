@@ -16,13 +16,19 @@ values)`. Its checkpoint is the explorer's `<name>_meta.json`, which holds every
 Only the prompt places run here: the selector lives in the explorer, the experience
 pipeline elsewhere, so admission, loss weights and supervision transforms are refused
 (Trinity's own operators, e.g. `dapo_dynamic_sampling`, filter groups there).
+
+Resume: Trinity's fully_async sync style writes the explorer checkpoint while batches are in
+flight and never generates them again on resume; the selector keeps the rows of the batches
+whose feedback has not arrived in its state and refuses to resume from a checkpoint that holds
+any (the other sync styles collect every batch before they write one). Trinity 0.6 hands a
+selector no sync style, so this is the first point where the mode shows.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -44,6 +50,7 @@ __all__ = ["RlpaceSelector", "RlpaceGroupFeedback", "SUPPORTED", "check_trinity_
 
 SUPPORTED = ("0.6", "0.7")       # [lowest, highest) Trinity-RFT release checked against
 _STATE = "rlpace_npz"            # key of the base64 npz Scheduler state inside the selector state
+_IN_FLIGHT = "rlpace_in_flight"  # rows of the batches proposed whose feedback has not arrived
 _KWARGS = {"policy", "policy_kwargs", "domain_key", "success_threshold"}
 _OPTIONAL_COLUMNS = ("cluster_id", "rank_in_cluster", "difficulty")
 
@@ -115,10 +122,22 @@ class RlpaceSelector(BaseSelector):
                                    success_threshold=kw.get("success_threshold", 0.5),
                                    **dict(kw.get("policy_kwargs") or {}))
         _refuse_trainer_places(self.scheduler)
+        self._in_flight: list[list[int]] = []        # proposals without feedback yet, oldest first
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
         ids = self.scheduler.propose(int(batch_size)).tolist()
+        self._in_flight.append(ids)
         return (ids, {}) if return_extra_info else ids
+
+    def _close(self, indices) -> None:
+        """Forget the proposal `indices` came from and every older one: Trinity finishes batches
+        in the order it read them (each sync style's `_finish_steps`, fully_async's drain of the
+        oldest), and a batch whose tasks all failed sends no feedback at all."""
+        want = Counter(int(i) for i in indices)
+        for j, ids in enumerate(self._in_flight):
+            if not want - Counter(ids):
+                del self._in_flight[:j + 1]
+                return
 
     def feedback(self, indices, values) -> None:
         """One batch's groups: `indices[b]` the task's row, `values[b]` its rollouts' rewards
@@ -138,13 +157,15 @@ class RlpaceSelector(BaseSelector):
         step = int(self.scheduler.counters.observations)
         for fb, _ in feedbacks_from_rows(self.scheduler.pool, rows, step=step):
             self.scheduler.observe(fb)
+        self._close(indices)
 
     def state_dict(self) -> dict:
         """JSON-safe (Trinity writes it into `<explorer>_meta.json`): the Scheduler's state as a
-        base64 npz, exact to the bit."""
+        base64 npz, exact to the bit, and the rows of the batches still in flight (proposed, no
+        feedback yet: only Trinity's fully_async sync style writes its checkpoint then)."""
         buf = io.BytesIO()
         np.savez(buf, **self.scheduler.state_dict())
-        return {_STATE: base64.b64encode(buf.getvalue()).decode("ascii")}
+        return {_STATE: base64.b64encode(buf.getvalue()).decode("ascii"), _IN_FLIGHT: [list(b) for b in self._in_flight]}
 
     def load_state_dict(self, state_dict) -> None:
         # A fresh run: TasksetScheduler hands every selector {"current_index": 0}.
@@ -153,6 +174,16 @@ class RlpaceSelector(BaseSelector):
                 return
             raise InputError(f"the explorer checkpoint holds another selector's state ({sorted(state_dict)}), not "
                              f"rlpace's: resume with the selector it was written by, or start a new checkpoint dir.")
+        lost = state_dict.get(_IN_FLIGHT) or []
+        if lost:
+            raise InputError(
+                f"the explorer checkpoint was written while {len(lost)} batch(es) rlpace proposed "
+                f"({sum(map(len, lost))} tasks) were still being generated: Trinity's fully_async sync style writes it at "
+                f"each weight sync without waiting for them, and a resumed explorer does not generate them again, so "
+                f"their rewards would never reach the Scheduler and the resumed run would not continue the one it "
+                f"resumes. rlpace resumes only from checkpoints written with every batch collected, as the fixed, "
+                f"explorer_driven and trainer_driven sync styles write them: use one of those to resume, or start a "
+                f"new checkpoint_job_dir.")
         with np.load(io.BytesIO(base64.b64decode(state_dict[_STATE])), allow_pickle=False) as z:
             self.scheduler.load_state_dict({k: z[k] for k in z.files})
 
