@@ -89,14 +89,3 @@ def test_state_digest_sees_every_key_dtype_shape_and_value():
     assert len({d, *(state_digest(s) for s in changed)}) == 6
     assert -2 ** 63 <= d < 2 ** 63
 
-
-def test_an_allocation_method_is_refused(lm, dataset, tmp_path):
-    """TRL's group size is num_generations for every prompt: a method that allocates rollouts
-    per prompt (knapsack) would be ignored silently, so it is refused."""
-    cfg = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", num_generations=2,
-                     per_device_train_batch_size=4, max_completion_length=4, dataloader_num_workers=0)
-    with pytest.raises(InputError, match=r"has an allocation place \(knapsack"):
-        RlpaceGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(lm), args=cfg, train_dataset=dataset,
-                          reward_funcs=lambda completions, **k: [0.0] * len(completions),
-                          processing_class=AutoTokenizer.from_pretrained(lm),
-                          scheduler=Scheduler(pool_from_dataset(dataset), "knapsack"))

@@ -27,6 +27,7 @@ from rlpace.policies import make_policy  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.slow]
 G, B = 2, 2
+STEPS_SURPLUS = 16
 
 
 def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="dapo_dynamic_sampling",
@@ -103,6 +104,22 @@ def test_every_rollout_is_counted_refills_included(refilled):
     assert [m["rlpace/refill_rounds"] for m in refilled["metrics"]] == [r[1] - 1 for r in reference(refilled["calls"], 2)]
     assert [m["rlpace/kept_fraction_trained"] for m in refilled["metrics"]] == \
         [sum(r[3]) / B for r in reference(refilled["calls"], 2)]
+    assert [m["rlpace/refill_surplus_groups"] for m in refilled["metrics"]] == surplus(refilled["calls"])
+
+
+def surplus(calls):
+    """Per generation batch: kept groups generated beyond the B trained (one process)."""
+    return [max(0, sum(max(c[3][k * G:(k + 1) * G]) > min(c[3][k * G:(k + 1) * G])
+                       for c in calls if c[0] == step for k in range(B)) - B)
+            for step in sorted({c[0] for c in calls})]
+
+
+def test_surplus_kept_groups_of_the_last_round_are_counted(lm, dataset, tmp_path):
+    """A refill round is a whole chunk: when it brings more kept groups than the batch lacks,
+    the rest are discarded and logged as rlpace/refill_surplus_groups."""
+    r = run(lm, dataset, tmp_path, steps=STEPS_SURPLUS, save_steps=0)
+    got = [m["rlpace/refill_surplus_groups"] for m in r["metrics"]]
+    assert got == surplus(r["calls"]) and sum(got) > 0
 
 
 def test_without_refills_the_batch_shrinks(lm, dataset, tmp_path):

@@ -598,6 +598,9 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             m[f"rlpace/{k}"].append(v)
         m["rlpace/rollouts_total"].append(float(self.rlpace_rollouts_total))    # refills included
         m["rlpace/refill_rounds"].append(float(len(rounds) - 1))
+        # kept groups generated beyond each rank's share: discarded (docs/engines.md, "Refill surplus")
+        m["rlpace/refill_surplus_groups"].append(float(sum(max(0, n - b_local) for n in self._rlpace_kept_per_rank(rounds))
+                                                       if len(rounds) > 1 else 0))
         if self._rlpace_layout is not None:                  # group slots with a kept rollout
             keep = _to_rows(rounds[0][1].keep, self._rlpace_layout, 0.0)
             kept = int(keep.reshape(self.rlpace_sampler.b, -1).any(axis=1).sum())
