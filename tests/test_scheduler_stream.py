@@ -162,3 +162,15 @@ if __name__ == "__main__":              # write the fixture from the rlpace on s
         out[n] = stream_digest(n)
         print(n, file=sys.stderr)
     print(json.dumps({"commit": sys.argv[1] if len(sys.argv) > 1 else "", "digests": out}, indent=1))
+
+
+def test_distinct_draw_keeps_each_range_and_its_count():
+    """Two ranges of 6 and 1000 values, 5 and 300 draws: the small range repeats often and
+    every repeat is drawn again inside its own range, so each keeps its count."""
+    from rlpace.policies._mopps import _distinct_draw
+    lo = np.repeat([0, 6], [5, 300])
+    width = np.repeat([6, 1000], [5, 300])
+    for seed in range(200):
+        v = _distinct_draw(np.random.default_rng(seed), lo, width)
+        assert (np.diff(v) > 0).all()                          # distinct, increasing
+        assert np.count_nonzero(v < 6) == 5 and np.count_nonzero((v >= 6) & (v < 1006)) == 300

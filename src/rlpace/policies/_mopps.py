@@ -215,9 +215,9 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     uniform positions, then the later copy of a position drawn twice is drawn again until all
     are distinct. Each arm's set is then uniform over its subsets of that size — the law of
     `Generator.choice(size_k, m_k, replace=False)`, as the procedure treats every position of
-    an arm alike; only the order differs, and the selection never reads it (it sorts by
-    distance) — and one draw for all arms replaces one `Generator.choice` call per arm
-    (~25 μs each). Arms where that would be a long rejection loop (more than a quarter of
+    an arm alike; the candidates come in increasing position (`_distinct_draw`), where
+    `Generator.choice` gives a random order, and get their Thompson draws in that order — and
+    one draw for all arms replaces one `Generator.choice` call per arm (~25 μs each). Arms where that would be a long rejection loop (more than a quarter of
     the arm wanted) get `_candidates` itself, arm by arm, after the common draw.
     """
     active = np.flatnonzero(counts)
@@ -227,9 +227,7 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     parts = {}
     arm = np.repeat(np.flatnonzero(common), m[common])
     if arm.size:
-        lo, width = start[arm], size[arm]
-        pos = lo + (rng.random(arm.size) * width).astype(np.int64)
-        _redraw_repeats(rng, pos, lo, width)
+        pos = _distinct_draw(rng, start[arm], size[arm])
         if common.all():
             return pos, arm
         ends = np.cumsum(m[common])
@@ -242,28 +240,22 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     return pos, arm
 
 
-def _redraw_repeats(rng: np.random.Generator, pos: np.ndarray, lo: np.ndarray, width: np.ndarray) -> None:
-    """In place: while some value of int64[m] `pos` occurs twice, draw its later copies again,
-    uniformly in [lo, lo + width) (each entry's own range; entries with equal values share
-    it). One sort of (value, index) packed in an int64 finds the repeats; the few redraws
-    are checked against the sorted values kept (a search, not another sort of all m)."""
-    m = pos.size
-    if m < 2:
-        return
-    bits = int(m).bit_length()
-    if int(pos.max()) < 1 << (62 - bits):
-        packed = np.sort((pos << bits) | np.arange(m, dtype=np.int64))
-        value, index = packed >> bits, packed & ((1 << bits) - 1)
-    else:                                                             # the packing would overflow
-        index = np.argsort(pos, kind="stable")
-        value = pos[index]
-    repeat = value[1:] == value[:-1]
-    again = index[1:][repeat]                                         # every copy after the first
+def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """int64[m] distinct values, in increasing order: entry i uniform in [lo[i], lo[i] + width[i]),
+    drawn i.i.d., then every repeated value drawn again (in its own range) until none repeats.
+
+    The ranges must be disjoint and increasing blocks of equal entries (each arm's range
+    once per candidate of that arm, arm after arm): then entry i of the sorted values lies
+    in range i, so a repeat is redrawn in its own range. The few redraws are checked against
+    the sorted values kept (a search, not another sort of all m). The sorted order also makes
+    the callers' gathers from N-long arrays run forward through memory."""
+    value = np.sort(lo + (rng.random(lo.size) * width).astype(np.int64))
+    again = np.flatnonzero(value[1:] == value[:-1]) + 1               # every copy after the first
     if again.size == 0:
-        return
-    first = np.ones(m, dtype=bool)
-    first[1:] = ~repeat
-    taken = value[first]                                              # the values kept, sorted
+        return value
+    keep = np.ones(value.size, dtype=bool)
+    keep[again] = False
+    taken = value[keep]                                               # the values kept, sorted
     while again.size:
         new = lo[again] + (rng.random(again.size) * width[again]).astype(np.int64)
         by = np.argsort(new, kind="stable")
@@ -272,9 +264,9 @@ def _redraw_repeats(rng: np.random.Generator, pos: np.ndarray, lo: np.ndarray, w
         fresh[1:] = v[1:] != v[:-1]
         at = np.searchsorted(taken, v)
         fresh &= taken[np.minimum(at, taken.size - 1)] != v           # and not kept already
-        pos[again[by[fresh]]] = v[fresh]
         taken = np.insert(taken, at[fresh], v[fresh])
-        again = np.sort(again[by[~fresh]])
+        again = np.sort(again[by[~fresh]])                            # the rest, in their own ranges
+    return taken
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
