@@ -44,7 +44,7 @@ def knapsack_scheduler(dataset):
     return Scheduler(pool_from_dataset(dataset), "knapsack", min_n=1, max_n=8, min_count=2, seed=5)
 
 
-def run(lm, dataset, out, *, resume=None, record=None, scale_rewards="group", steps=STEPS, sched=None):
+def run(lm, dataset, out, *, resume=None, record=None, scale_rewards="group", steps=STEPS, sched=None, **kw):
     seen, observed, allocations, trained = [], [], [], []
     sched = sched or knapsack_scheduler(dataset)
     allocate, step = sched.allocate, sched.step
@@ -59,14 +59,15 @@ def run(lm, dataset, out, *, resume=None, record=None, scale_rewards="group", st
 
     tok = AutoTokenizer.from_pretrained(lm)
     probe = probe_trainer(RlpaceGRPOTrainer, tok, PROMPTS, G,
-                          lambda t, o, ids: trained.append((ids, o["advantages"].double().numpy().copy())))
+                          lambda t, o, ids: trained.append((ids, o["advantages"].double().numpy().copy(),
+                                                            o["completion_mask"].sum(-1).numpy().copy())))
     cfg = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", seed=0,
                      per_device_train_batch_size=B * G, num_generations=G, max_completion_length=3,
                      max_steps=steps, logging_steps=1, save_strategy="steps", save_steps=SAVE, beta=0.0,
                      dataloader_num_workers=0, gradient_checkpointing=False, learning_rate=1e-3,
                      scale_rewards=scale_rewards)
     trainer = probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
-                    train_dataset=dataset, processing_class=tok, scheduler=sched, record=record)
+                    train_dataset=dataset, processing_class=tok, scheduler=sched, record=record, **kw)
     trainer.train(resume_from_checkpoint=resume)
     return dict(seen=seen, observed=observed, allocations=allocations, trained=trained, sched=sched,
                 trainer=trainer)
@@ -89,7 +90,7 @@ def test_copies_follow_the_allocation_and_the_budget_is_spent_exactly(allocated)
         allocated["sched"].pool
     assert len(seen) == len(observed) == len(trained) == STEPS
     copies_seen = set()
-    for (step, index, r), fb, (ids, _) in zip(seen, observed, trained):
+    for (step, index, r), fb, (ids, *_) in zip(seen, observed, trained):
         sizes = fb.group_sizes if fb.group_sizes is not None else np.full(len(fb.prompt_ids), G)
         assert sizes.sum() == B * G == len(r)                        # Σ N_i = budget
         assert (sizes % G == 0).all()
@@ -106,20 +107,59 @@ def test_copies_follow_the_allocation_and_the_budget_is_spent_exactly(allocated)
     assert int(allocated["sched"].counters.rollouts) == STEPS * B * G
 
 
-def test_merged_prompts_train_on_the_advantages_of_all_their_rollouts(allocated):
-    merged = 0
-    for (_, index, r), (ids, adv) in zip(allocated["seen"], allocated["trained"]):
+def runs_of_copies(ids):
+    """(first slot, copies) of each run of one prompt's consecutive group slots."""
+    out, j = [], 0
+    while j < len(ids):
+        k = 1
+        while j + k < len(ids) and ids[j + k] == ids[j]:
+            k += 1
+        out.append((j, k))
+        j += k
+    return out
+
+
+def check_merged_advantages(res, admission=False):
+    """Each prompt's rows train on TRL's formula over all its k·G rewards; with a DAPO admission
+    a prompt whose k·G rewards are all equal is dropped (advantage 0, completion mask 0).
+    Returns (merged prompts, dropped prompts) seen."""
+    merged = dropped = 0
+    for (_, index, r), (ids, adv, mask_rows) in zip(res["seen"], res["trained"]):
         r = np.asarray(r)
-        j = 0
-        while j < len(ids):                                           # runs of one prompt's copies
-            k = 1
-            while j + k < len(ids) and ids[j + k] == ids[j]:
-                k += 1
+        for j, k in runs_of_copies(ids):
             rows = slice(j * G, (j + k) * G)
+            if admission and r[rows].min() == r[rows].max():
+                dropped += 1
+                assert (adv[rows] == 0).all() and (mask_rows[rows] == 0).all()
+                continue
             np.testing.assert_allclose(adv[rows], trl_group_advantages(r[rows]), rtol=1e-5, atol=1e-6)
+            assert (mask_rows[rows] > 0).all()
             merged += k >= 2
-            j += k
+    return merged, dropped
+
+
+def test_merged_prompts_train_on_the_advantages_of_all_their_rollouts(allocated):
+    merged, _ = check_merged_advantages(allocated)
     assert merged >= 2
+
+
+def test_zero_lag_allocates_at_generation_time(lm, dataset, tmp_path):
+    z = run(lm, dataset, tmp_path, steps=6, zero_lag=True)
+    merged, _ = check_merged_advantages(z)
+    assert merged >= 1
+    for fb, (ids, *_), (want_ids, n) in zip(z["observed"], z["trained"], z["allocations"]):
+        np.testing.assert_array_equal(fb.prompt_ids, want_ids)
+        assert np.repeat(z["sched"].pool.ids[want_ids], n // G).tolist() == ids
+
+
+def test_an_admission_drops_merged_groups_without_refills(lm, dataset, tmp_path):
+    """dapo_dynamic_sampling + knapsack, max_refill_rounds=0: a prompt whose k·G rewards are all
+    equal leaves the loss (every copy's rows); the others train on their merged advantages."""
+    sched = Scheduler(pool_from_dataset(dataset), "dapo_dynamic_sampling+knapsack", min_n=1, max_n=8, min_count=2,
+                      seed=5)
+    res = run(lm, dataset, tmp_path, steps=6, sched=sched, max_refill_rounds=0)
+    merged, dropped = check_merged_advantages(res, admission=True)
+    assert merged >= 1 and dropped >= 1
 
 
 def test_scheduler_sees_one_ragged_group_per_prompt_with_rlpace_advantages(allocated):
@@ -150,7 +190,7 @@ def test_resume_is_exact_with_allocation_and_the_record_is_truncated(allocated, 
     for a, b in zip(resumed["observed"], allocated["observed"][SAVE:]):
         np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
         np.testing.assert_array_equal(a.group_sizes, b.group_sizes)
-    for (ia, aa), (ib, ab) in zip(resumed["trained"], allocated["trained"][SAVE:]):
+    for (ia, aa, _), (ib, ab, _) in zip(resumed["trained"], allocated["trained"][SAVE:]):
         assert ia == ib
         np.testing.assert_allclose(aa, ab, rtol=1e-6)
     a, b = allocated["sched"].state_dict(), resumed["sched"].state_dict()
