@@ -608,8 +608,12 @@ def test_one_step_off_trainer_feeds_the_dataset_through_on_batch_end(files, tok)
     state equals a Scheduler fed the same Feedback by hand."""
     from types import SimpleNamespace
     from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    import json
+    import os
     train, val, cache = files
-    root = separated_config("one_step_off", data_config(train, val, cache_dir=cache))
+    record = os.path.join(os.path.dirname(cache), "pilot.jsonl")
+    root = separated_config("one_step_off", data_config(train, val, cache_dir=cache,
+                                                         rlpace={"policy": "dump", "seed": 3, "record": record}))
     assert root.trainer.use_v1 and root.rollout.n_gpus_per_node == 8 and "async_training" not in root
     ds = create_rl_dataset(root.data.train_files, root.data, tok, None)
     loader = StatefulDataLoader(ds, batch_size=4, num_workers=0, drop_last=True, collate_fn=collate_fn,
@@ -625,11 +629,14 @@ def test_one_step_off_trainer_feeds_the_dataset_through_on_batch_end(files, tok)
     assert sorted(got) == sorted(want) and ds.scheduler.history.attempts.sum() == 3 * 4 * 3
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    # the pilot record (data.rlpace.record) is written on the same hook: one line per step
+    lines = [json.loads(x) for x in open(record)][1:]
+    assert [line["step"] for line in lines] == [0, 1, 2] and all(line["rollouts"] == 12 for line in lines)
 
 
 @pytest.mark.parametrize("policy,match", [("dump+dapo_dynamic_sampling", "admission"),
                                           ("per_advantage", "reweighting"), ("ttrl", "target"),
-                                          ("entropy_min", "reward")])
+                                          ("entropy_min", "reward"), ("knapsack", "allocation")])
 def test_one_step_off_trainer_refuses_places_it_would_not_apply(files, tok, policy, match):
     train, val, cache = files
     root = separated_config("one_step_off", data_config(train, val, cache_dir=cache, policy=policy))
