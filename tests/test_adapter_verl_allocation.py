@@ -274,3 +274,38 @@ def test_legacy_pilot_record_round_trips_and_resume_truncates_it_exactly(tmp_pat
     np.testing.assert_array_equal(got.rewards, want.rewards)
     lines = rec_b.read_text().splitlines()
     assert len(lines) == 1 + 6 and '"format": "rlpace-pilot"' in lines[0]
+
+
+def test_allocation_without_the_mixin_or_with_a_bad_budget_is_refused(tmp_path, tok):
+    from rlpace import Pool, Scheduler
+    from rlpace.adapters._verl_allocation import check_legacy_allocation
+    from rlpace.adapters._verl_core import refuse_gradient_features
+    from verl07._verl_data import rollout_batch
+    # verl's own legacy trainer (no mixin): the first on_batch_end names the entry that applies it
+    t = make_trainer(tmp_path, tok, "knapsack")
+    batch_dict = next(iter(t.train_dataloader))
+    proto = rollout_batch(batch_dict, 0, pool=t.train_dataset.scheduler.pool)[0]
+    with pytest.raises(ValueError, match="verl_legacy_trainer.py"):
+        t.train_dataset.on_batch_end(proto)
+    assert int(t.train_dataset.scheduler.counters.observations) == 0          # nothing observed
+    # verl's own V1 trainer (RlpaceReplayBuffer alone) and every other path without allocation
+    sched = Scheduler(Pool(["a"] * 4), "knapsack")
+    with pytest.raises(ValueError, match="allocation place"):
+        refuse_gradient_features(sched)
+    refuse_gradient_features(sched, allocation=True)
+    # a budget that does not fill whole PPO mini-batches (2 prompts · 3 = 6 rows)
+    bridge = rv.VerlFeedback(sched, budget=16)
+    with pytest.raises(ValueError, match="multiple of 6"):
+        check_legacy_allocation(bridge, t.config)
+    check_legacy_allocation(rv.VerlFeedback(sched, budget=18), t.config)
+    cfg = data_config(str(tmp_path / "train.parquet"), str(tmp_path / "train_val.parquet"),
+                      cache_dir=str(tmp_path / "cache"), batch=B, policy="knapsack")
+    for bad in (0, 2.5, "12"):
+        cfg.rlpace.budget = bad
+        with pytest.raises(ValueError, match="data.rlpace.budget"):
+            rv.feedback_from_config(t.train_dataset.scheduler.pool, cfg)
+    cfg.rlpace.budget = None
+    cfg.rlpace.record, cfg.rlpace.record_reward_range = str(tmp_path / "p.jsonl"), [1.0, 0.0]
+    with pytest.raises(ValueError, match="record_reward_range"):
+        rv.feedback_from_config(t.train_dataset.scheduler.pool, cfg)
+    assert not (tmp_path / "p.jsonl").exists()

@@ -60,6 +60,8 @@ _INTERNALS = {
         ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._compute_old_log_prob"),
         ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._init_dataloader"),
         ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._add_prompts_to_generate"),
+        ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._submit_batch_to_rollout"),
+        ("verl.trainer.ppo.v1.agent_loop_tq", 'source:prompt.pop("__rollout_n__"'),
         ("verl.trainer.ppo.v1.trainer_base", "tq.kv_batch_get"),
         ("verl.trainer.ppo.v1.trainer_base", "tq.kv_batch_put"),
     ],
@@ -241,31 +243,50 @@ class VerlFeedback:
         self.allocated: dict[str, Any] = {}   # uid -> Allocation of the submitted batches not yet observed
         self.record_lines = 0                 # batch lines this run's pilot record holds
         self._recorder, self._record_keep, self._allocation_applied = None, None, False
+        self.zero_singletons = False          # V1: a one-rollout group trains on weight 0 (set by rlpace's V1 trainer)
 
     # -- allocation (`rlpace.adapters._verl_allocation`) ----------------------------------------
-    def allocate(self, uids, prompt_ids, prompts_per_batch: int, n: int):
+    def allocate(self, uids, prompt_ids, prompts_per_batch: int, n: int, *, keep_zero: bool = True):
         """`Scheduler.allocate` of one submitted batch (budget: `data.rlpace.budget` per
-        `prompts_per_batch` prompts, else rollout.n each), remembered by uid until observed."""
+        `prompts_per_batch` prompts, else rollout.n each), remembered by uid until observed
+        (prompts allocated 0 only with `keep_zero`: the legacy Feedback lists them, with size 0)."""
         from ._verl_allocation import allocate_prompts, step_budget
         budget = step_budget(self.budget, len(uids), n, prompts_per_batch)
         alloc = allocate_prompts(self.scheduler, uids, prompt_ids, budget)
-        for u in alloc.uids:
-            self.allocated[str(u)] = alloc
+        for u, k in zip(alloc.uids, alloc.counts):
+            if k or keep_zero:
+                self.allocated[str(u)] = alloc
         return alloc
 
-    def _allocation_of(self, uids) -> Any:
-        """The one Allocation every uid in `uids` belongs to (None when none was allocated);
-        forgotten once taken."""
-        found = {id(self.allocated[str(u)]): self.allocated[str(u)] for u in uids if str(u) in self.allocated}
-        if not found:
+    def _allocation_of(self, uids, whole: bool = True) -> Any:
+        """The allocation of the prompts `uids` (None when none was allocated), as one Allocation:
+        every prompt of the submissions they belong to (`whole`: a legacy step, whose prompts
+        allocated 0 have no rows) or those uids only (V1: groups finish one by one); forgotten
+        once taken."""
+        from ._verl_allocation import Allocation
+        touched = {id(a): a for a in (self.allocated.get(str(u)) for u in uids) if a is not None}
+        if not touched:
             return None
-        if len(found) > 1:
-            raise InputError("a verl batch mixes the rows of several allocated submissions; rlpace's allocation on the "
-                             "legacy trainer needs one dataloader batch per step.")
-        alloc = next(iter(found.values()))
+        want = None if whole else {str(u) for u in uids}
+        parts = []
+        for a in touched.values():
+            sel = np.array([str(u) in self.allocated and (want is None or str(u) in want) for u in a.uids], bool)
+            parts.append(Allocation(*(f[sel] for f in a)))
+        alloc = Allocation(*(np.concatenate(f) for f in zip(*parts)))
         for u in alloc.uids:
             self.allocated.pop(str(u), None)
         return alloc
+
+    def feedbacks(self, rows, step: int, finished=None) -> list:
+        """[(Feedback, rows int64[B, G])] of engine rows; one ragged Feedback (`group_sizes`, row
+        index −1 on padding) when they were allocated. `finished`: V1's finished uids (only those
+        prompts' allocations are taken), None: a legacy step's batch (its whole submission)."""
+        alloc = self._allocation_of(rows.group_keys if finished is None else finished, whole=finished is None)
+        self._allocation_applied = alloc is not None
+        if alloc is not None:
+            from ._verl_allocation import ragged_feedback
+            return [ragged_feedback(self.scheduler.pool, rows, alloc, step=step)]
+        return feedbacks_from_rows(self.scheduler.pool, rows, step=step)
 
     # -- pilot record (`rlpace.advise.PilotRecorder`) --------------------------------------------
     def write_record(self, fb) -> None:
@@ -293,13 +314,7 @@ class VerlFeedback:
         if batch.meta_info.get(_SEEN):
             return []
         s = int(self.scheduler.counters.observations) if step is None else int(step)
-        rows = dataproto_rows(batch, self.reward_key)
-        alloc = self._allocation_of(rows.group_keys)
-        self._allocation_applied = alloc is not None
-        if alloc is not None:
-            from ._verl_allocation import ragged_feedback
-            return [ragged_feedback(self.scheduler.pool, rows, alloc, step=s)]
-        return feedbacks_from_rows(self.scheduler.pool, rows, step=s)
+        return self.feedbacks(dataproto_rows(batch, self.reward_key), s)
 
     def observe(self, batch, step: int | None = None) -> list:
         """`Scheduler.observe` of the batch's groups (verl's own hook: no admission, no weights)."""

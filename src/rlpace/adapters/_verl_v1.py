@@ -65,23 +65,35 @@ def decide_groups(bridge: VerlFeedback, rows: Rows, keys: list[str], step: int,
     Returns (evicted uids, trajectory keys to clear inside kept groups, {uid: mean reward}).
     `weights` (when given) receives {session `uid_s`: loss weight × advantage weight} of every
     kept rollout whose product is not 1 (the advantage weight only with an advantage place).
+    Allocated groups (rlpace's V1 trainer with an allocation place) form one ragged Feedback;
+    with `bridge.zero_singletons` (a group estimator) a group of one rollout gets weight 0: verl's
+    GRPO would give it A = r, rlpace's `group_advantages` gives 0 (no relative signal).
     """
     evicted, cleared, mean = set(), set(), {}
     advantage = bool(active_supervision_places(bridge.scheduler.method) & {"advantage"})
-    for fb, idx in feedbacks_from_rows(bridge.scheduler.pool, rows, step=step):
+    single = getattr(bridge, "zero_singletons", False)
+    for fb, idx in bridge.feedbacks(rows, step, finished=list(dict.fromkeys(rows.group_keys))):
         res = bridge.scheduler.step(fb)                     # observe, admission, weights: one validation
+        bridge.write_record(fb)
         keep = res.keep
         w = res.weights * res.advantage_weights if advantage else res.weights
+        sizes = np.full(idx.shape[0], idx.shape[1]) if fb.group_sizes is None else fb.group_sizes
         for b in range(idx.shape[0]):
+            n = int(sizes[b])
+            if n == 0:
+                continue
             uid = str(rows.group_keys[idx[b, 0]])
-            mean[uid] = float(fb.rewards[b].mean())
-            if not keep[b].any():
+            mean[uid] = float(fb.rewards[b, :n].mean())
+            kb, wb = keep[b, :n], w[b, :n].copy()
+            if single and fb.group_sizes is not None and n == 1:
+                wb[:] = 0.0
+            if not kb.any():
                 evicted.add(uid)
             else:
-                cleared.update(keys[i] for i in idx[b][~keep[b]])
+                cleared.update(keys[i] for i in idx[b, :n][~kb])
             if weights is not None:
-                for g in np.flatnonzero(keep[b] & (w[b] != 1.0)):
-                    weights[keys[idx[b, g]].rsplit("_", 1)[0]] = float(w[b, g])
+                for g in np.flatnonzero(kb & (wb != 1.0)):
+                    weights[keys[idx[b, g]].rsplit("_", 1)[0]] = float(wb[g])
     return evicted, cleared, mean
 
 
@@ -144,7 +156,9 @@ class _RlpaceAdmission:
             raise InputError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
                              "data.custom_cls.path=pkg://rlpace.adapters.verl data.custom_cls.name=RlpaceDataset.")
         if not getattr(self, "_rlpace_checked", False):
-            refuse_gradient_features(bridge.scheduler)
+            # rlpace's V1 trainer (it applies weights) also applies allocation; verl's own does not
+            refuse_gradient_features(bridge.scheduler,
+                                     allocation=getattr(self._rlpace_trainer, "rlpace_applies_weights", False))
             if not getattr(self._rlpace_trainer, "rlpace_applies_weights", False):
                 refuse_trainer_places(bridge.scheduler)
             self._rlpace_checked = True

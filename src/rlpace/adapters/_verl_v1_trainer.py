@@ -29,10 +29,15 @@ advantage → update):
 Resume: the Scheduler's state rides in `data.pt` (`RlpaceDataset`); weights are applied in the
 step whose groups they were decided for, so no weight outlives a checkpoint of a sync run.
 
-Allocation (rollouts per prompt) is not applied here: verl repeats every prompt
-`actor_rollout_ref.rollout.n` times when it submits it (`_submit_batch_to_rollout`); a
-per-prompt count would replace that repeat (the seam is `_submit_batch_to_rollout`, which sees
-each fetched prompt batch before generation).
+Allocation (rollouts per prompt; `rlpace.adapters._verl_allocation`): `_submit_batch_to_rollout`
+sees each batch of fetched prompts (the step's batch, or a refill) before generation; there
+`Scheduler.allocate` gives prompt i N_i rollouts (budget: rollout.n each, or
+`data.rlpace.budget` per `data.train_batch_size` prompts), written into the prompt's
+`__rollout_n__` field, which verl's agent loop reads as the prompt's session count
+(`AgentLoopWorkerTQ._run_prompt`). The buffer decides the finished groups as one ragged Feedback;
+a group of one rollout trains on weight 0 under a group estimator (`GROUP_ESTIMATORS`). A prompt
+allocated 0 runs no session: verl marks it finished with no trajectories, so the sync buffer still
+counts it among the step's prompts; it is not in any Feedback (it has no rollout to observe).
 """
 
 from __future__ import annotations
@@ -106,6 +111,21 @@ class RlpaceV1TrainerMixin:
             raise InputError(f"method {sched.name!r} reads {sorted(need)}, which rlpace takes from verl's "
                              f"old-log-prob pass; algorithm.rollout_correction.bypass_mode=True skips it. "
                              f"Set bypass_mode=False.")
+
+    def _submit_batch_to_rollout(self, batch):
+        from ._verl_allocation import GROUP_ESTIMATORS, allocates
+        bridge = self.train_dataset.rlpace
+        if allocates(bridge.scheduler):
+            n = int(self.config.actor_rollout_ref.rollout.n)
+            bridge.zero_singletons = str(getattr(self.config.algorithm.adv_estimator, "value",
+                                                 self.config.algorithm.adv_estimator)) in GROUP_ESTIMATORS
+            from tensordict import NonTensorData
+            ids = [v.data if isinstance(v, NonTensorData) else v for v in batch["index"]]
+            ids = [v.item() if hasattr(v, "item") else v for v in ids]           # numpy / torch scalars
+            alloc = bridge.allocate(list(batch["uid"]), ids, int(self.config.data.train_batch_size), n,
+                                    keep_zero=False)
+            batch["__rollout_n__"] = torch.as_tensor(alloc.counts, dtype=torch.int64)
+        return super()._submit_batch_to_rollout(batch)
 
     def _compute_old_log_prob(self, batch, metrics):
         out = super()._compute_old_log_prob(batch, metrics)

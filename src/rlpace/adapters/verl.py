@@ -189,6 +189,14 @@ class RlpaceTrainerMixin:
     `_load_checkpoint` also restores the dataset state that verl 0.9 skips at an epoch
     boundary. See `examples/verl_legacy_trainer.py` for the entry point.
 
+    Allocation (a method with an allocation place: `knapsack`, `gvm`, ...): `_get_gen_batch`,
+    which fit calls right after giving each prompt row its uid, decides N_i per prompt
+    (`Scheduler.allocate`, budget B·rollout.n or `data.rlpace.budget`) and makes verl's next
+    `repeat(rollout.n)` of the prompt batch and of the generation batch repeat row i N_i times:
+    N_i rows sharing the uid, Σ N_i rows (`rlpace.adapters._verl_allocation`). `_update_actor`
+    observes them as one ragged Feedback and sets the advantage of a one-rollout prompt to 0.
+    The pilot record (`data.rlpace.record`) is written by the dataset's `VerlFeedback`.
+
     Supervision transforms (a method with a target, reward or advantage place: `ttrl`,
     `olr`, `trapo`, `entropy_min`, ...; `rlpace.adapters._verl_supervision`): `fit` wraps
     verl's `extract_reward` so that each train batch, once its groups are complete, gets
