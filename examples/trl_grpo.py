@@ -2,6 +2,7 @@
 
     python examples/trl_grpo.py [--policy dump] [--steps 20] [--zero-lag] [--out runs/trl_grpo]
     python examples/trl_grpo.py --compare-refills     # DAPO dynamic sampling with vs without refills
+    python examples/trl_grpo.py --policy uniform --record pilot.jsonl   # a pilot for `rlpace advise`
 
 A random-init 2-layer Qwen2 and a byte-level BPE tokenizer are built locally (no hub).
 The prompts come from two domains whose verifiable rewards differ by construction: for
@@ -17,11 +18,16 @@ chunks until the batch holds B kept groups or `--max-refill-rounds` extra rounds
 `max_num_gen_batches`). `--compare-refills` runs that policy twice, with 0 and with 4 refill
 rounds, and prints the share of the trained batch's groups that carry a gradient and the
 rollouts each run generated.
+
+`--record PATH` writes the pilot record `rlpace advise --pilot PATH` reads (one line per
+generation batch: prompt ids, rewards [B, G], step, rollouts); `--pool-out PATH` writes the
+prompts as the JSONL pool it takes (`--pool`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -82,12 +88,15 @@ def main() -> None:
     ap.add_argument("--resume", default=None, help="a checkpoint-N directory of an earlier run")
     ap.add_argument("--max-refill-rounds", type=int, default=4,
                     help="extra generation rounds while the admission drops groups (0: never refill)")
+    ap.add_argument("--record", default=None, help="write the pilot record `rlpace advise --pilot` reads")
+    ap.add_argument("--pool-out", default=None, help="write the prompts as a JSONL pool for `rlpace advise --pool`")
     ap.add_argument("--compare-refills", action="store_true",
                     help="run dump+dapo_dynamic_sampling with 0 and 4 refill rounds and compare")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if not args.compare_refills:
-        train(args.policy, args.steps, args.zero_lag, args.max_refill_rounds, args.out, args.resume)
+        train(args.policy, args.steps, args.zero_lag, args.max_refill_rounds, args.out, args.resume, args.record,
+              args.pool_out)
         print("checkpoints:", sorted(p.name for p in Path(args.out).glob("checkpoint-*")))
         return
     rows = {}
@@ -100,11 +109,15 @@ def main() -> None:
         print(f"{rounds:>17}  {kept:>30.2f}  {rollouts:>8d}  {rew:>28.3f}")
 
 
-def train(policy: str, steps: int, zero_lag: bool, max_refill_rounds: int, out: str, resume=None) -> list[dict]:
+def train(policy: str, steps: int, zero_lag: bool, max_refill_rounds: int, out: str, resume=None, record=None,
+          pool_out=None) -> list[dict]:
     """One run; returns the logged steps (each with the rlpace/* metrics)."""
     rows = [{"prompt": f"repeat {i % 10}{i % 7}:", "data_source": "echo", "index": i} for i in range(64)]
     rows += [{"prompt": f"say nothing {i}:", "data_source": "never", "index": 64 + i} for i in range(64)]
     dataset = Dataset.from_list(rows)
+    if pool_out:
+        Path(pool_out).write_text("".join(json.dumps({"data_source": r["data_source"], "extra_info": {"index": r["index"]}})
+                                          + "\n" for r in rows))
     model, tokenizer = tiny_model_and_tokenizer([r["prompt"] + " 0123456789" for r in rows])
 
     scheduler = Scheduler(pool_from_dataset(dataset, domain_column="data_source", id_column="index"),
@@ -116,7 +129,8 @@ def train(policy: str, steps: int, zero_lag: bool, max_refill_rounds: int, out: 
                         disable_tqdm=True)
     trainer = RlpaceGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                                 processing_class=tokenizer, scheduler=scheduler, zero_lag=zero_lag,
-                                max_refill_rounds=max_refill_rounds, callbacks=[printer := PrintSchedule()])
+                                max_refill_rounds=max_refill_rounds, record=record,
+                                callbacks=[printer := PrintSchedule()])
     trainer.remove_callback(PrinterCallback)           # PrintSchedule prints a short line instead
     trainer.train(resume_from_checkpoint=resume)
     return printer.logs
