@@ -1,0 +1,172 @@
+"""Rollout allocation and the pilot record on rlpace's V1 trainer (`rlpace_sync`), over verl's
+real V1 code and a REAL TransferQueue.
+
+Each step: the rlpace trainer's `_submit_batch_to_rollout` (over verl's, which registers the
+prompts in TransferQueue) hands the batch to verl's real `AgentLoopWorkerTQ.generate_sequences`
+and `_run_prompt`, which start one session per rollout (`__rollout_n__`); each session's output
+is written by verl's `_agent_loop_postprocess` (the model call replaced by a fixed response and
+score); `RlpaceReplayBuffer.sample` decides the finished groups; verl's `_compute_old_log_prob`
+(over a stub actor) and GRPO `_compute_advantage` run, with rlpace's weights after it.
+
+Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); marked slow.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from _isolated import require_verl_transfer_queue, run_tq_script
+
+require_verl_transfer_queue()
+
+pytestmark = [pytest.mark.slow]
+
+SHARES = [0, 1, 4, 7]        # N_i by rank of the pool position in the step's 4 prompts (budget 4·3)
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    mode, record = sys.argv[1], sys.argv[2]
+    from rlpace import Pool, Scheduler, compose
+    from rlpace.adapters import _verl_v1, _verl_v1_trainer
+    from rlpace.adapters._verl_core import VerlFeedback, _RecordSpec
+    from rlpace.policies import make_policy
+    from rlpace.policies._base import ALLOCATION, DataPolicy, EmptyState
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from _isolated import recording_tq_worker
+
+    SHARES = np.array(%s)
+    def apply(state, pool, ids, budget):
+        assert (len(ids), budget) == (4, 12)
+        out = np.zeros(len(ids), np.int64)
+        out[np.argsort(ids, kind="stable")] = SHARES
+        return out
+    ranked = DataPolicy(ALLOCATION, lambda p: EmptyState(), lambda s, p, b: s, apply, name="test_ranked", bounds=(0, 7))
+    pool = Pool(["math"] * 8, ids=list(range(100, 108)))
+    sched = Scheduler(pool, compose(make_policy("uniform"), ranked) if mode == "alloc" else make_policy("uniform"))
+    observed, worker = recording_tq_worker(sched)
+    worker.background_tasks = set()
+    worker.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+        "n": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False,
+        "val_kwargs": {"n": 1}, "agent": {"default_agent_loop": "single_turn_agent"}}}})
+
+    def score(index, k, step):
+        return float((index * 5 + k * 3 + step) %% 7 < 3)
+
+    async def model_call(sampling_params, trajectory, *, agent_name, trace=False, session_id=0, **kw):
+        # verl's agent loop minus the model: a fixed response, scored, written by verl's postprocess
+        out = AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3, 4, 5], response_mask=[1, 1, 1],
+                              metrics=AgentLoopMetrics(), extra_fields={})
+        out.reward_score = score(int(kw["index"]), session_id, int(kw["global_steps"]))
+        out.extra_fields["reward_extra_info"] = {"acc": out.reward_score}
+        await worker._agent_loop_postprocess([out], False, uid=kw["uid"], session_id=session_id,
+                                             global_steps=kw["global_steps"], index=kw["index"], data_source="math")
+    worker._run_agent_loop = model_call
+
+    class Manager:                    # verl's AgentLoopManagerTQ with one worker, run to completion
+        def generate_sequences(self, batch):
+            async def go():
+                await worker.generate_sequences(batch)
+                while worker.background_tasks:
+                    await asyncio.gather(*list(worker.background_tasks))
+            asyncio.run(go())
+
+    class Actor:
+        def compute_log_prob(self, batch):
+            n = len(batch.keys)
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
+                "log_probs": torch.nested.as_nested_tensor([torch.zeros(5)] * n, layout=torch.jagged),
+                "entropy": torch.nested.as_nested_tensor([torch.ones(5)] * n, layout=torch.jagged)}, batch_size=n))
+            return batch
+
+    t = object.__new__(_verl_v1_trainer.RlpacePPOTrainerSync)
+    t.config = OmegaConf.create({
+        "data": {"train_batch_size": 4},
+        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
+                      "norm_adv_by_std_in_grpo": True},
+        "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
+                              "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}})
+    t.trainer_mode, t.local_trigger_step = "sync", 0
+    t.agent_loop_manager, t.actor_rollout_wg = Manager(), Actor()
+    spec = _RecordSpec(record, (0.0, 1.0), 0.5) if record != "-" else None
+    t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc", record=spec)})
+    t.replay_buffer = _verl_v1.RlpaceReplayBuffer(
+        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+        poll_interval=0.0, refill_fn=t._add_prompts_to_generate,
+        sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1})
+
+    steps = []
+    for step, ids in ((1, [102, 100, 103, 101]), (2, [105, 107, 104, 106])):
+        t.global_steps = step
+        batch = tu.get_tensordict({"uid": np.array([f"s{step}p{i}" for i in ids], dtype=object),
+                                   "index": np.array(ids, dtype=object),      # verl's collate_fn: object arrays
+                                   "data_source": np.array(["math"] * 4, dtype=object)})
+        tu.assign_non_tensor_data(batch, "global_steps", step)
+        t._submit_batch_to_rollout(batch)
+        meta, _ = t.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=4)
+        metrics = {}
+        meta = t._compute_old_log_prob(meta, metrics)
+        meta = t._compute_advantage(meta, metrics)
+        keys = sorted(meta.keys)
+        got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "rm_scores"])
+        steps.append({"keys": keys, "advantages": [float(a[0]) for a in got["advantages"].unbind()],
+                      "scores": [float(a[-1]) for a in got["rm_scores"].unbind()]})
+    print("RESULT " + json.dumps({
+        "steps": steps, "observed": [[fb.step, pool.ids[fb.prompt_ids].tolist(), fb.rewards.tolist(),
+                                      None if fb.group_sizes is None else fb.group_sizes.tolist()] for fb in observed],
+        "rollouts": int(sched.counters.rollouts), "left": len(t.train_dataset.rlpace.allocated),
+        "weights_left": len(t.replay_buffer.rlpace_weights)}), flush=True)
+    tq.close()
+    ray.shutdown()
+''' % SHARES)
+
+
+def score(index, k, step):
+    return float((index * 5 + k * 3 + step) % 7 < 3)
+
+
+def test_v1_allocation_runs_n_i_sessions_per_prompt_and_verls_grpo_equals_group_advantages(tmp_path):
+    out = run_tq_script(SCRIPT, ["alloc", "-"], tmp_path, "v1_alloc.py", 300)
+    for step, ids, st in zip((1, 2), ([102, 100, 103, 101], [105, 107, 104, 106]), out["steps"]):
+        n_of = dict(zip(sorted(ids), SHARES))
+        sessions = {}
+        for k, a, r in zip(st["keys"], st["advantages"], st["scores"]):
+            uid, s, _ = k.split("_")
+            sessions.setdefault(int(uid.split("p")[1]), []).append((int(s), a, r))
+        # prompt i ran N_i sessions (verl's _run_prompt read __rollout_n__); N_i = 0: none; Σ = 12 - 0
+        assert {i: len(v) for i, v in sessions.items()} == {i: k for i, k in n_of.items() if k}
+        assert sum(len(v) for v in sessions.values()) == 12
+        for i, v in sessions.items():
+            r = np.array([score(i, s, step) for s, _, _ in sorted(v)])
+            assert [x[2] for x in sorted(v)] == r.tolist()
+            # verl's GRPO (unbiased std, eps 1e-6); one rollout: 0 (rlpace), not verl's A = r
+            want = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if r.size > 1 else np.zeros(1)
+            np.testing.assert_allclose([x[1] for x in sorted(v)], want, atol=1e-5)
+    # the Scheduler saw ragged Feedback: the prompts with rollouts, their N_i rewards
+    from rlpace import group_advantages  # noqa: F401 - the same rule, population std, on the Feedback
+    sizes = {}
+    for step, ids, rew, gs in out["observed"]:
+        assert gs is not None
+        for i, r, k in zip(ids, rew, gs):
+            sizes[(step, i)] = k
+            assert r[:k] == [score(i, s, step) for s in range(k)]
+    assert sizes == {(s, i): k for s, ids in ((1, range(100, 104)), (2, range(104, 108)))
+                     for i, k in zip(ids, SHARES) if k}
+    assert out["rollouts"] == 24 and out["left"] == 0 and out["weights_left"] == 0
+
+
+def test_v1_pilot_record_round_trips(tmp_path):
+    from rlpace.advise import read_pilot
+    rec = tmp_path / "pilot.jsonl"
+    out = run_tq_script(SCRIPT, ["uniform", str(rec)], tmp_path, "v1_record.py", 300)
+    pilot = read_pilot(rec)
+    obs = out["observed"]
+    assert [o[3] for o in obs] == [None] * len(obs)
+    assert pilot.step.tolist() == [o[0] for o in obs for _ in o[1]] and sorted(set(pilot.step.tolist())) == [1, 2]
+    assert list(pilot.prompt_ids) == [i for o in obs for i in o[1]]
+    np.testing.assert_array_equal(pilot.rewards, np.concatenate([o[2] for o in obs]))
+    assert pilot.rollouts == 24 and sorted(pilot.prompt_ids) == list(range(100, 108))
