@@ -217,8 +217,9 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     `Generator.choice(size_k, m_k, replace=False)`, as the procedure treats every position of
     an arm alike; the candidates come in increasing position (`_distinct_draw`), where
     `Generator.choice` gives a random order, and get their Thompson draws in that order — and
-    one draw for all arms replaces one `Generator.choice` call per arm (~25 μs each). Arms where that would be a long rejection loop (more than a quarter of
-    the arm wanted) get `_candidates` itself, arm by arm, after the common draw.
+    one draw for all arms replaces one `Generator.choice` call per arm (~25 μs each). Arms
+    where that would be a long rejection loop (more than a quarter of the arm wanted) get
+    `_candidates` itself, arm by arm, after the common draw.
     """
     active = np.flatnonzero(counts)
     start, size = offsets[active], offsets[active + 1] - offsets[active]
@@ -241,8 +242,9 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
 
 
 def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """int64[m] distinct values, in increasing order: entry i uniform in [lo[i], lo[i] + width[i]),
-    drawn i.i.d., then every repeated value drawn again (in its own range) until none repeats.
+    """int64[m] distinct values, in increasing order: entry i uniform in [lo[i], lo[i] +
+    width[i]), drawn i.i.d., then every repeated value drawn again (in its own range) until
+    none repeats.
 
     The ranges must be disjoint and increasing blocks of equal entries (each arm's range
     once per candidate of that arm, arm after arm): then entry i of the sorted values lies
@@ -260,7 +262,7 @@ def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) 
         new = lo[again] + (rng.random(again.size) * width[again]).astype(np.int64)
         by = np.argsort(new, kind="stable")
         v = new[by]
-        fresh = np.ones(v.size, dtype=bool)                           # first of its value among the redraws
+        fresh = np.ones(v.size, dtype=bool)                           # first of its value redrawn
         fresh[1:] = v[1:] != v[:-1]
         at = np.searchsorted(taken, v)
         fresh &= taken[np.minimum(at, taken.size - 1)] != v           # and not kept already
@@ -302,8 +304,8 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
     the arms where ratio·n_k is at most a quarter of the arm are drawn for all those arms
     at once (`_candidates_by_arm`: the same law, one draw instead of one per arm). Extra
     cost per step: O(K), and a histogram of the distances per arm so that only about n of
-    the m ≈ ratio·n candidates are sorted by (arm, distance) (`_nearest_in_each_arm`). Without a mixture the
-    pool-wide rule runs exactly as before (the paper's).
+    the m ≈ ratio·n candidates are sorted by (arm, distance) (`_nearest_in_each_arm`).
+    Without a mixture the pool-wide rule runs exactly as before (the paper's).
 
     Example (hand-computed, λ = 1): a fresh prompt (α, β) = (1, 1) with 3 of 4 rollouts
     correct becomes (4, 2); with λ = 0.5 it becomes (0.5 + 0.5 + 3, 0.5 + 0.5 + 1) = (4, 2)
