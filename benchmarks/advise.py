@@ -121,6 +121,17 @@ def _table(rows) -> str:
     return "\n".join(out)
 
 
+def _model_line(adv) -> str:
+    """What the prediction carried besides the fit: the second family, the model error, the eval mode."""
+    alt, d, pr = adv.alternative, adv.discrepancy, adv.prediction
+    return (f"families: {adv.fit.step_norm} (MAP first)"
+            + (f" + {alt['step_norm']} with weight {alt['weight']:.2f} ({alt['draws']} of {pr.draws} draws)" if alt else "")
+            + f"; shared transfer ω {adv.fit.params.omega:.3f}; model error sd(log rate) "
+            + (f"{d.sd_log_rate:.2f}" + (f" ({d.reason})" if d.reason else "") if d is not None else "off")
+            + f"; held-out eval {pr.heldout_eval}" + (f" (pilot evals: {adv.evals.get('choice')}, "
+                                                     f"{adv.evals.get('evals')} evals)" if adv.evals else ""))
+
+
 def _rows(suite, adv, measured: dict, oracle: str | None = None) -> list[dict]:
     """Rows of one suite; `oracle` names the one oracle its table ran (None: the better per draw)."""
     pr = adv.prediction
@@ -169,12 +180,16 @@ def trainer_part(args) -> tuple[list, dict]:
         # the tables' oracle measured 16 Bernoulli rollouts per prompt every 5 steps (--oracle-every 5
         # --oracle-rollouts 16); --exact-oracle predicts the exact-rate upper bound instead
         orc = {} if args.exact_oracle else {"oracle_every": 5, "oracle_rollouts": 16, "oracle_exact": False}
+        # the built-in trainer's held-out accuracy is greedy (TrainConfig.heldout_per_domain): its protocol,
+        # known before any measurement
         adv = advise(pilot, pool, budget_rollouts=ns.steps * 16 * 8, policies=TRAINER_POLICIES, draws=args.draws,
-                     seeds=args.seeds, from_start=True, step_norm=args.step_norm, oracle=orc)
+                     seeds=args.seeds, from_start=True, step_norm=args.step_norm, oracle=orc, heldout_eval="greedy",
+                     model_error=not args.no_model_error)
         print(f"\n## trainer {suite}: pilot {len(pilot.steps)} steps ({t_pilot:.0f} s), fit + prediction "
               f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f}, transfer {adv.fit.params.tau:.2f}, "
               f"step_norm {adv.fit.step_norm} (log lik {adv.fit.log_lik:.1f} vs {adv.fit.log_lik_other:.1f})",
               flush=True)
+        print(_model_line(adv), flush=True)
         print(adv.sentence, flush=True)
         (out / suite / "advice.json").write_text(json.dumps(_finite(adv.to_json())))
         r = _rows(suite, adv, MEASURED.get(suite, {}), oracle="oracle_boundary")   # the tables ran only it
@@ -230,7 +245,8 @@ def sim_part(args) -> tuple[list, dict]:
                  record=PilotRecorder(path, pool=world.pool))
         pilot = read_pilot(path)
         adv = advise(pilot, world.pool, budget_rollouts=steps * b * g, policies=SIM_POLICIES, draws=args.draws,
-                     seeds=args.seeds, from_start=True, step_norm=args.step_norm)
+                     seeds=args.seeds, from_start=True, step_norm=args.step_norm,
+                     model_error=not args.no_model_error)
         t_pred = time.perf_counter() - t0
         # the truth: every policy on the true world, S seeds, paired with uniform
         t1 = time.perf_counter()
@@ -256,6 +272,7 @@ def sim_part(args) -> tuple[list, dict]:
               f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f} (true {sc.lr}), transfer "
               f"{adv.fit.params.tau:.2f} (true fwd {sc.transfer_forward}, bwd {sc.transfer_backward}), forgetting "
               f"{sc.forgetting}", flush=True)
+        print(_model_line(adv), flush=True)
         print(adv.sentence, flush=True)
         r = _rows(name, adv, meas)
         print(_table(r), flush=True)
@@ -275,13 +292,23 @@ def speed_part(args) -> None:
     path.unlink(missing_ok=True)
     simulate(sc, "uniform", steps=50, seed=0, batch_size=128, group_size=16, record=PilotRecorder(path, pool=w.pool))
     pilot = read_pilot(path)
-    t0 = time.perf_counter()
+    import resource
+
+    def cpu():
+        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    load0, c0, t0 = os.getloadavg(), cpu(), time.perf_counter()
+    kw = {} if args.legacy_speed else {"screen": args.screen}
     adv = advise(pilot, w.pool, budget_rollouts=250 * 128 * 16, draws=args.draws, seeds=1, jobs=args.jobs,
-                 progress=lambda s: print(s, flush=True))
-    dt = time.perf_counter() - t0
+                 progress=lambda s: print(s, flush=True), **kw)
+    dt, dc, load1 = time.perf_counter() - t0, cpu() - c0, os.getloadavg()
+    pr = adv.prediction
+    kept = sum(not p.screened_out for p in pr.policies) if hasattr(pr.policies[0], "screened_out") else len(pr.policies)
     print(f"\nspeed: pool {len(w.pool):,} prompts, pilot 50 steps × 128 × 16, budget 250 steps, "
-          f"{len(adv.prediction.policies)} candidates + uniform + 2 oracles × {args.draws} draws: fit + prediction "
-          f"{dt:.0f} s with {args.jobs} process(es) ({'met' if dt <= 120 else 'missed'}: ≤ 120 s on 2 cores)")
+          f"{len(pr.policies)} candidates + uniform + 2 oracles × {args.draws} draws "
+          f"(screening: {getattr(pr, 'screen', 0)} draws, {kept} candidates kept): fit + prediction {dt:.0f} s wall, "
+          f"{dc:.0f} s CPU with {args.jobs} process(es) ({'met' if dt <= 120 else 'missed'}: ≤ 120 s on 2 cores); "
+          f"load average {load0[0]:.1f} → {load1[0]:.1f}")
     print(adv.sentence)
 
 
@@ -296,9 +323,15 @@ def main(argv=None) -> int:
     ap.add_argument("--truth-seeds", type=int, default=4)
     ap.add_argument("--exact-oracle", action="store_true",
                     help="trainer part: predict the exact-rate oracle, not the tables' measured one")
-    ap.add_argument("--step-norm", default="batch", choices=["auto", "batch", "signal"],
+    ap.add_argument("--step-norm", default="mixture", choices=["auto", "batch", "signal", "mixture"],
                     help="the fitted learner's step normalisation (rlpace.advise.fit_learner)")
     ap.add_argument("--jobs", type=int, default=1, help="speed part: worker processes")
+    ap.add_argument("--no-model-error", action="store_true",
+                    help="leave the model's error read from the pilot out of the draws (the fit's uncertainty only)")
+    ap.add_argument("--screen", type=int, default=None,
+                    help="speed part: screening draws (default: advise's own choice; 0 = every candidate on every draw)")
+    ap.add_argument("--legacy-speed", action="store_true",
+                    help="speed part: call advise with the arguments the code before screening took (to time it)")
     ap.add_argument("--out", default="runs/bench/advise")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

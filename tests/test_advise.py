@@ -200,3 +200,143 @@ def test_expected_group_signal_equals_the_binomial_sum_per_prompt():
         assert np.allclose(got, [by_hand(x, g) for x in p], rtol=0, atol=1e-14)
     # any shape; G = 2, p = 1/2: k = 1 with probability 1/2, signal 2·¼/(½ + 1e-6)
     assert np.allclose(expected_group_signal(np.full((2, 3), 0.5), 2), 0.25 / (0.5 + 1e-6), rtol=0, atol=1e-15)
+
+
+# ---- the faster prediction, the model's error, the evaluation mode, the second family ---------------------------
+
+def _sc_fit(tmp_path, steps=30, b=64, g=8):
+    path, w = _pilot(tmp_path, steps=steps, b=b, g=g)
+    pilot = read_pilot(path)
+    return pilot, fit_learner(pilot, w.pool), w
+
+
+def test_screening_keeps_the_survivors_numbers_exactly(tmp_path):
+    """A candidate kept after the screening draws has the very ratios of a run without screening
+    (each draw's worlds and seeds do not depend on what else runs); a dropped one reports its
+    screening draws, and was at least SCREEN_MARGIN worse than the best on each of them."""
+    from rlpace.advise._predict import SCREEN_MARGIN
+    _, fit, w = _sc_fit(tmp_path)
+    kw = dict(budget_rollouts=120 * 64 * 8, pilot_rollouts=0, policies=["dump", "mopps", "success_band", "recommended"],
+              draws=4, from_start=True)
+    full = predict(fit, w.pool, screen=0, **kw)
+    fast = predict(fit, w.pool, screen=2, **kw)
+    by_full = {p.policy: p for p in full.policies}
+    by_fast = {p.policy: p for p in fast.policies}
+    assert by_fast["success_band"].screened_out and not by_full["success_band"].screened_out
+    for name, p in by_fast.items():
+        if p.screened_out:
+            np.testing.assert_array_equal(p.ratios, by_full[name].ratios[:2])
+            best_worst = min(max(q.ratios[:2]) for q in full.policies)
+            assert min(p.ratios) > best_worst + SCREEN_MARGIN
+        else:
+            np.testing.assert_array_equal(p.ratios, by_full[name].ratios)
+            assert (p.ratio, p.low, p.high) == (by_full[name].ratio, by_full[name].low, by_full[name].high)
+    np.testing.assert_array_equal(fast.oracle.ratios, full.oracle.ratios)
+    assert [p.policy for p in fast.policies if not p.screened_out] == [p.policy for p in full.policies
+                                                                       if p.policy in by_fast
+                                                                       and not by_fast[p.policy].screened_out]
+
+
+def test_survivors_by_hand():
+    from rlpace.advise._predict import survivors
+    # best worst-case: a's 0.6 → bar 0.7; b's best 0.65 ≤ 0.7 stays; c's best 0.75 goes
+    assert survivors({"a": np.array([0.5, 0.6]), "b": np.array([0.65, 0.9]), "c": np.array([0.75, 0.8])}) == ["a", "b"]
+    assert survivors({"a": np.array([1.0, 1.0]), "b": np.array([1.1, 1.3])}, margin=0.1) == ["a", "b"]
+    assert survivors({"a": np.array([1.0, 1.0]), "b": np.array([1.11, 1.3])}, margin=0.1) == ["a"]
+
+
+def test_expected_group_signal_on_a_large_measured_pool_equals_the_direct_sum():
+    """The oracles' per-distinct-value path (taken for a large pool of measured rates) gives the
+    numbers of the direct running-product sum, to the last bit of a per-element evaluation."""
+    from rlpace.policies._oracle import expected_group_signal
+    rng = np.random.default_rng(0)
+    p = rng.integers(0, 17, 100_000) / 16.0
+    p[rng.random(p.size) < 0.3] = 0.5                       # unmeasured prompts
+    fast = expected_group_signal(p, 16)
+    direct = np.concatenate([expected_group_signal(c, 16) for c in np.array_split(p, 200)])   # 500 < 64·17 each
+    np.testing.assert_allclose(fast, direct, rtol=0, atol=1e-15)
+
+
+def test_greedy_accuracy_is_read_back_from_the_sampled_one():
+    from rlpace.advise._fit import eval_accuracy, greedy_from_sampled
+    held = np.array([[-1.0, 0.0, 1.0], [-6.0, 2.0, 3.0]])
+    skill = np.array([[0.5, -2.0], [1.5, 2.5]])                                     # [E = 2, K = 2]
+    sampled = eval_accuracy(skill, held, "sampled")
+    sig = lambda x: 1 / (1 + np.exp(-x))                                            # noqa: E731
+    assert sampled[0, 0] == pytest.approx((sig(1.5) + sig(0.5) + sig(-0.5)) / 3, abs=1e-15)
+    # greedy: s > d — 0.5 beats −1 and 0 (2/3); −2 beats −6 (1/3); 1.5 beats all three; 2.5 beats −6 and 2
+    want = np.array([[2 / 3, 1 / 3], [1.0, 2 / 3]])
+    np.testing.assert_allclose(eval_accuracy(skill, held, "greedy"), want, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(greedy_from_sampled(sampled, held), want, rtol=0, atol=1e-15)
+
+
+def test_the_pilots_own_evaluations_choose_the_eval_mode(tmp_path):
+    """A simulator pilot records the mean pass rate: "sampled" predicts it better. The same
+    pilot with greedy evaluations of the same learner (the true world's held-out set at the
+    same skills): "greedy" does."""
+    from rlpace.advise._fit import greedy_from_sampled, predicted_evals
+    w = build_world(SC)
+    res = simulate(SC, "uniform", steps=40, seed=0, batch_size=64, group_size=8, eval_every=10,
+                   record=PilotRecorder(tmp_path / "p.jsonl", pool=w.pool))
+    pilot = read_pilot(tmp_path / "p.jsonl")
+    fit = fit_learner(pilot, w.pool)
+    assert [e[0] for e in pilot.evals] == res.eval_step[:-1].tolist() == [0, 10, 20, 30]   # each before a step
+    assert predicted_evals(pilot, fit)["choice"] == "sampled"
+    greedy = greedy_from_sampled(res.accuracy, w.heldout).mean(axis=1)[:-1]          # [E] true greedy accuracy
+    assert np.abs(greedy - res.mean_accuracy[:-1]).sum() > 0.03                       # the two modes differ here
+    gp = pilot._replace(evals=[(t, r, float(a)) for (t, r, _), a in zip(pilot.evals, greedy)])
+    check = predicted_evals(gp, fit)
+    assert check["choice"] == "greedy" and check["sse_greedy"] < check["sse_sampled"]
+
+
+def test_model_error_is_small_in_family_and_large_when_domains_learn_at_their_own_rates(tmp_path):
+    """The held-out prediction inside the pilot: a learner of the fitted family predicts its own
+    second half (sd of the per-domain log rate ≤ 0.25); one whose domains learn at 3× and ⅓×
+    the common rate in turn (outside the family: one lr for all) does not (≥ 0.5)."""
+    from rlpace.advise._fit import rate_discrepancy
+    from rlpace.sim import World
+    w = build_world(SC)
+    out = {}
+    for name, rate in (("in", np.ones(6)), ("out", np.array([3.0, 1 / 3, 3.0, 1 / 3, 3.0, 1 / 3]))):
+        wr = World(w.pool, w.difficulty, w.domain, w.pool_order, w.heldout, rate[:, None] * w.transfer)
+        path = tmp_path / f"{name}.jsonl"
+        simulate(SC, "uniform", steps=40, seed=0, batch_size=128, group_size=8, world=wr,
+                 record=PilotRecorder(path, pool=w.pool))
+        pilot = read_pilot(path)
+        out[name] = rate_discrepancy(pilot, w.pool, fit_learner(pilot, w.pool))
+    assert out["in"].sd_log_rate <= 0.25, out["in"]
+    assert out["out"].sd_log_rate >= 0.5, out["out"]
+    assert out["in"].split_step == 20
+
+
+def test_fit_recovers_a_shared_transfer(tmp_path):
+    """ω, the transfer to every domain, is recovered from a learner that has it (true 0.3), and
+    stays near 0 for one that has not."""
+    from rlpace.advise import transfer_matrix
+    from rlpace.sim import World
+    w = build_world(SC)
+    m = transfer_matrix(np.arange(6), SC.transfer_forward, 0.3)                      # scenario order = rung order
+    got = {}
+    for name, tr in (("shared", m), ("none", w.transfer)):
+        path = tmp_path / f"{name}.jsonl"
+        simulate(SC, "uniform", steps=60, seed=0, batch_size=128, group_size=16, record=PilotRecorder(path, pool=w.pool),
+                 world=World(w.pool, w.difficulty, w.domain, w.pool_order, w.heldout, tr))
+        got[name] = fit_learner(read_pilot(path), w.pool).params
+    assert abs(got["shared"].omega - 0.3) < 0.1, got["shared"]
+    assert got["none"].omega < 0.1, got["none"]
+    np.testing.assert_allclose(m[:2, :2], [[1.0, 0.3], [0.8, 1.0]])
+
+
+def test_mixture_draws_each_family_by_its_posterior_weight(tmp_path):
+    from rlpace.advise import advise
+    import math
+    pilot, _, w = _sc_fit(tmp_path)
+    fb, fs = fit_learner(pilot, w.pool, step_norm="batch"), fit_learner(pilot, w.pool, step_norm="signal")
+    adv = advise(pilot, w.pool, budget_rollouts=80 * 64 * 8, policies=["dump"], draws=5, from_start=True,
+                 step_norm="mixture", model_error=False)
+    top, low = (fs, fb) if fs.log_lik > fb.log_lik else (fb, fs)
+    weight = 1 / (1 + math.exp(top.log_lik - low.log_lik))
+    assert adv.fit.step_norm == top.step_norm and adv.alternative["step_norm"] == low.step_norm
+    assert adv.alternative["weight"] == pytest.approx(weight, rel=1e-9)
+    assert adv.alternative["draws"] == adv.prediction.alternative_draws == round(5 * weight)
+    assert adv.prediction.oracle.ratios.shape == (5,)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..types import Pool
-from ._fit import LearnerFit, fit_learner
+from ._fit import EVAL_MODES, Discrepancy, LearnerFit, fit_learner, predicted_evals, rate_discrepancy
 from ._predict import Prediction, predict
 from ._record import Pilot, load_pilot
 
@@ -37,6 +37,9 @@ class Advice(NamedTuple):
     recommended: str | None      # None: keep uniform
     sentence: str
     pilot: dict                  # what the pilot was: kind, steps, groups, rollouts
+    discrepancy: Discrepancy | None = None   # the model's error read from the pilot (None: not used)
+    alternative: dict | None = None   # the second family's step_norm, posterior weight and draws (mixture)
+    evals: dict | None = None    # the pilot's held-out evaluations vs the fit's, and the eval mode used
 
     def table(self) -> str:
         pr = self.prediction
@@ -46,7 +49,8 @@ class Advice(NamedTuple):
         rows.append(("oracle (headroom)", f"{o.ratio:.2f}× [{o.low:.2f}, {o.high:.2f}]", f"{o.p_saving:.0%}", "", ""))
         for p in pr.policies:
             cap = "" if not math.isfinite(p.captured) else f"{p.captured:.0%}"
-            rows.append((p.policy, f"{p.ratio:.2f}× [{p.low:.2f}, {p.high:.2f}]", f"{p.p_saving:.0%}", cap,
+            name = p.policy + (f" (dropped after {pr.screen} draws)" if p.screened_out else "")
+            rows.append((name, f"{p.ratio:.2f}× [{p.low:.2f}, {p.high:.2f}]", f"{p.p_saving:.0%}", cap,
                          f"{p.reached:.0%}"))
         w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
@@ -58,7 +62,8 @@ class Advice(NamedTuple):
         def row(p):
             return {"policy": p.policy, "ratio": p.ratio, "ratio_90": [p.low, p.high], "p_saving_gt_10pct": p.p_saving,
                     "reached": p.reached, "captured_share": None if not math.isfinite(p.captured) else p.captured,
-                    "final_diff_vs_uniform": p.final_diff, "ratio_per_draw": p.ratios.tolist()}
+                    "final_diff_vs_uniform": p.final_diff, "ratio_per_draw": p.ratios.tolist(),
+                    "screened_out": p.screened_out}
         import scipy
         return {"recommended": self.recommended, "sentence": self.sentence,
                 "usage": usage_lines(self.recommended or "uniform"),
@@ -68,7 +73,10 @@ class Advice(NamedTuple):
                 "budget_rollouts": pr.budget_rollouts, "pilot_rollouts": pr.pilot_rollouts,
                 "simulated_steps": pr.steps, "batch_size": pr.batch_size, "group_size": pr.group_size,
                 "draws": pr.draws, "seeds": pr.seeds, "seconds": pr.seconds, "pilot": self.pilot,
-                "fit": self.fit.to_json(),
+                "fit": self.fit.to_json(), "screen_draws": pr.screen,
+                "model_error": None if self.discrepancy is None else self.discrepancy.to_json(),
+                "heldout_eval": pr.heldout_eval, "heldout_eval_check": self.evals,
+                "alternative_family": self.alternative,
                 "curves": {p: {"rollouts": x.tolist(), "accuracy_median": np.median(a, axis=0).tolist(),
                                "accuracy_05": np.quantile(a, 0.05, axis=0).tolist(),
                                "accuracy_95": np.quantile(a, 0.95, axis=0).tolist()}
@@ -147,9 +155,16 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
 
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
-           from_start: bool = False, step_norm: str = "batch", jobs: int = 1, oracle: dict | None = None,
-           progress=None) -> Advice:
+           from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
+           progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
+
+    `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
+    held-out evaluations better, `predicted_evals`; "sampled" without two of them).
+    `step_norm`: "batch", "signal", "auto" (`fit_learner`'s) or "mixture" (both, draws in
+    proportion to their posterior weight: the pilot rarely tells them apart).
+    `model_error`: carry the model's error read from the pilot (`rate_discrepancy`) into the
+    draws, besides the fit's uncertainty. `screen`: `predict`'s.
 
     Example:
         >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
@@ -161,10 +176,27 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     if isinstance(budget_rollouts, bool) or int(budget_rollouts) != budget_rollouts or budget_rollouts < 1:
         raise InputError(f"--budget-rollouts must be a positive integer; got {budget_rollouts!r}.")
     check_pilot(pilot, pool, int(budget_rollouts))
-    fit = fit_learner(pilot, pool, step_norm=step_norm)
+    if heldout_eval not in ("auto", *EVAL_MODES):
+        raise InputError(f"--heldout-eval must be auto, sampled or greedy; got {heldout_eval!r}.")
+    alt = None
+    if step_norm == "mixture":
+        # the two step normalisations fit a uniform pilot about equally well (docs/advise.md):
+        # draws from each in proportion to its posterior weight (equal prior odds, the same
+        # number of parameters), the likelier one's MAP first
+        fb, fs = (fit_learner(pilot, pool, step_norm=n) for n in ("batch", "signal"))
+        fit, other = (fs, fb) if fs.log_lik > fb.log_lik else (fb, fs)
+        w_other = 1.0 / (1.0 + math.exp(min(fit.log_lik - other.log_lik, 700.0)))
+        fit, other = fit._replace(log_lik_other=other.log_lik), other._replace(log_lik_other=fit.log_lik)
+        alt = (other, int(round(draws * w_other)), w_other)
+    else:
+        fit = fit_learner(pilot, pool, step_norm=step_norm)
+    evals = predicted_evals(pilot, fit)
+    mode = evals["choice"] if heldout_eval == "auto" else heldout_eval
+    disc = rate_discrepancy(pilot, pool, fit) if model_error else None
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
                  draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs,
-                 progress=progress, **(oracle or {}))
+                 progress=progress, screen=screen, rate_sd=0.0 if disc is None else disc.sd_log_rate,
+                 heldout_eval=mode, alternative=None if alt is None else alt[:2], **(oracle or {}))
     best = pr.policies[0] if pr.policies else None
     o = pr.oracle
     if 1 - o.ratio <= SAVING_BAR:
@@ -180,7 +212,9 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         sentence += " (zero-training profile: learning rate and transfer from the prior; a training pilot is sharper)"
     info = {"kind": pilot.kind, "steps": int(len(pilot.steps)), "groups": int(pilot.rewards.shape[0]),
             "rollouts": pilot.rollouts, "evals": len(pilot.evals)}
-    return Advice(fit, pr, rec, sentence, info)
+    alt_info = None if alt is None else {"step_norm": alt[0].step_norm, "weight": alt[2], "draws": pr.alternative_draws,
+                                         "log_lik": alt[0].log_lik, "fit": alt[0].to_json()}
+    return Advice(fit, pr, rec, sentence, info, discrepancy=disc, evals=evals, alternative=alt_info)
 
 
 def write_advice(adv: Advice, out) -> tuple[Path, Path]:

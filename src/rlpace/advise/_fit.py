@@ -37,7 +37,9 @@ from ..sim import group_signal
 from ..types import Pool
 from ._record import Pilot
 
-__all__ = ["LearnerFit", "fit_learner", "draw_params", "transfer_matrix", "LearnerParams", "prompt_difficulties"]
+__all__ = ["LearnerFit", "fit_learner", "draw_params", "transfer_matrix", "LearnerParams", "prompt_difficulties",
+           "Discrepancy", "rate_discrepancy", "predicted_evals", "heldout_difficulties", "eval_accuracy",
+           "greedy_from_sampled", "EVAL_MODES"]
 
 SOLVED_D = -6.0
 #: step_norm="auto" switches to the "signal" learner only past this log-likelihood gain (a
@@ -49,7 +51,7 @@ _Z = None
 
 # weak priors (mean, sd) on the unconstrained parameters
 PRIOR = {"mu": (0.0, 4.0), "log_sd": (0.0, 0.75), "logit_pi": (-1.5, 2.0), "log_lr": (math.log(0.1), 2.0),
-         "logit_tau": (-1.0, 1.5)}
+         "logit_tau": (-1.0, 1.5), "logit_omega": (-2.5, 1.5)}
 
 
 def _nodes() -> np.ndarray:
@@ -68,6 +70,7 @@ class LearnerParams(NamedTuple):
     solved: np.ndarray   # float64[K] π_k share of prompts the base already solves
     lr: float            # skill per unit of batch-normalised GRPO signal
     tau: float           # transfer to the next harder domain
+    omega: float = 0.0   # transfer to every other domain (a skill the domains share)
 
 
 class LearnerFit(NamedTuple):
@@ -92,7 +95,7 @@ class LearnerFit(NamedTuple):
     def skill_path(self, p: LearnerParams | None = None) -> np.ndarray:
         """float64[T + 1, K] skill before each pilot step and after the last."""
         p = self.params if p is None else p
-        return p.lr * self.data["cum"] @ transfer_matrix(self.rank, p.tau).T
+        return p.lr * self.data["cum"] @ transfer_matrix(self.rank, p.tau, p.omega).T
 
     def to_json(self) -> dict:
         p = self.params
@@ -102,8 +105,9 @@ class LearnerFit(NamedTuple):
                 "lr": p.lr, "transfer": p.tau, "curriculum_rank": self.rank.tolist(),
                 "se_unconstrained": {"mu": sd[:k].tolist(), "log_sd": sd[k:2 * k].tolist(),
                                      "logit_solved": sd[2 * k:3 * k].tolist(), "log_lr": float(sd[3 * k]),
-                                     "logit_transfer": float(sd[3 * k + 1])},
-                "log_lik": self.log_lik, "groups": self.n_groups, "steps": self.n_steps,
+                                     "logit_transfer": float(sd[3 * k + 1]),
+                                     "logit_shared_transfer": float(sd[3 * k + 2])},
+                "shared_transfer": p.omega, "log_lik": self.log_lik, "groups": self.n_groups, "steps": self.n_steps,
                 "group_size": self.group_size, "batch_size": self.batch_size,
                 "domains_observed": self.observed.tolist(),
                 "dynamics_identifiable": self.identifiable_dynamics,
@@ -111,14 +115,19 @@ class LearnerFit(NamedTuple):
                 "log_lik_other_step_norm": self.log_lik_other}
 
 
-def transfer_matrix(rank: np.ndarray, tau: float) -> np.ndarray:
-    """float64[K, K] M with M[k, j] = τ^(r_k − r_j) when r_j < r_k, 1 on the diagonal, else 0.
+def transfer_matrix(rank: np.ndarray, tau: float, omega: float = 0.0) -> np.ndarray:
+    """float64[K, K] M with M[k, j] = τ^(r_k − r_j) + ω when r_j < r_k, ω when r_j > r_k, 1 on
+    the diagonal: practice transfers up the curriculum (τ) and, besides, to every domain (ω).
 
     >>> transfer_matrix(np.array([1, 0]), 0.5).tolist()
     [[1.0, 0.5], [0.0, 1.0]]
+    >>> transfer_matrix(np.array([1, 0]), 0.5, 0.25).tolist()
+    [[1.0, 0.75], [0.25, 1.0]]
     """
     gap = rank[:, None] - rank[None, :]
-    return np.eye(len(rank)) + np.where(gap > 0, float(tau) ** np.maximum(gap, 0), 0.0)
+    k = len(rank)
+    return (np.eye(k) + np.where(gap > 0, float(tau) ** np.maximum(gap, 0), 0.0)
+            + float(omega) * (1.0 - np.eye(k)))
 
 
 def _sigmoid(x):
@@ -127,13 +136,15 @@ def _sigmoid(x):
 
 def _unpack(theta: np.ndarray, k: int) -> LearnerParams:
     return LearnerParams(theta[:k].copy(), np.exp(theta[k:2 * k]), _sigmoid(theta[2 * k:3 * k]),
-                         float(np.exp(theta[3 * k])), float(_sigmoid(theta[3 * k + 1])))
+                         float(np.exp(theta[3 * k])), float(_sigmoid(theta[3 * k + 1])),
+                         float(_sigmoid(theta[3 * k + 2])))
 
 
 def _log_prior(theta: np.ndarray, k: int) -> float:
     out = 0.0
     for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
-                          ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau")):
+                          ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau"),
+                          ((3 * k + 2, 3 * k + 3), "logit_omega")):
         m, s = PRIOR[key]
         out -= 0.5 * float(np.sum(((theta[lo:hi] - m) / s) ** 2))
     return out
@@ -213,7 +224,7 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         """(−log posterior, its gradient): the gradient in closed form (module docstring's
         mixture; responsibilities ρ of the atom and of each node)."""
         p = _unpack(theta, k)
-        m_t = transfer_matrix(rank, p.tau)
+        m_t = transfer_matrix(rank, p.tau, p.omega)
         base = cum[:-1] @ m_t.T                                                     # [T, K]
         skill = p.lr * base[r_t, r_k]                                               # [R]
         mu, sd, pi = p.mu[r_k], p.sd[r_k], p.solved[r_k]
@@ -239,10 +250,13 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         gap = rank[:, None] - rank[None, :]
         dm = np.where(gap > 0, gap * p.tau ** np.maximum(gap - 1, 0), 0.0)          # ∂M/∂τ
         dbase = (cum[:-1] @ dm.T)[r_t, r_k]
+        dshared = (cum[:-1] @ (1.0 - np.eye(k)).T)[r_t, r_k]                        # ∂M/∂ω = 1 − I
         grad = np.concatenate([np.bincount(r_k, d_mu, k), np.bincount(r_k, d_lsd, k), np.bincount(r_k, d_lpi, k),
-                               [float(d_s @ skill), float(d_s @ dbase) * p.lr * p.tau * (1 - p.tau)]])
+                               [float(d_s @ skill), float(d_s @ dbase) * p.lr * p.tau * (1 - p.tau),
+                                float(d_s @ dshared) * p.lr * p.omega * (1 - p.omega)]])
         for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
-                              ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau")):
+                              ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau"),
+                              ((3 * k + 2, 3 * k + 3), "logit_omega")):
             mp, sp = PRIOR[key]
             grad[lo:hi] -= (theta[lo:hi] - mp) / sp ** 2
         return -(float(c @ ll) + _log_prior(theta, k)), -grad
@@ -250,7 +264,7 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
     # start: μ from each domain's pass rate (logit), others at their prior means
     mean_rate = np.clip(np.where(seen, rate, 0.3), 0.02, 0.98)
     theta0 = np.concatenate([-np.log(mean_rate / (1 - mean_rate)), np.zeros(k), np.full(k, -1.5),
-                             [math.log(0.1), -1.0]])
+                             [math.log(0.1), -1.0, PRIOR["logit_omega"][0]]])
     res = minimize(neg_log_post, theta0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
     theta = res.x
     cov = _laplace_cov(lambda th: neg_log_post(th)[1], theta)
@@ -295,7 +309,7 @@ def prompt_difficulties(fit: LearnerFit, p: LearnerParams, n_pool: int, domain: 
     d[solved] = SOLVED_D + 0.5 * rng.standard_normal(int(solved.sum()))
     data = fit.data
     if data["pos"].size:
-        skill = (p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau).T)[data["tix"], data["dom"]]   # [M]
+        skill = (p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau, p.omega).T)[data["tix"], data["dom"]]   # [M]
         w, g = data["wins"].astype(np.float64), fit.group_size
         x = skill[:, None] - np.concatenate([np.full((skill.size, 1), SOLVED_D),
                                              p.mu[data["dom"]][:, None] + p.sd[data["dom"]][:, None] * z[None, :]],
@@ -316,3 +330,144 @@ def prompt_difficulties(fit: LearnerFit, p: LearnerParams, n_pool: int, domain: 
         dz = p.mu[dk] + p.sd[dk] * ndtri(u.clip(1e-12, 1 - 1e-12))
         d[uniq] = np.where(c == 0, SOLVED_D + 0.5 * rng.standard_normal(uniq.size), dz)
     return d
+
+
+class Discrepancy(NamedTuple):
+    """The model's own error, read from the pilot by held-out prediction (`rate_discrepancy`)."""
+
+    sd_log_rate: float        # sd of a per-domain log multiplier on the learning rate (0: none found)
+    log_rate: np.ndarray      # float64[K] per-domain log multiplier that fits the late half best (NaN: unused)
+    se: np.ndarray            # float64[K] its standard error (NaN: unused)
+    split_step: int           # first pilot step of the late half (-1: not estimated)
+    reason: str               # why it is 0 when it is
+
+    def to_json(self) -> dict:
+        return {"sd_log_rate": self.sd_log_rate, "split_step": self.split_step, "reason": self.reason,
+                "log_rate_per_domain": [None if not math.isfinite(x) else float(x) for x in self.log_rate],
+                "se_per_domain": [None if not math.isfinite(x) else float(x) for x in self.se]}
+
+
+#: cap on the discrepancy's sd: a factor e ≈ 2.7 on a domain's learning rate at one sd. A
+#: constant chosen before any validation (a pilot that short cannot tell wilder errors apart)
+MAX_RATE_SD = 1.0
+#: a domain enters the discrepancy only where the early fit predicts this much skill growth
+#: (logits) by the late half: a rate multiplier is unidentified where nothing is learned
+MIN_GROWTH = 0.05
+
+
+def rate_discrepancy(pilot: Pilot, pool: Pool, fit: LearnerFit, *, split: float = 0.5) -> Discrepancy:
+    """How wrong the fitted family is on this pilot, as a spread of per-domain learning rates.
+
+    Held-out prediction inside the pilot: the learner is fitted to the steps before the
+    split (the first half), then the late half is predicted from the early fit and the late
+    steps' observed signal. For each domain k one multiplier c_k on its skill growth,
+    s_k(t) = c_k · ŝ_k(t), is fitted to the late half alone (grid MLE over log c ∈ [−3, 3],
+    standard error from the curvature). log c_k = 0 everywhere is a family that predicts its
+    own future; the spread of log c_k beyond its sampling error is the model's error:
+
+        sd² = max(0, mean_k (log ĉ_k)² − mean_k se_k²)        (method of moments)
+
+    over the domains the early fit expects to move (mean ŝ_k over the late groups ≥
+    `MIN_GROWTH`), capped at `MAX_RATE_SD`. `predict(rate_sd=sd)` then gives every draw but
+    the MAP its own per-domain multipliers exp(sd·ε_k), ε_k ~ N(0, 1): abrupt unlocking,
+    memorised gains and domain-specific rates, which one lr and one transfer cannot express,
+    widen the intervals by as much as they mispredicted the pilot's own second half. No
+    constant here comes from a validation suite.
+    """
+    k = len(fit.domains)
+    nan = np.full(k, np.nan)
+    steps = pilot.steps
+    n = steps.shape[0]
+    if not fit.identifiable_dynamics or n < 6:
+        return Discrepancy(0.0, nan, nan, -1, "the pilot has fewer than 6 training steps: not estimated")
+    n_early = int(round(n * split))
+    cut = int(steps[n_early])
+    early = pilot.step < cut
+    sub = pilot._replace(prompt_ids=pilot.prompt_ids[early], step=pilot.step[early], rewards=pilot.rewards[early],
+                         evals=[e for e in pilot.evals if e[0] < cut])
+    fa = fit_learner(sub, pool, step_norm=fit.step_norm)
+    pa = fa.params
+    d = fit.data
+    skill = (pa.lr * d["cum"][:-1] @ transfer_matrix(fa.rank, pa.tau, pa.omega).T)[d["tix"], d["dom"]]    # [M] early fit
+    late = d["tix"] >= n_early
+    from scipy.special import gammaln
+    g = fit.group_size
+    logc = np.linspace(-3.0, 3.0, 121)
+    est, se = nan.copy(), nan.copy()
+    for j in range(k):
+        rows = late & (d["dom"] == j)
+        if not rows.any() or skill[rows].mean() < MIN_GROWTH:
+            continue
+        w = d["wins"][rows].astype(np.float64)
+        lgc = gammaln(g + 1.0) - gammaln(w + 1.0) - gammaln(g - w + 1.0)
+        ll = np.array([_log_binom_mix(w, g, np.exp(c) * skill[rows], np.full(w.size, pa.mu[j]),
+                                      np.full(w.size, pa.sd[j]), np.full(w.size, pa.solved[j]), lgc).sum()
+                       for c in logc])                                                      # [121]
+        i = int(np.clip(np.argmax(ll), 1, logc.size - 2))
+        h = logc[1] - logc[0]
+        curv = (ll[i + 1] - 2 * ll[i] + ll[i - 1]) / h ** 2
+        est[j] = logc[int(np.argmax(ll))]
+        se[j] = 1.0 / math.sqrt(-curv) if curv < 0 else 3.0
+    used = np.isfinite(est)
+    if not used.any():
+        return Discrepancy(0.0, est, se, cut, "no domain's skill moves enough in the pilot to read its rate")
+    var = float(np.mean(est[used] ** 2) - np.mean(np.minimum(se[used], 3.0) ** 2))
+    sd = min(math.sqrt(max(var, 0.0)), MAX_RATE_SD)
+    return Discrepancy(sd, est, se, cut, "" if sd > 0 else "the late half is predicted within its noise")
+
+
+#: held-out prompts per domain in the predicted worlds (equal-probability quantiles)
+HELDOUT = 256
+EVAL_MODES = ("sampled", "greedy")
+
+
+def heldout_difficulties(p: LearnerParams, n: int = HELDOUT) -> np.ndarray:
+    """float64[K, n] a domain's held-out set: its solved share at `SOLVED_D`, the rest at the
+    equal-probability quantiles of N(μ_k, σ_k²)."""
+    from scipy.special import ndtri
+    q = ndtri((np.arange(n) + 0.5) / n)
+    held = p.mu[:, None] + p.sd[:, None] * q[None, :]
+    for j, m in enumerate(np.rint(p.solved * n).astype(int)):
+        held[j, :m] = SOLVED_D
+    return held
+
+
+def eval_accuracy(skill: np.ndarray, held: np.ndarray, mode: str) -> np.ndarray:
+    """float64[..., K] held-out accuracy per domain at skill float64[..., K]: "sampled" = the
+    mean pass rate σ(s − d) (what a sampled evaluation measures, the simulator's), "greedy" =
+    the share of prompts whose most likely answer is right, σ(s − d) > ½ ⇔ s > d (what a
+    greedy evaluation measures: the built-in trainer's)."""
+    x = skill[..., :, None] - held                                                 # [..., K, H]
+    return (x > 0).mean(axis=-1) if mode == "greedy" else _sigmoid(x).mean(axis=-1)
+
+
+def greedy_from_sampled(acc: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """float64[E, K] greedy accuracy from the sampled accuracy float64[E, K] on held-out set
+    `held` [K, H]: the sampled accuracy is strictly increasing in the skill, so the skill is
+    read back from it (interpolation on a 0.005-logit grid) and thresholded."""
+    grid = np.linspace(-25.0, 25.0, 10001)                                          # [S]
+    out = np.empty_like(acc)
+    for j in range(held.shape[0]):
+        table = _sigmoid(grid[:, None] - held[j][None, :]).mean(axis=1)              # [S] increasing
+        s = np.interp(acc[:, j], table, grid)                                        # [E]
+        out[:, j] = (s[:, None] > held[j][None, :]).mean(axis=1)
+    return out
+
+
+def predicted_evals(pilot: Pilot, fit: LearnerFit) -> dict:
+    """The pilot's held-out evaluations against the fit's prediction of them under each
+    evaluation mode, and the mode that predicts them better (least squares; "sampled" when
+    the pilot has fewer than two evaluations): the fitted family's own choice of what the
+    user's held-out number measures, read from the pilot."""
+    ev = [(t, a) for t, _, a in pilot.evals if a is not None and math.isfinite(a)]
+    if len(ev) < 2:
+        return {"choice": "sampled", "evals": len(ev), "reason": "fewer than 2 held-out evaluations in the pilot"}
+    steps = pilot.steps
+    path = fit.skill_path()                                                          # [T + 1, K]
+    ix = np.searchsorted(steps, [t for t, _ in ev])                                  # eval before step t
+    held = heldout_difficulties(fit.params)
+    meas = np.array([a for _, a in ev])
+    pred = {m: eval_accuracy(path[ix], held, m).mean(axis=1) for m in EVAL_MODES}
+    sse = {m: float(np.sum((pred[m] - meas) ** 2)) for m in EVAL_MODES}
+    return {"choice": min(EVAL_MODES, key=lambda m: sse[m]), "evals": len(ev), "measured": meas.tolist(),
+            **{f"predicted_{m}": pred[m].tolist() for m in EVAL_MODES}, **{f"sse_{m}": sse[m] for m in EVAL_MODES}}

@@ -28,14 +28,19 @@ import numpy as np
 
 from ..errors import InputError
 from ..evaluation import captured_share, cost_to_reach, gain_target
-from ..sim import Scenario, World, heldout_accuracy, simulate
+from ..sim import Scenario, World, simulate
 from ..types import Pool
-from ._fit import SOLVED_D, LearnerFit, LearnerParams, draw_params, prompt_difficulties, transfer_matrix
+from ._fit import (HELDOUT, EVAL_MODES, LearnerFit, LearnerParams, draw_params, eval_accuracy, greedy_from_sampled,
+                   heldout_difficulties, prompt_difficulties, transfer_matrix)
 
 __all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES"]
 
 ORACLES = ("oracle_boundary", "oracle_progress")
-_HELDOUT = 256
+_HELDOUT = HELDOUT
+#: a candidate is dropped after the screening draws when it is this much worse than the best
+#: candidate on every one of them: the advice's own tolerance (its pick must be within 0.1 of
+#: the best), so a dropped candidate could not have been the advice
+SCREEN_MARGIN = 0.1
 
 
 class PolicyPrediction(NamedTuple):
@@ -47,7 +52,8 @@ class PolicyPrediction(NamedTuple):
     reached: float           # share of (draw, seed) runs that reached the target
     captured: float          # (1 − ratio)/(1 − oracle ratio)
     final_diff: float        # median final accuracy − uniform's
-    ratios: np.ndarray       # float64[D] per draw
+    ratios: np.ndarray       # float64[D] per draw (the screening draws only for a dropped candidate)
+    screened_out: bool = False   # dropped after the screening draws (`predict(screen=...)`)
 
 
 class Prediction(NamedTuple):
@@ -65,6 +71,10 @@ class Prediction(NamedTuple):
     draws: int
     seeds: int
     seconds: float
+    screen: int = 0           # draws every candidate ran on before the dominated ones were dropped
+    alternative_draws: int = 0   # draws from the alternative family (`predict(alternative=...)`)
+    rate_sd: float = 0.0      # the model-error spread the draws carry (`rate_discrepancy`)
+    heldout_eval: str = "sampled"
 
 
 def default_candidates() -> list[str]:
@@ -77,20 +87,19 @@ def default_candidates() -> list[str]:
     return [p for p in dict.fromkeys(out) if p != "uniform"]
 
 
-def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng: np.random.Generator) -> World:
-    from scipy.special import ndtri
-    k = pool.n_domains
+def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng: np.random.Generator,
+           rate: np.ndarray | None = None) -> World:
+    """One world drawn from learner `p`; `rate` float64[K] multiplies each domain's learning
+    (rows of the transfer matrix: the discrepancy's per-domain multipliers), None = 1."""
     dom = pool.domains.astype(np.int64)
     d = prompt_difficulties(fit, p, len(pool), dom, rng) - shift[dom]
-    n_sol = np.rint(p.solved * _HELDOUT).astype(int)
-    q = ndtri((np.arange(_HELDOUT) + 0.5) / _HELDOUT)
-    held = p.mu[:, None] + p.sd[:, None] * q[None, :]
-    for j in range(k):
-        held[j, : n_sol[j]] = SOLVED_D                   # the solved share, as the pool has it
-    held -= shift[:, None]
+    held = heldout_difficulties(p, _HELDOUT) - shift[:, None]
+    m = transfer_matrix(fit.rank, p.tau, p.omega)
+    if rate is not None:
+        m = rate[:, None] * m
     for a in (d, dom, held):
         a.setflags(write=False)
-    return World(pool, d, dom, np.arange(k, dtype=np.int64), held, transfer_matrix(fit.rank, p.tau))
+    return World(pool, d, dom, np.arange(pool.n_domains, dtype=np.int64), held, m)
 
 
 def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure, step_norm):
@@ -105,26 +114,32 @@ def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g,
                        world=world, policy_kwargs=kw, measure_every=measure[0] if oracle else 0, measure_rollouts=measure[1],
                        measure_exact=measure[2],
                        step_norm=step_norm)
-    return res.eval_rollouts.astype(np.float64), res.mean_accuracy
+    return res.eval_rollouts.astype(np.float64), res.accuracy                    # [E], [E, K]
 
 
 def _one_draw(job) -> tuple:
     """One learner drawn from the fit: every policy on `seeds` worlds; costs to the target,
     whether reached, final accuracy, base accuracy and the mean curve on `grid`."""
-    fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction, grid = job
+    (fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction, grid,
+     rate_sd, heldout_eval) = job
     b, g, k = fit.batch_size, fit.group_size, pool.n_domains
-    shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau).T)
+    shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau, pj.omega).T)
+    # the model's own error (`rate_discrepancy`): every draw but the MAP its own per-domain rates
+    rate = np.exp(rate_sd * np.random.default_rng([seed, j, 0xC0DE]).standard_normal(k)) if j and rate_sd else None
     curves = {p: [] for p in run_names}
     cost = {p: np.zeros(seeds) for p in run_names}
     hit = {p: np.zeros(seeds, bool) for p in run_names}
     final = {p: np.zeros(seeds) for p in run_names}
     base = 0.0
     for s in range(seeds):
-        world = _world(fit, pj, pool, shift, np.random.default_rng([seed, j, s, 0xD1FF]))
-        base = float(heldout_accuracy(-shift, world.heldout).mean())      # accuracy at the pilot's start
+        world = _world(fit, pj, pool, shift, np.random.default_rng([seed, j, s, 0xD1FF]), rate)
+        base = float(eval_accuracy(-shift, world.heldout, heldout_eval).mean())   # accuracy at the pilot's start
         for p in run_names:
-            x, a = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
-                        eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
+            x, acc = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
+                          eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
+            if heldout_eval == "greedy":
+                acc = greedy_from_sampled(acc, world.heldout)
+            a = acc.mean(axis=1)
             if not from_start:
                 x = np.concatenate([[0.0], x + offset])
                 a = np.concatenate([[base], a])
@@ -138,10 +153,24 @@ def _one_draw(job) -> tuple:
     return j, cost, hit, final, base, rows
 
 
+def survivors(screened: dict, margin: float = SCREEN_MARGIN) -> list[str]:
+    """Candidates not clearly dominated after the screening draws: those whose best screened
+    ratio is within `margin` of the best candidate's worst, min_j r_p(j) ≤ min_q max_j r_q(j)
+    + margin (`screened`: name -> float64[S] ratios on the S screening draws). A candidate
+    left out is at least `margin` worse than the best one on every screened draw.
+
+    >>> survivors({"a": np.array([0.5, 0.6]), "b": np.array([0.65, 0.9]), "c": np.array([0.75, 0.8])})
+    ['a', 'b']
+    """
+    bar = min(float(np.max(r)) for r in screened.values()) + margin
+    return [p for p, r in screened.items() if float(np.min(r)) <= bar]
+
+
 def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts: int,
             policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
             from_start: bool = False, fraction: float = 0.8, jobs: int = 1, oracle_every: int | None = None,
-            oracle_rollouts: int = 16, oracle_exact: bool = True, progress=None) -> Prediction:
+            oracle_rollouts: int = 16, oracle_exact: bool = True, progress=None, screen: int | None = None,
+            rate_sd: float = 0.0, heldout_eval: str = "sampled", alternative: tuple | None = None) -> Prediction:
     """Simulate uniform, the oracles and `policies` on `draws` learners from the fit.
 
     Args:
@@ -159,9 +188,24 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
             Bernoulli draws every k steps (`oracle_exact=False`), which is what its headroom
             table measured.
         progress: a callable(str) told each finished draw.
+        screen: every candidate runs on the first `screen` draws only; the others run uniform,
+            the oracles and the candidates `survivors` keeps (not clearly dominated: within
+            `SCREEN_MARGIN` of the best). A kept candidate's numbers are exactly those of a
+            run without screening (each draw's worlds and seeds do not depend on what else
+            runs); a dropped one reports its screening draws (`screened_out`). None: 2 when
+            there are more than 8 candidates and more than 3 draws, else 0 (off).
+        rate_sd: the model's own error (`rate_discrepancy`): every draw but the first gets
+            per-domain learning-rate multipliers exp(rate_sd·ε_k), ε_k ~ N(0, 1).
+        heldout_eval: what the user's held-out accuracy measures: "sampled" (mean pass rate)
+            or "greedy" (share of prompts whose most likely answer is right;
+            `predicted_evals` reads it from the pilot).
+        alternative: (another `LearnerFit` of the same pilot, n): the last n draws come from
+            it (its MAP first) — a second family the pilot cannot rule out, in proportion to
+            its posterior weight (`advise(step_norm="mixture")`).
 
     Returns:
-        A `Prediction`. Cost: (2 + len(policies)) · draws · seeds simulator runs.
+        A `Prediction`. Cost: (3 + len(policies)) · screen · seeds simulator runs, then (3 +
+        survivors) · (draws − screen) · seeds.
     """
     t0 = time.perf_counter()
     b, g = fit.batch_size, fit.group_size
@@ -174,12 +218,24 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         raise InputError(f"the budget leaves {left} rollouts after the pilot, fewer than two steps of "
                          f"{b}×{g}; raise --budget-rollouts.")
     policies = default_candidates() if policies is None else list(policies)
+    if heldout_eval not in EVAL_MODES:
+        raise InputError(f"heldout_eval must be one of {EVAL_MODES}; got {heldout_eval!r}.")
+    if not (math.isfinite(rate_sd) and rate_sd >= 0):
+        raise InputError(f"rate_sd must be a finite number ≥ 0; got {rate_sd!r}.")
+    if screen is None:
+        screen = 2 if len(policies) > 8 and draws > 3 else 0
+    screen = int(screen) if 0 < int(screen) < draws else 0
     eval_every = max(1, steps // 25)
     measure = (max(1, steps // 50) if oracle_every is None else int(oracle_every), int(oracle_rollouts),
                bool(oracle_exact))
     run_names = ["uniform", *ORACLES, *[p for p in policies if p not in ("uniform", *ORACLES)]]
     rng_draw = np.random.default_rng([seed, 0xAD715E])
-    params = draw_params(fit, draws, rng_draw)
+    n_alt = 0 if alternative is None else int(np.clip(alternative[1], 0, draws - 1))
+    params = draw_params(fit, draws - n_alt, rng_draw)
+    fits = [fit] * len(params)
+    if n_alt:                                            # the other family's draws last, its MAP first
+        params += draw_params(alternative[0], n_alt, np.random.default_rng([seed, 0xA17]))
+        fits += [alternative[0]] * n_alt
     offset = 0.0 if from_start else float(pilot_rollouts)
     grid = np.linspace(0.0, float(budget_rollouts if not from_start else left), 60)
     acc_grid = {p: [] for p in run_names}
@@ -187,43 +243,54 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     hit = {p: np.zeros((draws, seeds), bool) for p in run_names}
     final = {p: np.zeros((draws, seeds)) for p in run_names}
     base_acc = np.zeros(draws)
-    jobs_list = [(fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction,
-                  grid) for j, pj in enumerate(params)]
+    ex = None
     if jobs > 1 and draws > 1:
         from concurrent.futures import ProcessPoolExecutor
         ex = ProcessPoolExecutor(max_workers=min(jobs, draws))
-        results = ex.map(_one_draw, jobs_list)
-    else:
-        ex, results = None, map(_one_draw, jobs_list)
+    done = 0
+    stages = [(range(screen), run_names), (range(screen, draws), None)] if screen else [(range(draws), run_names)]
+    kept = run_names
     try:
-        for done, (j, c_j, h_j, f_j, base, rows) in enumerate(results, start=1):
-            for p in run_names:
-                cost[p][j], hit[p][j], final[p][j] = c_j[p], h_j[p], f_j[p]
-                acc_grid[p].append(rows[p])
-            base_acc[j] = base
-            if progress is not None:
-                progress(f"draw {done}/{draws} done ({time.perf_counter() - t0:.0f} s)")
+        for rng_j, names_j in stages:
+            if names_j is None:                          # after screening: drop the dominated candidates
+                scr = {p: cost[p][:screen].mean(axis=1) / np.maximum(cost["uniform"][:screen].mean(axis=1), 1e-9)
+                       for p in run_names[3:]}
+                keep = set(survivors(scr)) if scr else set()
+                kept = names_j = [p for p in run_names if p in run_names[:3] or p in keep]
+            jobs_list = [(fits[j], pool, params[j], j, names_j, seeds, seed, steps, eval_every, measure, from_start,
+                          offset, fraction, grid, float(rate_sd), heldout_eval) for j in rng_j]
+            results = ex.map(_one_draw, jobs_list) if ex is not None else map(_one_draw, jobs_list)
+            for j, c_j, h_j, f_j, base, rows in results:
+                for p in names_j:
+                    cost[p][j], hit[p][j], final[p][j] = c_j[p], h_j[p], f_j[p]
+                    acc_grid[p].append(rows[p])
+                base_acc[j] = base
+                done += 1
+                if progress is not None:
+                    progress(f"draw {done}/{draws} done ({time.perf_counter() - t0:.0f} s)")
     finally:
         if ex is not None:
             ex.shutdown()
+    n_of = {p: draws if p in kept else screen for p in run_names}            # draws each policy ran on
+    cost, hit, final = ({p: v[p][:n_of[p]] for p in run_names} for v in (cost, hit, final))
 
     def summary(p, ratios):
-        fd = np.median(final[p].mean(axis=1) - final["uniform"].mean(axis=1))
+        fd = np.median(final[p].mean(axis=1) - final["uniform"][:n_of[p]].mean(axis=1))
         return PolicyPrediction(p, float(np.median(ratios)), float(np.quantile(ratios, 0.05)),
                                 float(np.quantile(ratios, 0.95)), float(np.mean(ratios < 0.9)),
-                                float(hit[p].mean()), math.nan, float(fd), ratios)
+                                float(hit[p].mean()), math.nan, float(fd), ratios, n_of[p] < draws)
 
     u_cost = np.maximum(cost["uniform"].mean(axis=1), 1e-9)
-    ratio = {p: cost[p].mean(axis=1) / u_cost for p in run_names}                     # [D] per draw
+    ratio = {p: cost[p].mean(axis=1) / u_cost[:n_of[p]] for p in run_names}           # [D] per draw
     orc = np.minimum(ratio[ORACLES[0]], ratio[ORACLES[1]])
     oracle = summary(min(ORACLES, key=lambda o: np.median(ratio[o])), orc)._replace(policy="oracle")
     preds = []
     for p in run_names[3:]:
         pp = summary(p, ratio[p])
         preds.append(pp._replace(captured=captured_share(pp.ratio, oracle.ratio)))
-    preds.sort(key=lambda x: x.ratio)
+    preds.sort(key=lambda x: (x.screened_out, x.ratio))     # the kept candidates first, best first
     curves = {p: (grid, np.asarray(acc_grid[p])) for p in run_names}
     each = {o: summary(o, ratio[o]) for o in ORACLES}
     return Prediction(preds, oracle, each, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
                       int(budget_rollouts), int(pilot_rollouts), steps, b, g, draws, seeds,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, screen, n_alt, float(rate_sd), heldout_eval)

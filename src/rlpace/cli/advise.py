@@ -40,6 +40,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes (one draw each at a time; default 2, or 1 on one core)")
+    p.add_argument("--heldout-eval", default="auto", choices=["auto", "sampled", "greedy"],
+                   help="what your held-out accuracy measures: the mean pass rate (sampled), the share of prompts "
+                        "answered right by greedy decoding (greedy), or auto: the one that predicts the pilot's own "
+                        "evaluations better (sampled without two of them). The built-in trainer's is greedy.")
     p.add_argument("--out", default=".", help="folder for advice.json and advice.html")
 
 
@@ -64,7 +68,10 @@ def run(args) -> int:
         if unknown:
             raise InputError(f"--policies: unknown {unknown}; see `rlpace policies`.")
     say = lambda s: print(f"rlpace advise: {s}", file=sys.stderr, flush=True)     # noqa: E731
-    kw = dict(policies=pols, draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs, progress=say)
+    kw = dict(policies=pols, draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs, progress=say,
+              heldout_eval=args.heldout_eval)
+    if args.heldout_eval == "auto" and (args.overrides or args.from_run):
+        kw["heldout_eval"] = "greedy"                # the built-in trainer evaluates greedily
     state = None
     if args.overrides:
         from ..advise._trainer import pilot_on_trainer, pilot_plan
