@@ -579,6 +579,61 @@ def test_v1_trainer_without_rlpace_replay_buffer_is_refused(files, tok, monkeypa
     assert ds.scheduler is not None
 
 
+def test_v1_async_resume_does_not_observe_the_groups_verl_restores_twice(v1, files, tok, tmp_path):
+    """verl's async V1 modes checkpoint TransferQueue, and a resumed run restores the finished
+    groups still waiting to be sampled. The buffer decided (observed, weighed) them before the
+    checkpoint; resumed from `data.pt` (the dataset's state, read back as rlpace reads it) it
+    must neither observe them again nor lose their weights. Step 1 finishes uA and uB and trains
+    uA; a checkpoint; step 2 finishes uC and trains the waiting uB: the resumed run's weights and
+    Scheduler state equal the uninterrupted run's."""
+    from rlpace.adapters import _verl_v1
+    fake, _ = v1
+    train, val, cache = files
+    weight = DataPolicy(REWEIGHTING, lambda p: EmptyState(), lambda s, p, b: s,
+                        lambda s, p, b: np.tile(2.0 + np.arange(b.rewards.shape[1]), (b.rewards.shape[0], 1)),
+                        name="test_two_plus_g")
+
+    def start(state=None):
+        ds, _ = build(data_config(train, val, cache_dir=cache, policy="uniform"), tok)
+        ds.rlpace = rv.VerlFeedback(Scheduler(ds.scheduler.pool, compose(make_policy("uniform"), weight), seed=3))
+        if state is not None:
+            ds.load_state_dict(state)
+        buf = _verl_v1.RlpaceReplayBufferAsync(
+            trainer_mode="colocate_async", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+            poll_interval=0.0, refill_fn=StubTrainer(ds.rlpace, applies_weights=True)._add_prompts_to_generate,
+            sampler_kwargs={"train_batch_size": 1, "gen_batch_size": 1})
+        return ds, buf
+
+    def step(buf, t):
+        meta, _ = buf.sample(global_steps=t, partition_id="train", batch_size=1)
+        keys = sorted(meta.keys)
+        w = buf.pop_weights(keys)
+        fake.kv_clear(meta.keys, "train")                       # verl's fit clears the trained batch
+        return keys, w
+
+    def run(resume):
+        fake.tags["train"].clear()
+        fake.values["train"].clear()
+        ds, buf = start()
+        fake.add_group("uA", 100, [1.0, 0.0], 1)
+        fake.add_group("uB", 101, [0.0, 1.0], 1)
+        first = step(buf, 1)
+        if resume:                                               # data.pt, read back as rlpace reads it
+            torch.save({"dataset_state": ds.state_dict()}, tmp_path / "data.pt")
+            ds, buf = start(rv.load_data_pt(str(tmp_path / "data.pt"))["dataset_state"])
+        fake.add_group("uC", 102, [1.0, 1.0], 2)
+        return first, step(buf, 2), ds.scheduler
+
+    (k1, w1), (k2, w2), sched = run(False)
+    (k1r, w1r), (k2r, w2r), sched_r = run(True)
+    assert {k1[0][:2], k2[0][:2]} == {"uA", "uB"} and (k1, k2) == (k1r, k2r)
+    np.testing.assert_array_equal(w2r, w2)
+    np.testing.assert_array_equal(w2, [2.0, 3.0])               # the waiting group's weights, kept
+    assert int(sched_r.counters.groups) == int(sched.counters.groups) == 3
+    from _isolated import assert_state_equal
+    assert_state_equal(sched_r.state_dict(), sched.state_dict())
+
+
 def separated_config(kind: str, data):
     """verl's own config of its resource-separated trainers (`one_step_off` or `fully_async`),
     composed by Hydra from the yaml verl installs (both extend ppo_trainer, so `trainer.use_v1`

@@ -244,6 +244,8 @@ class VerlFeedback:
         self.record_lines = 0                 # batch lines this run's pilot record holds
         self._recorder, self._record_keep, self._allocation_applied = None, None, False
         self.zero_singletons = False          # V1: a one-rollout group trains on weight 0 (set by rlpace's V1 trainer)
+        self.v1_buffer = None                 # V1: the replay buffer deciding groups for this Scheduler (saved with it)
+        self.v1_restored = None               # V1: that buffer's state read from data.pt, until the buffer takes it
 
     # -- allocation (`rlpace.adapters._verl_allocation`) ----------------------------------------
     def allocate(self, uids, prompt_ids, prompts_per_batch: int, n: int, *, keep_zero: bool = True):

@@ -21,8 +21,11 @@ later: a ValueError says so); advantages do not exist yet when groups are chosen
 Feedback carries `group_advantages` of the rewards, as on every rlpace path; verl then
 computes its advantages over the rollouts left in each group (with its GRPO estimator
 that is the kept-subset rule of PODS, `kept_group_advantages`, up to verl's unbiased
-std); the buffer is not checkpointed (its decisions live in the Scheduler, which
-`data.pt` saves through the dataset). The buffer reaches the dataset's Scheduler through
+std); its decisions live in the Scheduler, which `data.pt` saves through the dataset, with
+the uids of the decided groups not yet trained and their weights (`rlpace_state`: verl's async
+modes restore those groups from their TransferQueue checkpoint, and the resumed buffer must not
+observe them again). The weights of a group verl evicts go with it (`_clear_groups`). The
+buffer reaches the dataset's Scheduler through
 the trainer that verl binds `refill_fn` to (`refill_fn.__self__.train_dataset`).
 
 Loss weights and the advantage place: `decide_groups` keeps each kept rollout's weight
@@ -156,6 +159,7 @@ class _RlpaceAdmission:
             raise InputError("RlpaceReplayBuffer shares the train dataset's Scheduler: set "
                              "data.custom_cls.path=pkg://rlpace.adapters.verl data.custom_cls.name=RlpaceDataset.")
         if not getattr(self, "_rlpace_checked", False):
+            bridge.v1_buffer = self                      # the dataset saves this buffer's state with the Scheduler's
             # rlpace's V1 trainer (it applies weights) also applies allocation; verl's own does not
             refuse_gradient_features(bridge.scheduler,
                                      allocation=getattr(self._rlpace_trainer, "rlpace_applies_weights", False))
@@ -183,6 +187,22 @@ class _RlpaceAdmission:
             self.rlpace_weights.pop(s, None)
         return w
 
+    def rlpace_state(self) -> dict:
+        """What `data.pt` carries of this buffer (through the dataset): the uids of the finished
+        groups it decided that no batch has trained yet, and their sessions' weights. verl's async
+        modes checkpoint TransferQueue and restore those groups on resume; without this the resumed
+        buffer would observe them a second time."""
+        return {"decided": sorted(self._dapo_classification_cache.get("train", {})),
+                "weights": dict(self.rlpace_weights)}
+
+    def _restore(self, cache: dict, finished: set) -> None:
+        """Take the state `data.pt` restored (`rlpace_state`): its groups still in TransferQueue
+        count as decided (admitted, not observed again), with their weights."""
+        state, self.rlpace.v1_restored = self.rlpace.v1_restored, None
+        for uid in set(state["decided"]) & finished:
+            cache.setdefault(uid, None)
+        self.rlpace_weights.update({s: float(w) for s, w in state["weights"].items() if s.split("_")[0] in finished})
+
     def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
         # verl clears every group it evicts here (stale past max_off_policy_threshold, filtered,
         # failed, the surplus of a full sync batch), after this buffer decided some of them: no
@@ -197,6 +217,8 @@ class _RlpaceAdmission:
             return set(), Counter()
         cache = self._dapo_classification_cache[partition_id]     # uid -> mean reward if evicted else None
         finished = self.finished_keys[partition_id]
+        if self.rlpace.v1_restored is not None:                    # the first poll after a resume
+            self._restore(cache, finished)
         for uid in cache.keys() - finished:
             del cache[uid]
         new = finished - cache.keys()

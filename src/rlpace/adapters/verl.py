@@ -168,6 +168,8 @@ class RlpaceDataset(RLHFDataset):
         out = {"rlpace": self.rlpace.scheduler.state_dict()}
         if self.rlpace.record is not None:          # the pilot record's lines this state had observed
             out["rlpace_record_lines"] = self.rlpace.record_lines
+        if self.rlpace.v1_buffer is not None:       # V1: the groups its buffer decided, not yet trained
+            out["rlpace_v1_buffer"] = self.rlpace.v1_buffer.rlpace_state()
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -175,6 +177,7 @@ class RlpaceDataset(RLHFDataset):
             self.rlpace.scheduler.load_state_dict(state["rlpace"])
             if self.rlpace.record is not None and "rlpace_record_lines" in state:
                 self.rlpace.restore_record(int(state["rlpace_record_lines"]))
+            self.rlpace.v1_restored = state.get("rlpace_v1_buffer")
 
 
 class RlpaceTrainerMixin:
