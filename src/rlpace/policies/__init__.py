@@ -49,6 +49,7 @@ from ._trapo import trapo
 from ._vote import agreement_rewards, unique_majority
 from ._knapsack import knapsack, oracle_allocation
 from ._gvm import gvm
+from ._vip import vip
 
 __all__ = [
     "DataPolicy", "Method", "Admission", "EmptyState", "KINDS", "MIXTURE", "SELECTION",
@@ -65,7 +66,7 @@ __all__ = [
     "criticality_grid", "grid_proposal", "grid_weights",
     "recommended", "TARGET", "REWARD", "ADVANTAGE", "Targets", "dataset_labels", "identity_reward", "active_supervision_places", "supervising_places", "is_neutral",
     "unit_advantage", "ttrl", "self_certainty", "entropy_min", "olr", "trapo", "agreement_rewards",
-    "unique_majority", "knapsack", "gvm", "oracle_allocation", "ALLOCATION",
+    "unique_majority", "knapsack", "gvm", "vip", "oracle_allocation", "ALLOCATION",
     "PolicyInit", "PolicyUpdate", "MixtureApply", "SelectionApply", "AdmissionApply", "ReweightingApply",
     "TargetApply", "RewardApply", "AdvantageApply", "AllocationApply", "PolicyMetrics", "PolicyCheckState",
     "PolicyUpdateLosses", "PolicyDecisions",
@@ -124,4 +125,5 @@ register("trapo", trapo)                    # semi-supervised trajectory selecti
 # Allocation: how many rollouts each proposed prompt gets (Scheduler.allocate; docs/methods/knapsack.md).
 register("knapsack", knapsack)              # Knapsack RL, docs/methods/knapsack.md
 register("gvm", gvm)                        # GVM-RAFT's closed form, docs/methods/gvm.md
+register("vip", vip)                        # VIP (a reconstruction), docs/methods/vip.md
 register("oracle_allocation", oracle_allocation)   # headroom tool (true p), docs/methods/knapsack.md
