@@ -56,6 +56,8 @@ def _run(cfg, cache=True) -> dict:
 
 # ---- overhead ----------------------------------------------------------------------------
 def overhead(args):
+    import os
+
     import torch
 
     from rlpace.optim import build_optimizer
@@ -63,7 +65,7 @@ def overhead(args):
     torch.set_num_threads(1)
     opts = args.optimizers.split(",")
     per = {o: {"train": [], "step": []} for o in opts}
-    for rep in range(args.repeats):
+    for rep in range(args.repeats if args.steps else 0):      # --steps 0: the optimizer alone only
         for o in opts:
             cfg = _cfg(Path(args.out) / f"overhead_{o}_{rep}", optimizer=o, steps=args.steps, seed=args.seed,
                        eval_every=10_000, tasks=args.tasks)
@@ -72,15 +74,16 @@ def overhead(args):
             recs = [r for r in recs if not r.get("final")][1:]          # the first step holds the eval
             per[o]["train"] += [r["train_seconds"] for r in recs]
             per[o]["step"] += [r["seconds"] for r in recs]
-    print(f"trainer, tasks={args.tasks}, {args.steps} steps × {args.repeats} repeats, median seconds per step:")
-    ref = statistics.median(per[opts[0]]["train"])
-    for o in opts:
-        tr, st = statistics.median(per[o]["train"]), statistics.median(per[o]["step"])
-        print(f"  {o:10s} train phase {tr:.4f} s ({tr / ref:.2f}× {opts[0]})   whole step {st:.4f} s")
-
     from rlpace.optim import IsoSpectral
     pairs = [(m, b) for m, b in (("iso_adamw", "adamw"), ("iso_muon", "muon")) if m in per and b in per]
-    for m, b in pairs:
+    if args.steps:
+        print(f"trainer, tasks={args.tasks}, {args.steps} steps × {args.repeats} repeats, median seconds per step "
+              f"(load average {os.getloadavg()[0]:.1f}):")
+        ref = statistics.median(per[opts[0]]["train"])
+        for o in opts:
+            tr, st = statistics.median(per[o]["train"]), statistics.median(per[o]["step"])
+            print(f"  {o:10s} train phase {tr:.4f} s ({tr / ref:.2f}× {opts[0]})   whole step {st:.4f} s")
+    for m, b in pairs if args.steps else ():
         tr = statistics.median(per[m]["train"]) / statistics.median(per[b]["train"])
         st = statistics.median(per[m]["step"]) / statistics.median(per[b]["step"])
         print(f"  {m} / {b}: train phase {tr:.2f}×, whole step {st:.2f}×")
@@ -103,12 +106,37 @@ def overhead(args):
         for o in built.values():
             o.step()                                # lazy state
         t = {name: [] for name in names}
+        clock = time.thread_time if args.clock == "cpu" else time.perf_counter
         for _ in range(n):
             for name, o in built.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 o.step()
-                t[name].append(time.perf_counter() - t0)
-        return {name: statistics.median(v) for name, v in t.items()}
+                t[name].append(clock() - t0)
+        return {name: statistics.median(v) for name, v in t.items()}, built
+
+    def breakdown(opt, n=args.micro):
+        """Shares of one IsoSpectral step's CPU time (cProfile, inclusive times), by phase."""
+        import cProfile
+        import pstats
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        for _ in range(n):
+            opt.step()
+        prof.disable()
+        st = pstats.Stats(prof).stats
+        total = sum(v[3] for k, v in st.items() if k[2] == "step" and k[0].endswith("_iso.py"))
+        phases = {"chain rule": "frame_gradients", "tangent projection": "project_tangent",
+                  "polar retraction": "polar", "W = U·Σ·Vᵀ": "_write_weights", "stacking frames": "_stack",
+                  "non-finite check": "_nonfinite_gradient"}
+        out = {}
+        for label, fn in phases.items():
+            out[label] = sum(v[3] for k, v in st.items() if k[2] == fn and k[0].endswith("_iso.py"))
+        out["base optimizer step"] = sum(v[3] for k, v in st.items() if k[2] == "step" and "torch/optim" in k[0]
+                                         and "_chain" not in k[0])
+        if opt.base.__class__.__name__ == "ChainedOptimizer":
+            out["base optimizer step"] = sum(v[3] for k, v in st.items() if k[2] == "step" and k[0].endswith("_chain.py"))
+        out["other (grads, copies)"] = total - sum(out.values())
+        return {k: v / total for k, v in out.items()}, total / n
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
     shapes = {"tiny (hidden 64, 2 layers)": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -116,14 +144,22 @@ def overhead(args):
               "0.5B-shaped layer (896, MLP 4864)": dict(hidden_size=896, intermediate_size=4864,
                                                         num_hidden_layers=1, num_attention_heads=14,
                                                         num_key_value_heads=2, vocab_size=64)}
+    shapes = dict(zip(("tiny", "0.5b-layer"), shapes.items()))
+    shapes = dict(shapes[k] for k in args.shapes.split(","))
     names = opts + [f"{m}+f32" for m, _ in pairs]
-    print("optimizer step alone (median seconds, round-robin; +f32: frames in float32):")
+    print(f"optimizer step alone (median {'thread CPU' if args.clock == 'cpu' else 'wall'} seconds, round-robin; "
+          f"+f32: frames in float32):")
     for label, kw in shapes.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **kw))
-        times = opt_step_times(model, names)
+        times, built = opt_step_times(model, names)
         print(f"  {label}: " + ", ".join(f"{o} {t:.4f}" for o, t in times.items()))
         print("    " + ", ".join(f"{m}{f} / {b} {times[m + f] / times[b]:.1f}×" for m, b in pairs for f in ("", "+f32")))
+        for m, _ in pairs:
+            shares, per = breakdown(built[m])
+            groups = ", ".join(f"{len(idx)}× {tuple(built[m]._weights[idx[0]].shape)}" for idx in built[m]._by_shape)
+            print(f"    {m} step by phase (profiled, {per:.4f} s/step; managed: {groups}): "
+                  + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
 
 
 def _interval(iv) -> str:
@@ -329,6 +365,9 @@ def main(argv=None):
     o.add_argument("--micro", type=int, default=5, help="optimizer steps timed alone per shape")
     o.add_argument("--tasks", default="embedded")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                   help="optimizer step alone: thread CPU time (default; robust to a shared machine) or wall")
+    o.add_argument("--shapes", default="tiny,0.5b-layer", help="which optimizer-alone shapes: tiny,0.5b-layer")
     e = sub.add_parser("efficiency")
     e.add_argument("--optimizers", default="adamw,iso_adamw")
     e.add_argument("--seeds", type=int, default=8)

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from rlpace.cli import main  # noqa: E402
+from rlpace.errors import InputError  # noqa: E402
 from rlpace.merge import iso_merge_matrix, merge_checkpoints, task_arithmetic, ties  # noqa: E402
 from rlpace.merge._checkpoint import _iso_stack  # noqa: E402
 from rlpace.merge._methods import iso_merge_matrix_gram  # noqa: E402
@@ -388,3 +389,23 @@ def test_streamed_safetensors_file_reads_back(tmp_path):
     w = _StreamingSafetensors(tmp_path / "y.safetensors", [("a", "F32", (2,))])
     with pytest.raises(RuntimeError):
         w.write("a", torch.zeros(3))
+
+
+def test_precision_auto_uses_float32_products_only_for_16_bit_outputs(ckpts, tmp_path, capsys):
+    from rlpace.merge._checkpoint import _blas_dtype
+    assert _blas_dtype("auto", torch.bfloat16) == _blas_dtype("auto", torch.float16) == torch.float32
+    assert _blas_dtype("auto", torch.float32) == _blas_dtype("float64", torch.bfloat16) == torch.float64
+    # bf16 output: the float32-product merge and the float64 one agree to one bf16 step
+    outs = {}
+    for prec in ("auto", "float64"):
+        merge_checkpoints(ckpts["sharded"], [ckpts["e0"], ckpts["e1"]], tmp_path / prec, out_dtype="bfloat16",
+                          precision=prec, progress=False)
+        outs[prec] = load_all(tmp_path / prec)
+    for n, w in outs["auto"].items():
+        ref = outs["float64"][n].float()
+        assert bool(((w.float() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-30).all()), n
+    with pytest.raises(InputError, match="precision"):
+        merge_checkpoints(ckpts["sharded"], [ckpts["e0"]], tmp_path / "bad", precision="float32", progress=False)
+    assert not (tmp_path / "bad").exists()
+    assert main(["merge", "--base", str(ckpts["sharded"]), "--experts", str(ckpts["e0"]), "--out",
+                 str(tmp_path / "cli"), "--precision", "float64", "--no-progress"]) == 0

@@ -39,6 +39,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="task_arithmetic / ties: λ (default 1)")
     parser.add_argument("--density", type=float, default=0.2,
                         help="ties: share of each task vector's largest entries kept (default 0.2)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "float64"],
+                        help="iso: auto (default) runs the large products in float32 for tensors written in "
+                             "bf16/fp16 (within 1e-6 of float64, far below their rounding) and float64 otherwise; "
+                             "float64: always")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -52,7 +56,7 @@ def run(args) -> int:
 
     s = merge_checkpoints(args.base, args.experts, args.out, method=args.method, device=args.device,
                           out_dtype=args.out_dtype, rho_keep=args.rho_keep, scale=args.scale,
-                          density=args.density, progress=not args.no_progress)
+                          density=args.density, precision=args.precision, progress=not args.no_progress)
     print(f"rlpace merge: {s['tensors']} tensors ({s['frames']} frame-merged, {s['mean']} task-vector mean, "
           f"{s['delta']} {args.method if s['delta'] else 'delta'}, {s['copy']} copied) in {s['seconds']:.1f} s "
           f"-> {s['out']}")
