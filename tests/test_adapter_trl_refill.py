@@ -31,7 +31,7 @@ STEPS_SURPLUS = 16
 
 
 def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="dapo_dynamic_sampling",
-        ga=1, spg=1, ni=1, save_steps=3, zero_lag=False):
+        ga=1, spg=1, ni=1, save_steps=3, zero_lag=False, pilot=None):
     calls, trained, metrics = [], [], []     # calls: (step, round, ids, rewards) per reward call
     sched = Scheduler(pool_from_dataset(dataset), compose(make_policy("uniform"), make_policy(policy)), seed=3)
     reward = refill_reward(calls, G)
@@ -52,7 +52,7 @@ def run(lm, dataset, out, *, steps=6, resume=None, max_refill_rounds=2, policy="
                      learning_rate=1e-3, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=ni)
     trainer = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
                     train_dataset=dataset, processing_class=tok, scheduler=sched,
-                    max_refill_rounds=max_refill_rounds, zero_lag=zero_lag)
+                    max_refill_rounds=max_refill_rounds, zero_lag=zero_lag, record=pilot)
     trainer.train(resume_from_checkpoint=resume)
     return dict(calls=calls, trained=trained, metrics=metrics, sched=sched, trainer=trainer)
 
@@ -112,6 +112,17 @@ def surplus(calls):
     return [max(0, sum(max(c[3][k * G:(k + 1) * G]) > min(c[3][k * G:(k + 1) * G])
                        for c in calls if c[0] == step for k in range(B)) - B)
             for step in sorted({c[0] for c in calls})]
+
+
+def test_the_pilot_record_has_a_line_per_round(lm, dataset, tmp_path):
+    """Refills are batches of the pilot record too: one line per round, in round order, with the
+    step's rollouts (B·G each)."""
+    import json
+    r = run(lm, dataset, tmp_path, steps=6, save_steps=0, pilot=tmp_path / "pilot.jsonl")
+    lines = [json.loads(x) for x in (tmp_path / "pilot.jsonl").read_text().splitlines()[1:]]
+    assert [(x["step"], x["prompt_ids"], x["rewards"], x["rollouts"]) for x in lines] == \
+        [(c[0], c[2][::G], np.reshape(c[3], (B, G)).tolist(), B * G) for c in r["calls"]]
+    assert len(lines) > 6                                          # some step refilled
 
 
 def test_surplus_kept_groups_of_the_last_round_are_counted(lm, dataset, tmp_path):
