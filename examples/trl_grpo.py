@@ -116,8 +116,8 @@ def train(policy: str, steps: int, zero_lag: bool, max_refill_rounds: int, out: 
     rows += [{"prompt": f"say nothing {i}:", "data_source": "never", "index": 64 + i} for i in range(64)]
     dataset = Dataset.from_list(rows)
     if pool_out:
-        Path(pool_out).write_text("".join(json.dumps({"data_source": r["data_source"], "extra_info": {"index": r["index"]}})
-                                          + "\n" for r in rows))
+        pool = [{"data_source": r["data_source"], "extra_info": {"index": r["index"]}} for r in rows]
+        Path(pool_out).write_text("".join(json.dumps(p) + "\n" for p in pool))
     model, tokenizer = tiny_model_and_tokenizer([r["prompt"] + " 0123456789" for r in rows])
 
     scheduler = Scheduler(pool_from_dataset(dataset, domain_column="data_source", id_column="index"),

@@ -145,7 +145,8 @@ TRL_PRIVATE_METHODS = {
     "_load_optimizer_and_scheduler": ("checkpoint",),
     "_get_output_dir": ("trial",),
 }
-TRL_PRIVATE_ATTRIBUTES = ("_metrics", "num_generations", "num_iterations", "reward_weights", "reward_funcs", "scale_rewards",
+TRL_PRIVATE_ATTRIBUTES = ("_metrics", "num_generations", "num_iterations", "reward_weights", "reward_funcs",
+                          "scale_rewards",
                           "temperature", "top_entropy_quantile", "multi_objective_aggregation", "beta",
                           "_entropy_bonus_enabled", "aux_loss_enabled", "entropy_coef", "_last_world_entropy",
                           "_entropy_window_stats")
@@ -599,8 +600,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         m["rlpace/rollouts_total"].append(float(self.rlpace_rollouts_total))    # refills included
         m["rlpace/refill_rounds"].append(float(len(rounds) - 1))
         # kept groups generated beyond each rank's share: discarded (docs/engines.md, "Refill surplus")
-        m["rlpace/refill_surplus_groups"].append(float(sum(max(0, n - b_local) for n in self._rlpace_kept_per_rank(rounds))
-                                                       if len(rounds) > 1 else 0))
+        surplus = sum(max(0, n - b_local) for n in self._rlpace_kept_per_rank(rounds)) if len(rounds) > 1 else 0
+        m["rlpace/refill_surplus_groups"].append(float(surplus))
         if self._rlpace_layout is not None:                  # group slots with a kept rollout
             keep = _to_rows(rounds[0][1].keep, self._rlpace_layout, 0.0)
             kept = int(keep.reshape(self.rlpace_sampler.b, -1).any(axis=1).sum())
