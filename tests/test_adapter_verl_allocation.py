@@ -73,8 +73,8 @@ class Actor:
 Trainer = type("Trainer", (rv.RlpaceTrainerMixin, Actor, RayPPOTrainer), {})
 
 
-def make_trainer(tmp_path, tok, policy, *, record=None, name="train", kwargs=None):
-    train = write_parquet(tmp_path / f"{name}.parquet")
+def make_trainer(tmp_path, tok, policy, *, record=None, name="train", kwargs=None, prompts=40):
+    train = write_parquet(tmp_path / f"{name}.parquet", n=prompts)
     val = write_parquet(tmp_path / f"{name}_val.parquet", n=8)
     cfg = data_config(train, val, cache_dir=str(tmp_path / "cache"), batch=B,
                       policy=policy if isinstance(policy, str) else "uniform")
@@ -205,31 +205,35 @@ def test_legacy_allocation_rows_share_the_uid_and_verls_grpo_equals_group_advant
 
 
 def test_legacy_allocation_resumes_exactly_with_knapsack(tmp_path, tok):
-    """knapsack (p̂ valid after 3 rollouts): the rows of every step after a restore from data.pt
-    equal the uninterrupted run's."""
-    policy, kw = "knapsack", {"min_count": 3, "max_n": 8}
+    """knapsack (min_n 1, p̂ valid after 3 rollouts) on 12 prompts, 4 a step, over 4 epochs: the rows of
+    every step after a restore from data.pt (mid-epoch) equal the uninterrupted run's."""
+    policy, kw = "knapsack", {"min_count": 3, "max_n": 8, "min_n": 1}
+
+    def forever(loader):                   # verl's epoch loop: a fresh pass over the loader each epoch
+        while True:
+            yield from loader
 
     def rows(t, it, step):
         trained, _ = legacy_step(t, it, step)
         return sorted((e["index"], float(s)) for e, s in zip(trained.non_tensor_batch["extra_info"],
                                                             trained.batch["rm_scores"].sum(-1).tolist()))
 
-    a = make_trainer(tmp_path, tok, policy, name="a", kwargs=kw)
-    it = iter(a.train_dataloader)
-    full = [rows(a, it, s) for s in range(1, 11)]      # one epoch: 40 prompts, 4 a step
-    b = make_trainer(tmp_path, tok, policy, name="b", kwargs=kw)
-    it = iter(b.train_dataloader)
-    first = [rows(b, it, s) for s in range(1, 7)]
-    torch.save(b.train_dataloader.state_dict(), tmp_path / "data.pt")
-    c = make_trainer(tmp_path, tok, policy, name="c", kwargs=kw)
+    a = make_trainer(tmp_path, tok, policy, name="a", kwargs=kw, prompts=12)
+    it = forever(a.train_dataloader)
+    full = [rows(a, it, s) for s in range(1, 13)]
+    b = make_trainer(tmp_path, tok, policy, name="b", kwargs=kw, prompts=12)
+    it = forever(b.train_dataloader)
+    first = [rows(b, it, s) for s in range(1, 8)]
+    torch.save(b.train_dataloader.state_dict(), tmp_path / "data.pt")      # mid-epoch (step 7 of 3-step epochs)
+    c = make_trainer(tmp_path, tok, policy, name="c", kwargs=kw, prompts=12)
     c.train_dataloader.load_state_dict(rv.load_data_pt(str(tmp_path / "data.pt")))
-    it = iter(c.train_dataloader)
-    rest = [rows(c, it, s) for s in range(7, 11)]
+    it = forever(c.train_dataloader)
+    rest = [rows(c, it, s) for s in range(8, 13)]
     assert first + rest == full
-    counts = [len(r) for r in full]
-    assert counts == [12] * 10
-    per = [sorted(np.unique([i for i, _ in r], return_counts=True)[1].tolist()) for r in full]
-    assert any(p != [N] * B for p in per)                  # knapsack moved rollouts between prompts
+    assert [len(r) for r in full] == [B * N] * 12
+    per = [np.unique([i for i, _ in r], return_counts=True)[1].tolist() for r in full]
+    # knapsack moved rollouts between prompts: rows per prompt that are not copies of rollout.n = 3
+    assert sum(c % N != 0 for p in per for c in p) >= 2
 
 
 def test_legacy_pilot_record_round_trips_and_resume_truncates_it_exactly(tmp_path, tok):
