@@ -204,6 +204,7 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        writer = None
         by_file: dict[str, list[str]] = {}
         for n in names:
             by_file.setdefault(Path(base_layout[n][0]).name, []).append(n)
@@ -250,6 +251,8 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             out.rmdir()               # checked empty above
         os.replace(tmp, out)
     except BaseException:
+        if writer is not None:
+            writer.abandon()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"method": method, "tensors": len(names), **counts, "seconds": time.perf_counter() - t0,
@@ -371,6 +374,10 @@ class _StreamingSafetensors:
                                f"{want}; nothing is kept.")
         self._f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
         self._next += 1
+
+    def abandon(self) -> None:
+        """Close the file without the completeness check (the caller removes it)."""
+        self._f.close()
 
     def close(self) -> None:
         self._f.close()
