@@ -214,5 +214,18 @@ def test_bad_budgets_and_combinations_are_refused_before_any_work(tmp_path, cach
         train(tiny_config(tmp_path / "r6", cache, policy="ttrl+knapsack", **base))
     with pytest.raises(InputError, match="cannot combine with gradient features"):
         train(tiny_config(tmp_path / "r5", cache, policy="knapsack", grad_features="on", **base))
-    for d in ("r1", "r2", "r4", "r5", "r6"):
+    with pytest.raises(InputError, match=r"cannot combine with tasks=generated: / grid:"):
+        train(tiny_config(tmp_path / "r7", cache, policy="knapsack", tasks="generated:max", **base))
+    for d in ("r1", "r2", "r4", "r5", "r6", "r7"):
         assert not (tmp_path / d).exists()                     # refused before any work
+
+
+def test_informative_share_and_reward_mean_read_only_the_generated_rollouts():
+    """A ragged round: padding (9s here) never enters the informative share or the rewards."""
+    from types import SimpleNamespace
+    grp = SimpleNamespace(ids=np.arange(4), rewards=np.array([[1.0, 0.0, 9.0], [1.0, 9.0, 9.0], [9.0, 9.0, 9.0],
+                                                              [1.0, 1.0, 1.0]]), sizes=np.array([2, 1, 0, 3]))
+    assert grpo._informative(grp) == 0.25                       # only [1, 0] differs; N = 1 and N = 0 cannot
+    assert grpo._rollout_rewards(grp).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    flat = SimpleNamespace(ids=np.arange(2), rewards=np.array([[1.0, 0.0], [1.0, 1.0]]), sizes=None)
+    assert grpo._informative(flat) == 0.5 and grpo._rollout_rewards(flat).tolist() == [1.0, 0.0, 1.0, 1.0]
