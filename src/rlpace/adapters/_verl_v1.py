@@ -211,6 +211,11 @@ class _RlpaceAdmission:
         if uids and self.rlpace_weights:
             for s in [s for s in self.rlpace_weights if s.split("_")[0] in uids]:
                 del self.rlpace_weights[s]
+        if partition_id != "val" and uids:       # allocations of groups never decided (failed ones)
+            allocated = getattr(getattr(getattr(self._rlpace_trainer, "train_dataset", None), "rlpace", None),
+                                "allocated", None)
+            for uid in uids if allocated else ():
+                allocated.pop(str(uid), None)
 
     def _dapo_filtered_keys(self, partition_id: str):
         if partition_id == "val":
