@@ -78,7 +78,8 @@
   linear in its advantage, so the step's gradient is Σ_i w_i·g_i exactly. `ref_grad` is the
   previous generation batch's summed features (`grad_reference="previous"`) or none; a user
   may set `trainer.rlpace_ref_grad` (float32[d]) before a step. Text-only models; single
-  process or DDP (FSDP / ZeRO-3 shard the weights the pass would call).
+  process or DDP (FSDP / ZeRO-3 shard the weights the pass would call: detected at start-up,
+  `sharded_model_setting`, and refused).
 
 * Supervision transforms (a method with a target, reward or advantage place): inside
   `_calculate_rewards`, on the gathered groups — answers, optional token statistics (one
