@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from _isolated import require_verl_transfer_queue, run_tq_script
+from rlpace import group_advantages
 
 require_verl_transfer_queue()
 
@@ -146,8 +147,9 @@ def test_v1_allocation_runs_n_i_sessions_per_prompt_and_verls_grpo_equals_group_
             # verl's GRPO (unbiased std, eps 1e-6); one rollout: 0 (rlpace), not verl's A = r
             want = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if r.size > 1 else np.zeros(1)
             np.testing.assert_allclose([x[1] for x in sorted(v)], want, atol=1e-5)
+            np.testing.assert_allclose([x[1] for x in sorted(v)], group_advantages(
+                np.pad(r, (0, 7 - r.size))[None, :], group_sizes=[r.size], ddof=1)[0, :r.size], atol=1e-5)
     # the Scheduler saw ragged Feedback: the prompts with rollouts, their N_i rewards
-    from rlpace import group_advantages  # noqa: F401 - the same rule, population std, on the Feedback
     sizes = {}
     for step, ids, rew, gs in out["observed"]:
         assert gs is not None

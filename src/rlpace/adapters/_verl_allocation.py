@@ -88,9 +88,9 @@ def repeat_by_counts(proto, counts: np.ndarray, n: int) -> None:
 
     def repeat(repeat_times=2, interleave=True):
         if repeat_times != n or not interleave:
-            raise RuntimeError(f"rlpace's allocation expected verl to repeat this batch by rollout.n={n} (interleaved); "
-                               f"it asked for repeat_times={repeat_times}, interleave={interleave}: this verl's fit "
-                               f"differs from the 0.9 release rlpace was checked against.")
+            raise RuntimeError(f"rlpace's allocation expected verl to repeat this batch by rollout.n={n} "
+                               f"(interleaved); it asked for repeat_times={repeat_times}, interleave={interleave}: "
+                               f"this verl's fit differs from the 0.9 release rlpace was checked against.")
         del proto.repeat                       # one use: the next repeat is verl's own again
         return proto.select_idxs(idx)
 
