@@ -599,8 +599,8 @@ def test_v1_async_resume_does_not_observe_the_groups_verl_restores_twice(v1, fil
         if state is not None:
             ds.load_state_dict(state)
         buf = _verl_v1.RlpaceReplayBufferAsync(
-            trainer_mode="colocate_async", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
-            poll_interval=0.0, refill_fn=StubTrainer(ds.rlpace, applies_weights=True)._add_prompts_to_generate,
+            trainer_mode="colocate_async", trainer_config={}, max_off_policy_threshold=None,
+            max_off_policy_strategy="drop", poll_interval=0.0, refill_fn=StubTrainer(ds.rlpace, applies_weights=True)._add_prompts_to_generate,
             sampler_kwargs={"train_batch_size": 1, "gen_batch_size": 1})
         return ds, buf
 
@@ -706,7 +706,8 @@ def test_fully_async_trainer_is_refused_naming_the_setting_and_the_fix(files, to
     train, val, cache = files
     root = separated_config("fully_async", data_config(train, val, cache_dir=cache))
     assert root.trainer.use_v1 and root.async_training.trigger_parameter_sync_step == 4
-    with pytest.raises(ValueError, match="async_training.*no on_batch_end.*trainer.v1.trainer_mode=rlpace_separate_async"):
+    with pytest.raises(ValueError,
+                       match="async_training.*no on_batch_end.*trainer.v1.trainer_mode=rlpace_separate_async"):
         create_rl_dataset(root.data.train_files, root.data, tok, None)
     assert create_rl_dataset(root.data.val_files, root.data, tok, None).rlpace is None
 

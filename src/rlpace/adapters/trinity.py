@@ -165,7 +165,8 @@ class RlpaceSelector(BaseSelector):
         feedback yet: only Trinity's fully_async sync style writes its checkpoint then)."""
         buf = io.BytesIO()
         np.savez(buf, **self.scheduler.state_dict())
-        return {_STATE: base64.b64encode(buf.getvalue()).decode("ascii"), _IN_FLIGHT: [list(b) for b in self._in_flight]}
+        return {_STATE: base64.b64encode(buf.getvalue()).decode("ascii"),
+                _IN_FLIGHT: [list(b) for b in self._in_flight]}
 
     def load_state_dict(self, state_dict) -> None:
         # A fresh run: TasksetScheduler hands every selector {"current_index": 0}.
@@ -178,10 +179,10 @@ class RlpaceSelector(BaseSelector):
         if lost:
             raise InputError(
                 f"the explorer checkpoint was written while {len(lost)} batch(es) rlpace proposed "
-                f"({sum(map(len, lost))} tasks) were still being generated: Trinity's fully_async sync style writes it at "
-                f"each weight sync without waiting for them, and a resumed explorer does not generate them again, so "
-                f"their rewards would never reach the Scheduler and the resumed run would not continue the one it "
-                f"resumes. rlpace resumes only from checkpoints written with every batch collected, as the fixed, "
+                f"({sum(map(len, lost))} tasks) were still being generated: Trinity's fully_async sync style writes "
+                f"it at each weight sync without waiting for them, and a resumed explorer does not generate them "
+                f"again, so their rewards would never reach the Scheduler and the resumed run would not continue "
+                f"the one it resumes. rlpace resumes only from checkpoints written with every batch collected, as the fixed, "
                 f"explorer_driven and trainer_driven sync styles write them: use one of those to resume, or start a "
                 f"new checkpoint_job_dir.")
         with np.load(io.BytesIO(base64.b64decode(state_dict[_STATE])), allow_pickle=False) as z:
