@@ -179,12 +179,12 @@ class RlpaceSelector(BaseSelector):
         if lost:
             raise InputError(
                 f"the explorer checkpoint was written while {len(lost)} batch(es) rlpace proposed "
-                f"({sum(map(len, lost))} tasks) were still being generated: Trinity's fully_async sync style writes "
-                f"it at each weight sync without waiting for them, and a resumed explorer does not generate them "
-                f"again, so their rewards would never reach the Scheduler and the resumed run would not continue "
-                f"the one it resumes. rlpace resumes only from checkpoints written with every batch collected, as the fixed, "
-                f"explorer_driven and trainer_driven sync styles write them: use one of those to resume, or start a "
-                f"new checkpoint_job_dir.")
+                f"({sum(map(len, lost))} tasks) were still being generated: Trinity's fully_async sync style "
+                f"writes it at each weight sync without waiting for them, and a resumed explorer does not "
+                f"generate them again, so their rewards would never reach the Scheduler and the resumed run "
+                f"would not continue the one it resumes. rlpace resumes only from checkpoints written with "
+                f"every batch collected, as the fixed, explorer_driven and trainer_driven sync styles write "
+                f"them: use one of those to resume, or start a new checkpoint_job_dir.")
         with np.load(io.BytesIO(base64.b64decode(state_dict[_STATE])), allow_pickle=False) as z:
             self.scheduler.load_state_dict({k: z[k] for k in z.files})
 
