@@ -5,6 +5,7 @@ the ISO-Merger against task arithmetic and TIES (arXiv 2607.19331; docs/methods/
     python benchmarks/iso.py efficiency --seeds 8     # rollouts to 80% of AdamW's gain
     python benchmarks/iso.py merge                    # specialists on disjoint families, merged
     python benchmarks/iso.py merge-time --shape 0.5b  # merge time and peak memory, random 0.5B-shaped model
+    python benchmarks/iso.py merge-matrices --cache DIR  # ISO's CPU time per matrix kind of a cached model
 
 overhead: the trainer runs each optimizer for --steps steps from the same base policy, in
 one process, round-robin --repeats times; reports the median per-step time of the
@@ -339,6 +340,48 @@ def merge_time(args):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def merge_matrices(args):
+    """ISO's CPU time per matrix kind of a cached merge-time model (--cache DIR --shape S; one
+    thread, thread CPU time, float32 products as for its bf16 output), and their sum over
+    the model's matrices: the figure to read when the machine is too loaded for a full run.
+    Square matrices too ill-conditioned for the Gram route are timed apart (the SVD rule)."""
+    import os
+
+    from safetensors import safe_open
+
+    import torch
+
+    from rlpace.merge._checkpoint import _iso_stack
+    from rlpace.merge._methods import MAX_GRAM_COND
+    torch.set_num_threads(1)
+    d = Path(args.cache) / args.shape
+    hs = [safe_open(str(d / x / "model.safetensors"), framework="pt") for x in ("base", "e0", "e1")]
+    kinds: dict = {}
+    for n in hs[0].keys():
+        shape = tuple(hs[0].get_slice(n).get_shape())
+        if len(shape) == 2:
+            kinds.setdefault(shape, []).append(n)
+    total = 0.0
+    for shape, names in sorted(kinds.items(), key=lambda kv: kv[0][0] * kv[0][1]):
+        cond = {n: float((lambda s: s[0] / s[-1])(torch.linalg.svdvals(hs[0].get_tensor(n).double())))
+                for n in names} if shape[0] == shape[1] else {n: 0.0 for n in names}
+        ill = [n for n in names if cond[n] > MAX_GRAM_COND]
+        well = [n for n in names if n not in ill]
+        secs = {}
+        for label, group in (("Gram route", well), ("SVD rule", ill)):
+            if group:
+                w0, e0, e1 = (h.get_tensor(group[0]) for h in hs)
+                t0 = time.thread_time()
+                _iso_stack(w0, [e0, e1], 0.9, torch.bfloat16, torch.float32)
+                secs[label] = (time.thread_time() - t0, len(group))
+        sub = sum(t * k for t, k in secs.values())
+        total += sub
+        print(f"  {shape[0]} × {shape[1]}: {len(names)} matrices, " + ", ".join(
+            f"{label} {t:.2f} s each × {k}" for label, (t, k) in secs.items()) + f" = {sub:.1f} s", flush=True)
+    print(f"ISO merge of the {args.shape} model's matrices, 2 experts: {total:.1f} s of CPU (one thread); load "
+          f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
 def merge_one(args):
     """Child of merge-time: one merge; prints wall seconds, CPU seconds and peak resident bytes."""
     import resource
@@ -387,6 +430,9 @@ def main(argv=None):
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--tmp", default=None)
     t.add_argument("--cache", default=None, help="directory that keeps the random base and experts between runs")
+    mm = sub.add_parser("merge-matrices")
+    mm.add_argument("--shape", default="0.5b", choices=["0.5b", "0.5b-1layer", "0.5b-noembed"])
+    mm.add_argument("--cache", required=True, help="the --cache directory of a merge-time run")
     one = sub.add_parser("merge-one")
     one.add_argument("dir")
     one.add_argument("method")
@@ -396,7 +442,7 @@ def main(argv=None):
         p.add_argument("--out", default="runs/bench_iso")
     args = ap.parse_args(argv)
     {"overhead": overhead, "efficiency": efficiency, "merge": merge, "merge-time": merge_time,
-     "merge-one": merge_one}[args.cmd](args)
+     "merge-matrices": merge_matrices, "merge-one": merge_one}[args.cmd](args)
     return 0
 
 
