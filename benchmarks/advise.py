@@ -234,8 +234,9 @@ def sim_part(args) -> tuple[list, dict]:
     out.mkdir(parents=True, exist_ok=True)
     steps, b, g = 400, 128, 16
     for name, (sc, variant) in cases.items():
-        wanted = [c.strip() for c in args.sim_cases.split(",") if c.strip()]      # a name's prefix or the variant
-        if wanted and not any(name.startswith(c) or (variant or "") == c for c in wanted):
+        wanted = [c.strip() for c in args.sim_cases.split(",") if c.strip()]      # a name, "ladder+" or the variant
+        if wanted and not any(c == name.split()[0] or (c.endswith("+") and name.startswith(c)) or (variant or "") == c
+                              for c in wanted):
             continue
         world = _uniform_spread(sc) if variant else build_world(sc)
         t0 = time.perf_counter()
@@ -317,7 +318,8 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="trainer", choices=["trainer", "sim", "speed"])
     ap.add_argument("--suites", default="embedded,ladder,mostly_solved,sort_ladder,mostly_solved_last")
     ap.add_argument("--sim-cases", default="",
-                    help="comma list of case-name prefixes, or uniform_spread for that case alone (default: all)")
+                    help="comma list of cases: ladder, homogeneous, solved_majority, ladder+ (forgetting), "
+                         "uniform_spread (default: all)")
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--truth-seeds", type=int, default=4)

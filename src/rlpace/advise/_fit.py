@@ -5,24 +5,28 @@ The family is `rlpace.sim`'s learner (docs/advise.md says why, with the measurem
     prompt i of domain k:   d_i = −6 + 0.5·ε      with probability π_k   (solved by the base)
                             d_i ~ N(μ_k, σ_k²)    otherwise
     success of a rollout:   Bernoulli(σ(s_k(t) − d_i))
-    skill:                  s(t) = lr · M(τ) @ Σ_{t' < t} gain(t'),   s(0) = 0
+    skill:                  s(t) = lr · M(τ, ω) @ Σ_{t' < t} gain(t'),   s(0) = 0
     gain_k(t')              = Σ_{groups of domain k at t'} mean|A| / B   (GRPO advantages)
 
 `gain` is computed from the pilot's own rewards (the signal every group gave), so the
-skill path is a deterministic function of (lr, τ) and the likelihood of the pilot is a
+skill path is a deterministic function of (lr, τ, ω) and the likelihood of the pilot is a
 product over groups of a binomial integrated over the difficulty prior:
 
     P(w | k, t) = π_k·Bin(w; G, σ(s_k(t) + 6)) + (1 − π_k)·E_z[Bin(w; G, σ(s_k(t) − μ_k − σ_k z))]
 
-(Q equal-probability quantile nodes for z). M(τ)[k, j] = τ^(r_k − r_j) for r_j < r_k, where r
-ranks the domains from the easiest (highest pilot pass rate): practice transfers to harder
-domains, the simulator's `transfer_forward`. Forgetting is fixed at 0 (a 50-step pilot
+(Q equal-probability quantile nodes for z). M(τ, ω)[k, j] = τ^(r_k − r_j) + ω for r_j < r_k and
+ω for r_j > r_k, where r ranks the domains from the easiest (highest pilot pass rate):
+practice transfers to harder domains (the simulator's `transfer_forward`) and, by ω, to every
+domain (a skill the domains share, as one network's are; prior centred at ω ≈ 0.08). Forgetting is fixed at 0 (a 50-step pilot
 cannot identify it). Weak priors make the MAP finite where the data say nothing (a domain
 the pilot never sampled gets the prior; a one-step profile cannot identify lr and τ, so
 their draws come from the prior — a weaker pilot, and the advice says so).
 
 Uncertainty: a Laplace approximation, θ ~ N(θ̂, H⁻¹) with H the finite-difference Hessian
-of the negative log posterior at θ̂; `draw_params` samples it.
+of the negative log posterior at θ̂; `draw_params` samples it. The model's own error, which
+the Laplace posterior does not carry, is read from the pilot by held-out prediction
+(`rate_discrepancy`); what the user's held-out number measures, from the pilot's own
+evaluations (`predicted_evals`).
 """
 
 from __future__ import annotations
