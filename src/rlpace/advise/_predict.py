@@ -12,9 +12,13 @@ Per draw: target = base + 0.8·(uniform's final − base); each policy's cost to
 (linear interpolation; a run that never gets there costs its budget and is marked) and its
 ratio to uniform's (mean over the draw's seeds, the headroom tables' estimator). Per policy:
 the ratio at the MAP draw pooled with the others (median over draws), a 90 % interval
-(5th–95th percentile over draws: the fit's uncertainty and the seeds' spread), and
+(5th–95th percentile over draws: the fit's uncertainty, the second family's draws
+(`alternative`), the model error's per-domain rates (`rate_sd`) and the seeds' spread), and
 P(saving > 10 %) = share of draws with ratio < 0.9. Headroom = the better oracle per draw;
-captured share = (1 − ratio)/(1 − oracle ratio) at the medians.
+captured share = (1 − ratio)/(1 − oracle ratio) at the medians. The held-out accuracy is
+the mean pass rate or, with `heldout_eval="greedy"`, the share of prompts whose most likely
+answer is right. With many candidates the dominated ones stop after the screening draws
+(`screen`, `survivors`).
 """
 
 from __future__ import annotations
