@@ -340,10 +340,13 @@ def test_simulator_spends_exactly_the_budget_with_allocation():
     assert a.mean_accuracy.tolist() != u.mean_accuracy.tolist()
 
 
-def test_builtin_trainer_refuses_an_allocation_policy_rather_than_ignore_it(tmp_path):
+def test_builtin_trainer_refuses_allocation_with_a_part_that_reads_g_rollouts(tmp_path):
+    # the trainer runs allocation policies (tests/test_train_allocation.py); what reads G rollouts
+    # per prompt (here gradient features) is refused before any work rather than fed ragged groups
     from rlpace.train import TrainConfig, train
-    with pytest.raises(ValueError, match="allocation place"):
-        train(TrainConfig(steps=1, policy="recommended+knapsack", out=str(tmp_path)))
+    with pytest.raises(ValueError, match="allocates rollouts per prompt .* cannot combine with gradient features"):
+        train(TrainConfig(steps=1, policy="recommended+knapsack", grad_features="on", out=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
 
 
 def test_gvm_reads_gradient_features_of_ragged_groups():
