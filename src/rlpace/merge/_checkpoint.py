@@ -315,12 +315,24 @@ def _ties_chunked(w0, ws, density, scale, dtype):
     flat0, flats = w0.reshape(-1), [w.reshape(-1) for w in ws]
     p = flat0.numel()
     k = max(1, int(round(density * p)))
-    f0 = flat0.float()
 
     def abs_tau32(f, lo=0, hi=None):
-        return (f[lo:hi].float() - f0[lo:hi]).abs_()
+        return (f[lo:hi].float() - flat0[lo:hi].float()).abs_()
 
-    thresholds = [torch.kthvalue(abs_tau32(f), p - k + 1).values for f in flats]
+    # the (p − k + 1)-th smallest |τ_i| (what torch.kthvalue returns), selected in place in one
+    # float32 buffer filled chunk by chunk: torch.kthvalue and a whole-tensor τ would each hold
+    # another tensor-sized copy (TIES peaked at 3.8× the model's size with them)
+    if p == 0:
+        return w0.to(dtype)
+    buf = torch.empty(p, dtype=torch.float32)
+    thresholds = []
+    for f in flats:
+        for i in range(0, p, _CHUNK):
+            buf[i:i + _CHUNK] = abs_tau32(f, i, i + _CHUNK).cpu()
+        a = buf.numpy()
+        a.partition(p - k)
+        thresholds.append(torch.tensor(a[p - k], dtype=torch.float32, device=w0.device))
+    del buf
     out = torch.empty(p, dtype=dtype, device=w0.device)
     for i in range(0, p, _CHUNK):
         j = min(p, i + _CHUNK)
