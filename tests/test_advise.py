@@ -67,6 +67,16 @@ def test_record_refuses_rewards_outside_range(tmp_path):
         read_pilot(tmp_path / "p.jsonl")
 
 
+def test_a_pilot_recorded_with_rollout_allocation_is_refused_naming_the_fix(tmp_path):
+    # ragged groups (N_i = 3, 1, 2) are written trimmed to their sizes; the fit needs equal groups
+    rec = PilotRecorder(tmp_path / "p.jsonl")
+    rec.write(Feedback([0, 1, 2], [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], step=0,
+                       group_sizes=np.array([3, 1, 2])))
+    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[1])["rewards"] == [[1, 0, 1], [1], [0, 1]]
+    with pytest.raises(InputError, match=r"different sizes \(\[1, 2, 3\]\).*without an allocation place"):
+        read_pilot(tmp_path / "p.jsonl")
+
+
 def test_select_manifest_is_a_profile(tmp_path):
     man = {"prompts": [{"id": 4, "pass_rate": 0.25, "n_samples": 8}, {"id": 9, "pass_rate": 1.0, "n_samples": 8},
                        {"id": 2, "pass_rate": None, "n_samples": 8}]}

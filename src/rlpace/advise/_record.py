@@ -236,7 +236,13 @@ def read_pilot(path) -> Pilot:
             if isinstance(rec, dict) and "rewards" not in rec and rec.get("eval") is not None:   # an eval alone
                 evals.append((int(rec["step"]), sum(spent.values()), _eval_record(rec["eval"])["acc_mean"]))
                 continue
-            t, pid, rew = int(rec["step"]), list(rec["prompt_ids"]), np.asarray(rec["rewards"], dtype=np.float64)
+            t, pid, raw = int(rec["step"]), list(rec["prompt_ids"]), rec["rewards"]
+            if isinstance(raw, list) and len({len(r) for r in raw if isinstance(r, list)}) > 1:
+                raise InputError(f"pilot {path} line {n} has groups of different sizes "
+                                 f"({sorted({len(r) for r in raw})}): it was recorded with a rollout-allocation "
+                                 f"policy, and advise fits equal groups; record the pilot with a policy without "
+                                 f"an allocation place (e.g. uniform).")
+            rew = np.asarray(raw, dtype=np.float64)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise InputError(f"pilot {path} line {n} is not a batch record ({type(e).__name__}: {e}); each line "
                              f"needs step, prompt_ids and rewards [B, G].") from None
