@@ -1,0 +1,110 @@
+"""Thin admission in RlpaceGRPOTrainer on 2 CPU processes (`torchrun --nproc_per_node 2`, gloo).
+
+An admission policy with a hand mask drops rollout g = (pool position mod 5) of each group of
+G = 4 (position 4 keeps its whole group): every other group keeps 3 of its 4 rollouts. Each rank
+holds 2 of the generation batch's B = 4 groups. Checked on each rank: a dropped row's completion
+mask is all zero and its advantage 0; a kept row of a thinned group trains on the GRPO advantage
+of its group's kept rewards (PODS); a group kept whole keeps TRL's advantage; the loss's token
+count is the sum over both ranks' masks; both Scheduler copies end bit-identical. About two
+minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+
+from _tiny_lm import build_tiny_lm  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+G, STEPS, LOCAL = 4, 4, 8
+
+WORKER = textwrap.dedent('''
+    import os, sys
+    import numpy as np, torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+    from rlpace import Scheduler, compose
+    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
+    from rlpace.policies import make_policy
+    from rlpace.policies._base import ADMISSION, Admission, DataPolicy, EmptyState
+
+    lm, out = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    G = 4
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
+                             "data_source": ["math", "logic"][i % 2]} for i in range(8)])
+    thin = DataPolicy(ADMISSION, lambda p: EmptyState(), lambda s, p, b: s,
+                      lambda s, p, b: Admission(np.arange(b.rewards.shape[1])[None, :] != (b.prompt_ids % 5)[:, None], 0),
+                      name="test_thin")
+    sched = Scheduler(pool_from_dataset(ds), compose(make_policy("uniform"), thin), seed=3)
+    index, rewards, adv, mask, items = [], [], [], [], []
+
+    def reward(prompts, completions, index, trainer_state, **kw):
+        # each group of G = 4 local rows holds two 1s and two 0s
+        return [float((j + i + trainer_state.global_step) % 4 < 2) for j, i in enumerate(index)]
+
+    class Probe(RlpaceGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            o = super()._generate_and_score_completions(inputs)
+            index.append([x["index"] for x in inputs])
+            rewards.append(self._rlpace_rewards.double().cpu().numpy())     # gathered [B·G]
+            adv.append(o["advantages"].double().cpu().numpy())              # this rank's rows, as the loss sees them
+            mask.append(o["completion_mask"].sum(-1).cpu().numpy())         # tokens per row in the loss
+            items.append(float(o["num_items_in_batch"]))
+            return o
+
+    cfg = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
+                     per_device_train_batch_size=G, num_generations=G, max_completion_length=2,
+                     gradient_accumulation_steps=2, max_steps=4, beta=0.0, save_strategy="no",
+                     logging_steps=100, dataloader_num_workers=0, gradient_checkpointing=False,
+                     learning_rate=1e-3)
+    t = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
+              train_dataset=ds, processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched)
+    t.train()
+    np.savez(os.path.join(out, f"rank{rank}.npz"), index=np.array(index), rewards=np.stack(rewards),
+             adv=np.stack(adv), mask=np.stack(mask), items=np.array(items), world=world, **sched.state_dict())
+''')
+
+
+def test_each_rank_trains_its_rows_hand_mask_and_the_copies_agree(tmp_path):
+    from _isolated import run_two_ranks
+    lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
+    run_two_ranks(WORKER, lm, tmp_path, port=29562, timeout=400)
+    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    assert int(r0["world"]) == 2
+    np.testing.assert_array_equal(r0["rewards"], r1["rewards"])
+    assert r0["index"].shape == r1["index"].shape == (STEPS, LOCAL)         # 2 groups of G = 4 per rank
+    thinned = whole = 0
+    for t in range(STEPS):
+        pos = np.concatenate([r0["index"][t], r1["index"][t]]).reshape(-1, G)[:, 0] - 1000   # [B]
+        r = r0["rewards"][t].reshape(-1, G)                                 # [B, G], process-major
+        keep = np.arange(G)[None, :] != (pos % 5)[:, None]                  # the hand mask
+        want = np.zeros_like(r)
+        for b in range(len(r)):
+            x = r[b, keep[b]]
+            if keep[b].all():                                               # TRL's own advantage
+                want[b] = (x - x.mean()) / (x.std(ddof=1) + 1e-4)
+                whole += 1
+            else:                                                           # PODS: the kept rewards' GRPO advantage
+                want[b, keep[b]] = (x - x.mean()) / (x.std() + 1e-6)
+                thinned += 1
+                assert np.abs(want[b, keep[b]]).min() > 0.5
+        for rank, got in enumerate((r0, r1)):
+            rows = slice(rank * LOCAL, (rank + 1) * LOCAL)
+            kept = keep.ravel()[rows]
+            assert (got["mask"][t][~kept] == 0).all() and (got["mask"][t][kept] > 0).all(), f"step {t} rank {rank}"
+            np.testing.assert_allclose(got["adv"][t], want.ravel()[rows], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {t} rank {rank}")
+        assert r0["items"][t] == r1["items"][t] == r0["mask"][t].sum() + r1["mask"][t].sum()
+    assert thinned >= 4 and whole >= 1
+    state_keys = [k for k in r0.files if k not in ("index", "rewards", "adv", "mask", "items", "world")]
+    assert int(r0["history/attempts"].sum()) == STEPS * 4 * G
+    for k in state_keys:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
