@@ -81,6 +81,64 @@ def recording_tq_worker(sched):
     return observed, worker
 
 
+V1_TRAINER_CONFIG = {       # the config verl's _compute_old_log_prob / _compute_advantage read
+    "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
+                  "norm_adv_by_std_in_grpo": True},
+    "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
+                          "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}}
+
+
+def bare_v1_trainer(mode: str, sched, per_token, *, extra_config=None, global_steps: int = 1,
+                    train_batch_size: int = 2, refill=None):
+    """Inside a Ray/TransferQueue test script: rlpace's V1 trainer of `mode` ("sync", "async" =
+    colocate_async, "separate" = separate_async) without verl's __init__ (no workers), with
+    `V1_TRAINER_CONFIG` (+ `extra_config`), an actor whose `compute_log_prob` writes
+    `per_token(batch) -> (log_probs, entropies)` (lists of 1-D tensors, one per key) into the
+    TransferQueue and records its calls (separate_async swaps the weights to π_old around the
+    pass), and rlpace's replay buffer for the mode. `refill(n)` is the trainer's refill function."""
+    import torch
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+    import transfer_queue as tq
+    from rlpace.adapters import _verl_v1, _verl_v1_trainer
+    from rlpace.adapters.verl import VerlFeedback
+    cls = {"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
+           "async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
+           "separate": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[mode]
+    t = object.__new__(cls)
+    t.config = OmegaConf.create({**V1_TRAINER_CONFIG, **(extra_config or {})})
+    t.global_steps = global_steps
+    t.local_trigger_step = 1          # separate_async: the second mini-batch of a parameter_sync_step cycle
+    t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc")})
+
+    class Actor:
+        calls, loaded = [], "current"
+        def save_model_to_cpu(self, n):
+            self.calls.append(["save", n])
+        def restore_model_from_cpu(self, n):
+            self.calls.append(["restore", n])
+            self.loaded = n
+        def clear_cpu_model(self, n):
+            self.calls.append(["clear", n])
+        def compute_log_prob(self, batch):
+            self.calls.append(["log_prob", self.loaded])
+            lp, ent = per_token(batch)
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
+                "log_probs": torch.nested.as_nested_tensor(lp, layout=torch.jagged),
+                "entropy": torch.nested.as_nested_tensor(ent, layout=torch.jagged)}, batch_size=len(batch.keys)))
+            return batch
+    t.actor_rollout_wg = Actor()
+    if refill is not None:
+        t._add_prompts_to_generate = refill.__get__(t)          # bound: the buffer reaches t through it
+    kw = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", poll_interval=0.0,
+              refill_fn=t._add_prompts_to_generate,
+              sampler_kwargs={"train_batch_size": train_batch_size, "gen_batch_size": 1})
+    buf_cls = _verl_v1.RlpaceReplayBuffer if mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
+    t.replay_buffer = buf_cls(trainer_mode={"sync": "sync", "async": "colocate_async",
+                                            "separate": "separate_async"}[mode], **kw)
+    return t
+
+
 def assert_state_equal(a, b):
     """Two `Scheduler.state_dict()`s hold the same keys, dtypes and values."""
     assert a.keys() == b.keys()

@@ -51,15 +51,12 @@ SCRIPT = textwrap.dedent('''
     LABELED = {int(k): v for k, v in json.loads(sys.argv[5]).items()}
 
     from rlpace import Pool, Scheduler, compose
-    from rlpace.adapters import _verl_v1, _verl_v1_trainer
-    from rlpace.adapters.verl import VerlFeedback
     from rlpace.policies import make_policy
     from rlpace.policies._base import REWARD, DataPolicy, EmptyState
-    from tensordict import TensorDict
     from tokenizers import decoders
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
     from verl07._verl_data import make_tokenizer
-    from _isolated import recording_tq_worker
+    from _isolated import bare_v1_trainer, recording_tq_worker
     tok = make_tokenizer()
     tok.backend_tokenizer.decoder = decoders.ByteLevel()
 
@@ -86,49 +83,17 @@ SCRIPT = textwrap.dedent('''
                 reward_model={"style": "rule", "ground_truth": LABELS[index]}, extra_info={"index": index}))
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
 
-    cls = {"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
-           "async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
-           "separate": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[mode]
-    t = object.__new__(cls)                                # verl's trainer without __init__ (no workers)
-    t.config = OmegaConf.create({
-        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True},
-        "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
-                              "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}},
+    def per_token(batch):             # zero log-probs/entropies over prompt + response, as verl's worker
+        z = [torch.zeros(int(tag["seq_len"])) for tag in batch.tags]
+        return z, z
+
+    def refill(n):
+        raise AssertionError("ttrl keeps every group")
+    t = bare_v1_trainer(mode, sched, per_token, global_steps=2, train_batch_size=4, refill=refill, extra_config={
         "reward": {"reward_manager": {"source": "register", "name": "naive"},
                    "custom_reward_function": {"path": reward_path, "name": "compute_score"},
                    "sandbox_fusion": None}})
     t.tokenizer = tok
-    t.global_steps = 2
-    t.local_trigger_step = 1          # separate_async: the second mini-batch of a parameter_sync_step cycle
-    t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc")})
-
-    class Actor:                      # writes zero log-probs/entropies over prompt + response, as verl's worker
-        calls, loaded = [], "current"
-        def save_model_to_cpu(self, n):
-            self.calls.append(["save", n])
-        def restore_model_from_cpu(self, n):
-            self.calls.append(["restore", n])
-            self.loaded = n
-        def clear_cpu_model(self, n):
-            self.calls.append(["clear", n])
-        def compute_log_prob(self, batch):
-            self.calls.append(["log_prob", self.loaded])
-            z = [torch.zeros(int(tag["seq_len"])) for tag in batch.tags]
-            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
-                "log_probs": torch.nested.as_nested_tensor(z, layout=torch.jagged),
-                "entropy": torch.nested.as_nested_tensor(z, layout=torch.jagged)}, batch_size=len(batch.keys)))
-            return batch
-    t.actor_rollout_wg = Actor()
-
-    def refill(n):
-        raise AssertionError("ttrl keeps every group")
-    t._add_prompts_to_generate = refill.__get__(t)          # bound: the buffer reaches t through it
-    kw = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", poll_interval=0.0,
-              refill_fn=t._add_prompts_to_generate, sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1})
-    buf_cls = _verl_v1.RlpaceReplayBuffer if mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
-    t.replay_buffer = buf_cls(trainer_mode={"sync": "sync", "async": "colocate_async",
-                                            "separate": "separate_async"}[mode], **kw)
 
     for j, index in enumerate(ids):
         write_group("u" + "ABCD"[j], index, 1)

@@ -33,13 +33,10 @@ SCRIPT = textwrap.dedent('''
     mode, method = sys.argv[1], sys.argv[2]
 
     from rlpace import Pool, Scheduler, compose
-    from rlpace.adapters import _verl_v1, _verl_v1_trainer
-    from rlpace.adapters.verl import VerlFeedback
     from rlpace.policies import make_policy
     from rlpace.policies._base import ADMISSION, ADVANTAGE, REWEIGHTING, Admission, DataPolicy, EmptyState
-    from tensordict import TensorDict
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from _isolated import recording_tq_worker
+    from _isolated import bare_v1_trainer, recording_tq_worker
 
     e = lambda p: EmptyState()                                                 # noqa: E731
     same = lambda s, p, b: s                                                   # noqa: E731
@@ -70,45 +67,14 @@ SCRIPT = textwrap.dedent('''
                                                        index=index, data_source="math"))
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
 
-    cls = {"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
-           "async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
-           "separate": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[mode]
-    t = object.__new__(cls)                                # verl's trainer without __init__ (no workers)
-    t.config = OmegaConf.create({
-        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True},
-        "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
-                              "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}})
-    t.global_steps = 1
-    t.local_trigger_step = 1          # separate_async: the second mini-batch of a parameter_sync_step cycle
-    t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc")})
-
-    class Actor:                      # verl's worker writes per-token log-probs/entropies over prompt+response
-        calls, loaded = [], "current"   # separate_async swaps the weights to pi_old around the pass
-        def save_model_to_cpu(self, n):
-            self.calls.append(["save", n])
-        def restore_model_from_cpu(self, n):
-            self.calls.append(["restore", n])
-            self.loaded = n
-        def clear_cpu_model(self, n):
-            self.calls.append(["clear", n])
-        def compute_log_prob(self, batch):
-            self.calls.append(["log_prob", self.loaded])
-            lp, ent = [], []
-            for k in batch.keys:
-                s = int(k.split("_")[1])
-                ent.append(torch.tensor([9.0, 0.1 * (s + 1), 0.2 * (s + 1), 0.3 * (s + 1), 9.0]))
-                lp.append(torch.tensor([0.0, -0.5, -1.0, -1.5, 0.0]))
-            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
-                "log_probs": torch.nested.as_nested_tensor(lp, layout=torch.jagged),
-                "entropy": torch.nested.as_nested_tensor(ent, layout=torch.jagged)}, batch_size=len(batch.keys)))
-            return batch
-    t.actor_rollout_wg = Actor()
-    kw = dict(trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", poll_interval=0.0,
-              refill_fn=t._add_prompts_to_generate, sampler_kwargs={"train_batch_size": 2, "gen_batch_size": 1})
-    buf_cls = _verl_v1.RlpaceReplayBuffer if mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
-    t.replay_buffer = buf_cls(trainer_mode={"sync": "sync", "async": "colocate_async",
-                                            "separate": "separate_async"}[mode], **kw)
+    def per_token(batch):             # verl's worker writes per-token log-probs/entropies over prompt+response
+        lp, ent = [], []
+        for k in batch.keys:
+            s = int(k.split("_")[1])
+            ent.append(torch.tensor([9.0, 0.1 * (s + 1), 0.2 * (s + 1), 0.3 * (s + 1), 9.0]))
+            lp.append(torch.tensor([0.0, -0.5, -1.0, -1.5, 0.0]))
+        return lp, ent
+    t = bare_v1_trainer(mode, sched, per_token)
 
     write_group("uA", 100, [1.0, 0.0, 0.0], 1)
     write_group("uB", 101, [1.0, 1.0, 0.0], 1)
