@@ -1,12 +1,15 @@
-"""Rollout allocation and the pilot record on rlpace's V1 trainer (`rlpace_sync`), over verl's
-real V1 code and a REAL TransferQueue.
+"""Rollout allocation and the pilot record on rlpace's V1 trainers (`rlpace_sync`,
+`rlpace_colocate_async`, `rlpace_separate_async`), over verl's real V1 code and a REAL TransferQueue.
 
 Each step: the rlpace trainer's `_submit_batch_to_rollout` (over verl's, which registers the
 prompts in TransferQueue) hands the batch to verl's real `AgentLoopWorkerTQ.generate_sequences`
 and `_run_prompt`, which start one session per rollout (`__rollout_n__`); each session's output
 is written by verl's `_agent_loop_postprocess` (the model call replaced by a fixed response and
-score); `RlpaceReplayBuffer.sample` decides the finished groups; verl's `_compute_old_log_prob`
-(over a stub actor) and GRPO `_compute_advantage` run, with rlpace's weights after it.
+score); `RlpaceReplayBuffer.sample` (sync) or `RlpaceReplayBufferAsync.sample` (the async modes,
+over verl's `ReplayBufferAsync`; their `_submit_batch_to_rollout` also stores the prompt fields,
+`__rollout_n__` among them, in TransferQueue) decides the finished groups; verl's
+`_compute_old_log_prob` (over a stub actor; separate_async's π_old swap included) and GRPO
+`_compute_advantage` run, with rlpace's weights after it.
 
 Runs in a subprocess with a bounded timeout (Ray on shared cores can stall); marked slow.
 """
@@ -29,7 +32,7 @@ SHARES = [0, 1, 4, 7]        # N_i by rank of the pool position in the step's 4 
 
 SCRIPT = textwrap.dedent('''
     import torch
-    mode, record = sys.argv[1], sys.argv[2]
+    mode, record, trainer_mode = sys.argv[1], sys.argv[2], sys.argv[3]
     from rlpace import Pool, Scheduler, compose
     from rlpace.adapters import _verl_v1, _verl_v1_trainer
     from rlpace.adapters._verl_core import VerlFeedback, _RecordSpec
@@ -77,6 +80,8 @@ SCRIPT = textwrap.dedent('''
             asyncio.run(go())
 
     class Actor:
+        def save_model_to_cpu(self, n):           # separate_async keeps π_old on the CPU (a no-op here)
+            pass
         def compute_log_prob(self, batch):
             n = len(batch.keys)
             tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
@@ -84,19 +89,22 @@ SCRIPT = textwrap.dedent('''
                 "entropy": torch.nested.as_nested_tensor([torch.ones(5)] * n, layout=torch.jagged)}, batch_size=n))
             return batch
 
-    t = object.__new__(_verl_v1_trainer.RlpacePPOTrainerSync)
+    t = object.__new__({"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
+                        "colocate_async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
+                        "separate_async": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[trainer_mode])
     t.config = OmegaConf.create({
         "data": {"train_batch_size": 4},
         "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
                       "norm_adv_by_std_in_grpo": True},
         "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
                               "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}})
-    t.trainer_mode, t.local_trigger_step = "sync", 0
+    t.trainer_mode, t.local_trigger_step = trainer_mode, 0
     t.agent_loop_manager, t.actor_rollout_wg = Manager(), Actor()
     spec = _RecordSpec(record, (0.0, 1.0), 0.5) if record != "-" else None
     t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc", record=spec)})
-    t.replay_buffer = _verl_v1.RlpaceReplayBuffer(
-        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+    buffer = _verl_v1.RlpaceReplayBuffer if trainer_mode == "sync" else _verl_v1.RlpaceReplayBufferAsync
+    t.replay_buffer = buffer(
+        trainer_mode=trainer_mode, trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
         poll_interval=0.0, refill_fn=t._add_prompts_to_generate,
         sampler_kwargs={"train_batch_size": 4, "gen_batch_size": 1})
 
@@ -120,6 +128,7 @@ SCRIPT = textwrap.dedent('''
         "steps": steps, "observed": [[fb.step, pool.ids[fb.prompt_ids].tolist(), fb.rewards.tolist(),
                                       None if fb.group_sizes is None else fb.group_sizes.tolist()] for fb in observed],
         "rollouts": int(sched.counters.rollouts), "left": len(t.train_dataset.rlpace.allocated),
+        "classes": [c.__name__ for c in type(t.replay_buffer).__mro__] + [type(t).__name__],
         "weights_left": len(t.replay_buffer.rlpace_weights)}), flush=True)
     tq.close()
     ray.shutdown()
@@ -130,8 +139,12 @@ def score(index, k, step):
     return float((index * 5 + k * 3 + step) % 7 < 3)
 
 
-def test_v1_allocation_runs_n_i_sessions_per_prompt_and_verls_grpo_equals_group_advantages(tmp_path):
-    out = run_tq_script(SCRIPT, ["alloc", "-"], tmp_path, "v1_alloc.py", 300)
+MODES = ["sync", "colocate_async", "separate_async"]     # verl's trainer_mode of rlpace_<mode>
+
+
+@pytest.mark.parametrize("trainer_mode", MODES)
+def test_v1_allocation_runs_n_i_sessions_per_prompt_and_verls_grpo_equals_group_advantages(tmp_path, trainer_mode):
+    out = run_tq_script(SCRIPT, ["alloc", "-", trainer_mode], tmp_path, "v1_alloc.py", 300)
     for step, ids, st in zip((1, 2), ([102, 100, 103, 101], [105, 107, 104, 106]), out["steps"]):
         n_of = dict(zip(sorted(ids), SHARES))
         sessions = {}
@@ -159,12 +172,23 @@ def test_v1_allocation_runs_n_i_sessions_per_prompt_and_verls_grpo_equals_group_
     assert sizes == {(s, i): k for s, ids in ((1, range(100, 104)), (2, range(104, 108)))
                      for i, k in zip(ids, SHARES) if k}
     assert out["rollouts"] == 24 and out["left"] == 0 and out["weights_left"] == 0
+    assert_mode(out, trainer_mode)
 
 
-def test_v1_pilot_record_round_trips(tmp_path):
+def assert_mode(out, trainer_mode):
+    """The run went through rlpace's trainer of the mode and the mode's buffer over verl's."""
+    sync = trainer_mode == "sync"
+    assert out["classes"][-1] == {"sync": "RlpacePPOTrainerSync", "colocate_async": "RlpacePPOTrainerColocateAsync",
+                                  "separate_async": "RlpacePPOTrainerSeparateAsync"}[trainer_mode]
+    assert out["classes"][:3] == (["RlpaceReplayBuffer", "_RlpaceAdmission", "ReplayBuffer"] if sync else
+                                  ["RlpaceReplayBufferAsync", "_RlpaceAdmission", "ReplayBufferAsync"])
+
+
+@pytest.mark.parametrize("trainer_mode", MODES)
+def test_v1_pilot_record_round_trips(tmp_path, trainer_mode):
     from rlpace.advise import read_pilot
     rec = tmp_path / "pilot.jsonl"
-    out = run_tq_script(SCRIPT, ["uniform", str(rec)], tmp_path, "v1_record.py", 300)
+    out = run_tq_script(SCRIPT, ["uniform", str(rec), trainer_mode], tmp_path, "v1_record.py", 300)
     pilot = read_pilot(rec)
     obs = out["observed"]
     assert [o[3] for o in obs] == [None] * len(obs)
@@ -172,3 +196,4 @@ def test_v1_pilot_record_round_trips(tmp_path):
     assert list(pilot.prompt_ids) == [i for o in obs for i in o[1]]
     np.testing.assert_array_equal(pilot.rewards, np.concatenate([o[2] for o in obs]))
     assert pilot.rollouts == 24 and sorted(pilot.prompt_ids) == list(range(100, 108))
+    assert_mode(out, trainer_mode)
