@@ -48,7 +48,7 @@ def test_one_seed_says_how_to_add_one_and_no_gain_says_why():
 
 def test_measured_line_applies_to_the_default_demo_only():
     line = measured_line("mostly_solved", "recommended", "uniform")
-    assert "measured over 8 seeds" in line and "0.52× [0.38, 0.74]" in line and MEASURED["command"] in line
+    assert "measured over 8 seeds" in line and "0.54× [0.37, 0.78]" in line and MEASURED["command"] in line
     other = measured_line("embedded", "recommended", "uniform")
     assert other.startswith("no multi-seed figure is recorded for recommended vs uniform on embedded")
 
