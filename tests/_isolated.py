@@ -148,6 +148,26 @@ def assert_state_equal(a, b):
         np.testing.assert_array_equal(x, y, err_msg=k)
 
 
+# The start of every two-rank TRL worker script (`run_two_ranks`): imports, the LM and output
+# folder from argv, one thread, the rank, and the 8-prompt dataset of two domains.
+DDP_WORKER_HEAD = textwrap.dedent('''
+    import os, sys
+    import numpy as np, torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+    from rlpace import Scheduler, compose
+    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
+    from rlpace.policies import make_policy
+
+    lm, out = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
+                             "data_source": ["math", "logic"][i % 2]} for i in range(8)])
+''')
+
+
 def run_two_ranks(worker_source: str, lm, tmp_path, port: int, timeout: int = 300) -> None:
     """Write `worker_source` to tmp_path/worker.py and run it on 2 CPU ranks with torchrun
     (gloo), as `worker.py LM_DIR TMP_PATH` with this folder on PYTHONPATH; skip when torchrun is not

@@ -21,26 +21,14 @@ import pytest
 
 pytest.importorskip("trl")
 
+from _isolated import DDP_WORKER_HEAD  # noqa: E402
 from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 G, B, STEPS = 2, 4, 8
 
-WORKER = textwrap.dedent('''
-    import os, sys
-    import numpy as np, torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig
-    from rlpace import Scheduler
-    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
-
-    lm, out = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(1)
+WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
     G = 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
-                             "data_source": ["math", "logic"][i % 2]} for i in range(8)])
     sched = Scheduler(pool_from_dataset(ds), "knapsack", min_n=1, max_n=8, min_count=2, seed=5)
     allocations, index, rewards, adv = [], [], [], []
     allocate = sched.allocate

@@ -16,28 +16,15 @@ import pytest
 
 pytest.importorskip("trl")
 
+from _isolated import DDP_WORKER_HEAD  # noqa: E402
 from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 G, STEPS = 2, 4
 
-WORKER = textwrap.dedent('''
-    import os, sys
-    import numpy as np, torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig
-    from rlpace import Scheduler, compose
-    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
-    from rlpace.policies import make_policy
+WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
     from rlpace.policies._base import REWEIGHTING, DataPolicy, EmptyState
-
-    lm, out = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(1)
     G = 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
-                             "data_source": ["math", "logic"][i % 2]} for i in range(8)])
     # loss weight 1 + 0.5·g + 0.25·(pool position mod 4) for rollout g
     reweight = DataPolicy(REWEIGHTING, lambda p: EmptyState(), lambda s, p, b: s,
                           lambda s, p, b: 1.0 + 0.5 * np.arange(b.rewards.shape[1])[None, :]
