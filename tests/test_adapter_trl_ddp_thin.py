@@ -19,54 +19,36 @@ import pytest
 pytest.importorskip("trl")
 
 from _isolated import DDP_WORKER_HEAD  # noqa: E402
-from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 G, STEPS, LOCAL = 4, 4, 8
 
 WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
+    from _isolated import run_ddp_probe
     from rlpace.policies._base import ADMISSION, Admission, DataPolicy, EmptyState
     G = 4
     thin = DataPolicy(ADMISSION, lambda p: EmptyState(), lambda s, p, b: s,
                       lambda s, p, b: Admission(np.arange(b.rewards.shape[1])[None, :] != (b.prompt_ids % 5)[:, None], 0),
                       name="test_thin")
     sched = Scheduler(pool_from_dataset(ds), compose(make_policy("uniform"), thin), seed=3)
-    index, rewards, adv, mask, items = [], [], [], [], []
+    mask, items = [], []
 
     def reward(prompts, completions, index, trainer_state, **kw):
         # each group of G = 4 local rows holds two 1s and two 0s
         return [float((j + i + trainer_state.global_step) % 4 < 2) for j, i in enumerate(index)]
 
-    class Probe(RlpaceGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            o = super()._generate_and_score_completions(inputs)
-            index.append([x["index"] for x in inputs])
-            rewards.append(self._rlpace_rewards.double().cpu().numpy())     # gathered [B·G]
-            adv.append(o["advantages"].double().cpu().numpy())              # this rank's rows, as the loss sees them
-            mask.append(o["completion_mask"].sum(-1).cpu().numpy())         # tokens per row in the loss
-            items.append(float(o["num_items_in_batch"]))
-            return o
-
-    cfg = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
-                     per_device_train_batch_size=G, num_generations=G, max_completion_length=2,
-                     gradient_accumulation_steps=2, max_steps=4, beta=0.0, save_strategy="no",
-                     logging_steps=100, dataloader_num_workers=0, gradient_checkpointing=False,
-                     learning_rate=1e-3)
-    t = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
-              train_dataset=ds, processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched)
-    t.train()
+    def record(o):
+        mask.append(o["completion_mask"].sum(-1).cpu().numpy())         # tokens per row in the loss
+        items.append(float(o["num_items_in_batch"]))
+    index, rewards, adv, t = run_ddp_probe(lm, out, ds, sched, reward, group=G, max_steps=4, extra=record)
     np.savez(os.path.join(out, f"rank{rank}.npz"), index=np.array(index), rewards=np.stack(rewards),
              adv=np.stack(adv), mask=np.stack(mask), items=np.array(items), world=world, **sched.state_dict())
 ''')
 
 
 def test_each_rank_trains_its_rows_hand_mask_and_the_copies_agree(tmp_path):
-    from _isolated import run_two_ranks
-    lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
-    run_two_ranks(WORKER, lm, tmp_path, port=29562, timeout=400)
-    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
-    assert int(r0["world"]) == 2
-    np.testing.assert_array_equal(r0["rewards"], r1["rewards"])
+    from _isolated import run_two_rank_probe
+    r0, r1 = run_two_rank_probe(WORKER, tmp_path, port=29562, timeout=400)
     assert r0["index"].shape == r1["index"].shape == (STEPS, LOCAL)         # 2 groups of G = 4 per rank
     thinned = whole = 0
     for t in range(STEPS):

@@ -17,12 +17,12 @@ import pytest
 pytest.importorskip("trl")
 
 from _isolated import DDP_WORKER_HEAD  # noqa: E402
-from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 G, STEPS = 2, 4
 
 WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
+    from _isolated import run_ddp_probe
     from rlpace.policies._base import REWEIGHTING, DataPolicy, EmptyState
     G = 2
     # loss weight 1 + 0.5·g + 0.25·(pool position mod 4) for rollout g
@@ -30,41 +30,20 @@ WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
                           lambda s, p, b: 1.0 + 0.5 * np.arange(b.rewards.shape[1])[None, :]
                           + 0.25 * (b.prompt_ids % 4)[:, None], name="test_weights")
     sched = Scheduler(pool_from_dataset(ds), compose(make_policy("uniform"), reweight), seed=3)
-    index, rewards, adv = [], [], []
 
     def reward(prompts, completions, index, trainer_state, **kw):
         # every group of G = 2 local rows is [1, 0] or [0, 1]: each row has a nonzero advantage
         return [float((j + i + trainer_state.global_step) % 2 == 0) for j, i in enumerate(index)]
 
-    class Probe(RlpaceGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            o = super()._generate_and_score_completions(inputs)
-            index.append([x["index"] for x in inputs])
-            rewards.append(self._rlpace_rewards.double().cpu().numpy())     # gathered [B·G]
-            adv.append(o["advantages"].double().cpu().numpy())              # this rank's rows, as the loss sees them
-            return o
-
-    cfg = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", seed=0,
-                     per_device_train_batch_size=G, num_generations=G, max_completion_length=2,
-                     gradient_accumulation_steps=2, max_steps=4, beta=0.0, save_strategy="no",
-                     logging_steps=100, dataloader_num_workers=0, gradient_checkpointing=False,
-                     learning_rate=1e-3)
-    t = Probe(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=reward, args=cfg,
-              train_dataset=ds, processing_class=AutoTokenizer.from_pretrained(lm), scheduler=sched,
-              loss_weights=True)
-    t.train()
+    index, rewards, adv, t = run_ddp_probe(lm, out, ds, sched, reward, group=G, max_steps=4, loss_weights=True)
     np.savez(os.path.join(out, f"rank{rank}.npz"), index=np.array(index), rewards=np.stack(rewards),
              adv=np.stack(adv), world=world, **sched.state_dict())
 ''')
 
 
 def test_each_rank_trains_on_its_rows_hand_weights_and_the_copies_agree(tmp_path):
-    from _isolated import run_two_ranks
-    lm = build_tiny_lm(tmp_path / "lm", [f"what is {i} plus 3?" for i in range(8)])
-    run_two_ranks(WORKER, lm, tmp_path, port=29561, timeout=400)
-    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
-    assert int(r0["world"]) == 2
-    np.testing.assert_array_equal(r0["rewards"], r1["rewards"])
+    from _isolated import run_two_rank_probe
+    r0, r1 = run_two_rank_probe(WORKER, tmp_path, port=29561, timeout=400)
     assert r0["index"].shape == r1["index"].shape == (STEPS, 4)             # 2 groups of G = 2 per rank
     weights_seen = set()
     for t in range(STEPS):
