@@ -281,15 +281,16 @@ def merged_group_advantages(rewards: np.ndarray, layout: np.ndarray, scale_rewar
     [1.4997, -0.4999, -0.4999, -0.4999, 0.0, 0.0]
     """
     r = np.asarray(rewards, dtype=np.float64)
-    valid = layout >= 0
+    valid = layout >= 0                                                      # a prefix of each row
     x = np.where(valid, r[np.maximum(layout, 0)], 0.0)                       # [B, W]
-    n = valid.sum(axis=1, keepdims=True).astype(np.float64)                  # [B, 1]
-    centred = np.where(valid, x - x.sum(axis=1, keepdims=True) / np.maximum(n, 1.0), 0.0)
-    if scale_rewards == "group":
-        centred = centred / (np.sqrt((centred ** 2).sum(axis=1, keepdims=True) / np.maximum(n - 1.0, 1.0)) + 1e-4)
-    elif scale_rewards == "batch":
+    if scale_rewards == "group":     # rlpace's ragged GRPO advantage with TRL's eps and unbiased std
+        centred = group_advantages(x, eps=1e-4, group_sizes=valid.sum(axis=1), ddof=1)
+    else:
+        n = valid.sum(axis=1, keepdims=True).astype(np.float64)              # [B, 1]
+        centred = np.where(valid, x - x.sum(axis=1, keepdims=True) / np.maximum(n, 1.0), 0.0)
+    if scale_rewards == "batch":
         centred = centred / (r.std(ddof=1) + 1e-4)
-    elif scale_rewards != "none":
+    elif scale_rewards not in ("group", "none"):
         raise InputError(f"scale_rewards must be 'group', 'batch' or 'none'; got {scale_rewards!r}.")
     out = np.zeros(r.shape[0])
     out[layout[valid]] = centred[valid]
