@@ -67,14 +67,102 @@ def test_record_refuses_rewards_outside_range(tmp_path):
         read_pilot(tmp_path / "p.jsonl")
 
 
-def test_a_pilot_recorded_with_rollout_allocation_is_refused_naming_the_fix(tmp_path):
-    # ragged groups (N_i = 3, 1, 2) are written trimmed to their sizes; the fit needs equal groups
+def test_a_ragged_pilot_round_trips_with_each_prompts_own_count(tmp_path):
+    # a rollout-allocation policy's groups (N_i = 3, 0, 1, 2) are written trimmed to their sizes
     rec = PilotRecorder(tmp_path / "p.jsonl")
-    rec.write(Feedback([0, 1, 2], [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], step=0,
-                       group_sizes=np.array([3, 1, 2])))
-    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[1])["rewards"] == [[1, 0, 1], [1], [0, 1]]
-    with pytest.raises(InputError, match=r"different sizes \(\[1, 2, 3\]\).*without an allocation place"):
-        read_pilot(tmp_path / "p.jsonl")
+    rec.write(Feedback([0, 1, 2, 3], [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], step=0,
+                       group_sizes=np.array([3, 0, 1, 2])))
+    rec.write(Feedback([4, 5], [[1.0, 1.0], [0.0, 1.0]], step=1))                  # an even batch after it
+    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[1])["rewards"] == [[1, 0, 1], [], [1], [0, 1]]
+    p = read_pilot(tmp_path / "p.jsonl")
+    assert p.sizes.tolist() == p.group_sizes.tolist() == [3, 0, 1, 2, 2, 2]
+    np.testing.assert_array_equal(p.rewards, [[1, 0, 1], [0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 1, 0]])
+    assert p.valid.sum(axis=1).tolist() == [3, 0, 1, 2, 2, 2]
+    assert p.step_rollouts == {0: 6, 1: 4} and p.rollouts == 10      # Σ N_i, not B·max N
+    assert p.group_size == 2                                          # Σ N_i / M = 10 / 6, rounded
+    assert read_pilot(_even(tmp_path)).sizes is None
+
+
+def _even(tmp_path):
+    rec = PilotRecorder(tmp_path / "even.jsonl")
+    rec.write(Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0))
+    return tmp_path / "even.jsonl"
+
+
+def _ragged_pilot(tmp_path, steps=60, b=128, g=16, split=(0, 1, 2, 4, 13, 20, 36, 52)):
+    """A uniform proposal with a fixed, data-independent ragged split of each step's B·G
+    rollouts: N_i cycles through `split` (mean G)."""
+    from rlpace import compose
+    from rlpace.policies import make_policy
+    from rlpace.policies._base import ALLOCATION, DataPolicy, EmptyState
+    split = np.asarray(split)
+
+    def apply(state, pool, ids, budget):
+        n = np.resize(split, len(ids)).astype(np.int64)
+        assert n.sum() == budget
+        return n
+    fixed = DataPolicy(ALLOCATION, lambda p: EmptyState(), lambda s, p, f: s, apply, name="fixed_split",
+                       bounds=(0, 64))
+    w = build_world(SC)
+    path = tmp_path / "ragged.jsonl"
+    simulate(SC, compose(make_policy("uniform"), fixed), steps=steps, seed=0, batch_size=b, group_size=g,
+             record=PilotRecorder(path, pool=w.pool))
+    return path, w
+
+
+def test_fit_recovers_a_simulated_learner_from_a_ragged_pilot(tmp_path):
+    """The same learner and tolerances as the even pilot's test, the pilot's groups of
+    0, 1, 2, ..., 52 rollouts: the likelihood takes each prompt's own count."""
+    path, w = _ragged_pilot(tmp_path)
+    pilot = read_pilot(path)
+    assert sorted(set(pilot.sizes.tolist())) == [0, 1, 2, 4, 13, 20, 36, 52]
+    assert pilot.rollouts == 60 * 128 * 16 and pilot.group_size == 16
+    fit = fit_learner(pilot, w.pool)
+    mu, sd = fit.params.mu[w.pool_order], fit.params.sd[w.pool_order]
+    assert abs(fit.params.lr - SC.lr) / SC.lr < 0.25, fit.params.lr
+    assert abs(fit.params.tau - SC.transfer_forward) < 0.2, fit.params.tau
+    np.testing.assert_allclose(mu, SC.difficulty_means(), atol=0.3)
+    np.testing.assert_allclose(sd, 1.0, atol=0.3)
+    assert fit.params.solved.max() < 0.1
+    assert fit.rank[w.pool_order].tolist() == list(range(6))
+
+
+def test_ragged_likelihood_equals_a_per_group_binomial_loop(tmp_path):
+    """The fit's log likelihood at its MAP equals a plain loop over the pilot's groups: group m
+    of n_m rollouts and w_m successes (n_m = 0 groups contribute nothing) has probability
+    π·Bin(w; n, σ(s + 6)) + (1 − π)·mean_q Bin(w; n, σ(s − μ − σ z_q)), and the skill path is
+    lr · M @ cumulative gain, the gain being each step's Σ mean|A| over each group's own N_i / B."""
+    from scipy.special import ndtri
+    from scipy.stats import binom
+    from rlpace.advise import transfer_matrix
+    path, w = _ragged_pilot(tmp_path, steps=12, b=32, g=8, split=(0, 1, 2, 3, 6, 10, 16, 26))
+    pilot = read_pilot(path)
+    fit = fit_learner(pilot, w.pool)
+    p, pos = fit.params, pilot.positions(w.pool)
+    z = ndtri((np.arange(24) + 0.5) / 24)
+    steps = sorted(set(pilot.step.tolist()))
+    k = w.pool.n_domains
+    gain = np.zeros((len(steps), k))
+    for m in range(len(pos)):                      # the signal: mean |A| (population std) over the own N_i
+        n = int(pilot.sizes[m])
+        r = (pilot.rewards[m, :n] >= 0.5).astype(float)
+        if n and r.std() > 0:
+            gain[steps.index(int(pilot.step[m])), w.pool.domains[pos[m]]] += np.abs((r - r.mean()) / (r.std() + 1e-6)
+                                                                                      ).mean() / pilot.batch_size
+    cum = np.vstack([np.zeros(k), np.cumsum(gain, axis=0)])
+    skill = p.lr * cum @ transfer_matrix(fit.rank, p.tau, p.omega).T
+    ll = 0.0
+    for m in range(len(pos)):
+        n = int(pilot.sizes[m])
+        if n == 0:
+            continue
+        wins = int((pilot.rewards[m, :n] >= 0.5).sum())
+        d = w.pool.domains[pos[m]]
+        s = skill[steps.index(int(pilot.step[m])), d]
+        prob = (p.solved[d] * binom.pmf(wins, n, 1 / (1 + np.exp(-(s + 6))))
+                + (1 - p.solved[d]) * np.mean(binom.pmf(wins, n, 1 / (1 + np.exp(-(s - p.mu[d] - p.sd[d] * z))))))
+        ll += np.log(prob)
+    assert fit.log_lik == pytest.approx(ll, rel=1e-4)
 
 
 def test_select_manifest_is_a_profile(tmp_path):
@@ -131,6 +219,40 @@ def test_prediction_on_the_true_learner_matches_direct_simulation(tmp_path):
     assert dump.policy == "dump"
     assert abs(dump.ratio - direct_ratio) < 0.08, (dump.ratio, direct_ratio)
     assert direct_ratio < 0.9                            # the scenario has a saving to predict
+
+
+def test_allocation_policies_are_candidates_with_the_oracle_allocation_as_their_headroom(tmp_path):
+    """knapsack and recommended+knapsack are in the default candidates; predicted on the true
+    learner (as the dump test above) their ratios match a direct simulation of the scenario
+    within seed noise, and the oracle allocation runs beside them as a headroom row of its own."""
+    from rlpace.advise import default_candidates
+    cands = default_candidates()
+    assert {"knapsack", "vip", "recommended+knapsack"} <= set(cands) and "oracle_allocation" not in cands
+    path, w = _pilot(tmp_path, steps=20, b=64, g=8)
+    fit = fit_learner(read_pilot(path), w.pool)
+    k = len(SC.domains)
+    inv = np.argsort(w.pool_order)
+    truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
+    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))
+    steps, b, g = 120, 64, 8
+    pols = ["knapsack", "recommended+knapsack"]
+    pr = predict(fit, w.pool, budget_rollouts=steps * b * g, pilot_rollouts=0, policies=pols, draws=1, seeds=2,
+                 from_start=True)
+    assert set(pr.oracles) == {"oracle_boundary", "oracle_progress", "oracle_allocation"}
+    assert np.isfinite(pr.oracles["oracle_allocation"].ratio)
+    got = {p.policy: p.ratio for p in pr.policies}
+    assert set(got) == set(pols)
+    for pol in pols:
+        direct = []
+        for s in range(2):
+            cu = simulate(SC, "uniform", steps=steps, seed=s, batch_size=b, group_size=g, eval_every=5)
+            ca = simulate(SC, pol, steps=steps, seed=s, batch_size=b, group_size=g, eval_every=5)
+            assert int(ca.rollouts[-1]) == steps * b * g                   # Σ N_i = B·G every step
+            tgt = gain_target(cu.mean_accuracy[0], cu.mean_accuracy[-1])
+            direct.append((cost_to_reach(ca.eval_rollouts, ca.mean_accuracy, tgt)[0],
+                           cost_to_reach(cu.eval_rollouts, cu.mean_accuracy, tgt)[0]))
+        ratio = np.mean([a for a, _ in direct]) / np.mean([u for _, u in direct])
+        assert abs(got[pol] - ratio) < 0.08, (pol, got[pol], ratio)
 
 
 def _cli(argv, capsys):

@@ -47,6 +47,10 @@ class Advice(NamedTuple):
                  "captured", "reached")]
         o = pr.oracle
         rows.append(("oracle (headroom)", f"{o.ratio:.2f}× [{o.low:.2f}, {o.high:.2f}]", f"{o.p_saving:.0%}", "", ""))
+        oa = pr.oracles.get("oracle_allocation")            # run when a candidate allocates rollouts
+        if oa is not None:
+            rows.append(("oracle_allocation (allocation's headroom)", f"{oa.ratio:.2f}× [{oa.low:.2f}, {oa.high:.2f}]",
+                         f"{oa.p_saving:.0%}", "", f"{oa.reached:.0%}"))
         for p in pr.policies:
             cap = "" if not math.isfinite(p.captured) else f"{p.captured:.0%}"
             name = p.policy + (f" (dropped after {pr.screen} draws)" if p.screened_out else "")

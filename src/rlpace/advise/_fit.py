@@ -12,7 +12,11 @@ The family is `rlpace.sim`'s learner (docs/advise.md says why, with the measurem
 skill path is a deterministic function of (lr, τ, ω) and the likelihood of the pilot is a
 product over groups of a binomial integrated over the difficulty prior:
 
-    P(w | k, t) = π_k·Bin(w; G, σ(s_k(t) + 6)) + (1 − π_k)·E_z[Bin(w; G, σ(s_k(t) − μ_k − σ_k z))]
+    P(w | k, t, n) = π_k·Bin(w; n, σ(s_k(t) + 6)) + (1 − π_k)·E_z[Bin(w; n, σ(s_k(t) − μ_k − σ_k z))]
+
+with n the group's own rollouts: G, or N_i when the pilot ran a rollout-allocation policy
+(ragged groups; a group of N_i = 0 carries no likelihood and no signal, and a group's signal is
+the mean |A| over its own N_i, as in the simulator).
 
 (Q equal-probability quantile nodes for z). M(τ, ω)[k, j] = τ^(r_k − r_j) + ω for r_j < r_k and
 ω for r_j > r_k, where r ranks the domains from the easiest (highest pilot pass rate):
@@ -186,16 +190,19 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
 
     pos = pilot.positions(pool)                                                  # [M]
     g = pilot.group_size
-    if g < 2:
-        raise InputError(f"the pilot's groups have {g} rollout; the fit needs G ≥ 2 rollouts per prompt.")
-    succ = pilot.rewards >= pilot.success_threshold                              # [M, G]
+    n_of = pilot.group_sizes.astype(np.int64)                                    # [M] G, or N_i (ragged)
+    valid = pilot.valid                                                          # [M, G] False on padding
+    if int(n_of.max(initial=0)) < 2:
+        raise InputError(f"the pilot's groups have at most {int(n_of.max(initial=0))} rollout; the fit needs "
+                         f"groups of ≥ 2 rollouts.")
+    succ = (pilot.rewards >= pilot.success_threshold) & valid                    # [M, G]
     wins = succ.sum(axis=1).astype(np.int64)                                     # [M]
     dom = pool.domains[pos].astype(np.int64)                                     # [M]
     k = pool.n_domains
     steps, tix = np.unique(pilot.step, return_inverse=True)                     # [T], [M]
     n_t = steps.shape[0]
     b = pilot.batch_size
-    sig = group_signal(succ.astype(np.float64), np.ones_like(succ), np.ones(succ.shape))   # [M]
+    sig = group_signal(succ.astype(np.float64), valid, np.ones(succ.shape))      # [M] mean |A| over each N_i
     if step_norm not in ("auto", "batch", "signal"):
         raise InputError(f"fit_learner step_norm must be 'auto', 'batch' or 'signal'; got {step_norm!r}.")
     raw = np.zeros((n_t, k))
@@ -208,20 +215,24 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
     gain = raw / (b if step_norm == "batch" else np.maximum(raw.sum(axis=1, keepdims=True), 1e-12))
     cum = np.vstack([np.zeros((1, k)), np.cumsum(gain, axis=0)])                # [T + 1, K] before each step
 
-    seen = np.bincount(dom, minlength=k) > 0
-    rate = np.bincount(dom, weights=wins / g, minlength=k) / np.maximum(np.bincount(dom, minlength=k), 1)
+    rolled = n_of > 0                                                            # N_i = 0: never generated
+    seen = np.bincount(dom[rolled], minlength=k) > 0
+    rate = (np.bincount(dom[rolled], weights=wins[rolled] / n_of[rolled], minlength=k)
+            / np.maximum(np.bincount(dom[rolled], minlength=k), 1))
     rate[~seen] = -1.0                                                          # never sampled: hardest
     order = np.argsort(-rate, kind="stable")                                     # easiest first
     rank = np.empty(k, np.int64)
     rank[order] = np.arange(k)
 
-    # rows: unique (domain, step index, wins) with counts
-    key = (dom * n_t + tix) * (g + 1) + wins
+    # rows: unique (domain, step index, rollouts, wins) with counts; a group of 0 rollouts has none
+    gm = int(n_of.max()) + 1
+    key = (((dom * n_t + tix) * gm + n_of) * gm + wins)[rolled]
     uniq, count = np.unique(key, return_counts=True)
-    r_w = (uniq % (g + 1)).astype(np.float64)
-    r_t = (uniq // (g + 1)) % n_t
-    r_k = (uniq // (g + 1)) // n_t
-    lgc = gammaln(g + 1.0) - gammaln(r_w + 1.0) - gammaln(g - r_w + 1.0)
+    r_w = (uniq % gm).astype(np.float64)
+    r_n = ((uniq // gm) % gm).astype(np.float64)                                # the group's own n
+    r_t = (uniq // gm // gm) % n_t
+    r_k = (uniq // gm // gm) // n_t
+    lgc = gammaln(r_n + 1.0) - gammaln(r_w + 1.0) - gammaln(r_n - r_w + 1.0)
     count = count.astype(np.float64)
 
     def neg_log_post(theta):
@@ -234,9 +245,9 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         mu, sd, pi = p.mu[r_k], p.sd[r_k], p.solved[r_k]
         z = _nodes()
         x = skill[:, None] - mu[:, None] - sd[:, None] * z[None, :]                 # [R, Q]
-        llq = lgc[:, None] - r_w[:, None] * np.logaddexp(0.0, -x) - (g - r_w)[:, None] * np.logaddexp(0.0, x)
+        llq = lgc[:, None] - r_w[:, None] * np.logaddexp(0.0, -x) - (r_n - r_w)[:, None] * np.logaddexp(0.0, x)
         xa = skill - SOLVED_D
-        lla = lgc - r_w * np.logaddexp(0.0, -xa) - (g - r_w) * np.logaddexp(0.0, xa)
+        lla = lgc - r_w * np.logaddexp(0.0, -xa) - (r_n - r_w) * np.logaddexp(0.0, xa)
         la = np.log(pi) + lla                                                       # [R]
         lq = np.log1p(-pi)[:, None] - math.log(_Q) + llq                            # [R, Q]
         top = np.maximum(la, lq.max(axis=1))
@@ -244,8 +255,8 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         tot = ea + eq.sum(axis=1)
         ll = top + np.log(tot)                                                      # [R]
         rho_a, rho_q = ea / tot, eq / tot[:, None]                                  # responsibilities
-        sc_q = r_w[:, None] - g * _sigmoid(x)                                       # ∂llq/∂x  [R, Q]
-        sc_a = r_w - g * _sigmoid(xa)
+        sc_q = r_w[:, None] - r_n[:, None] * _sigmoid(x)                            # ∂llq/∂x  [R, Q]
+        sc_a = r_w - r_n * _sigmoid(xa)
         c = count
         d_mu = -(c[:, None] * rho_q * sc_q).sum(axis=1)                             # [R]
         d_lsd = -(c[:, None] * rho_q * sc_q * z[None, :]).sum(axis=1) * sd
@@ -275,7 +286,7 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
     p = _unpack(theta, k)
     return LearnerFit(tuple(pool.domain_names), p, theta, cov, rank, -float(res.fun) - _log_prior(theta, k),
                       int(pos.shape[0]), int(n_t), int(g), int(b), seen, bool(n_t >= 2), step_norm, math.nan,
-                      {"pos": pos, "wins": wins, "tix": tix, "dom": dom, "cum": cum})
+                      {"pos": pos, "wins": wins, "n": n_of, "tix": tix, "dom": dom, "cum": cum})
 
 
 def _laplace_cov(grad, theta: np.ndarray, h: float = 1e-4) -> np.ndarray:
@@ -314,11 +325,11 @@ def prompt_difficulties(fit: LearnerFit, p: LearnerParams, n_pool: int, domain: 
     data = fit.data
     if data["pos"].size:
         skill = (p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau, p.omega).T)[data["tix"], data["dom"]]   # [M]
-        w, g = data["wins"].astype(np.float64), fit.group_size
+        w, g = data["wins"].astype(np.float64), data["n"].astype(np.float64)[:, None]   # [M], [M, 1]
         x = skill[:, None] - np.concatenate([np.full((skill.size, 1), SOLVED_D),
                                              p.mu[data["dom"]][:, None] + p.sd[data["dom"]][:, None] * z[None, :]],
                                             axis=1)                                         # [M, Q + 1]
-        ll = -w[:, None] * np.logaddexp(0.0, -x) - (g - w)[:, None] * np.logaddexp(0.0, x)
+        ll = -w[:, None] * np.logaddexp(0.0, -x) - (g - w[:, None]) * np.logaddexp(0.0, x)
         uniq, inv = np.unique(data["pos"], return_inverse=True)
         tot = np.zeros((uniq.size, _Q + 1))
         np.add.at(tot, inv, ll)
@@ -388,21 +399,21 @@ def rate_discrepancy(pilot: Pilot, pool: Pool, fit: LearnerFit, *, split: float 
     cut = int(steps[n_early])
     early = pilot.step < cut
     sub = pilot._replace(prompt_ids=pilot.prompt_ids[early], step=pilot.step[early], rewards=pilot.rewards[early],
-                         evals=[e for e in pilot.evals if e[0] < cut])
+                         evals=[e for e in pilot.evals if e[0] < cut],
+                         sizes=None if pilot.sizes is None else pilot.sizes[early])
     fa = fit_learner(sub, pool, step_norm=fit.step_norm)
     pa = fa.params
     d = fit.data
     skill = (pa.lr * d["cum"][:-1] @ transfer_matrix(fa.rank, pa.tau, pa.omega).T)[d["tix"], d["dom"]]    # [M] early fit
     late = d["tix"] >= n_early
     from scipy.special import gammaln
-    g = fit.group_size
     logc = np.linspace(-3.0, 3.0, 121)
     est, se = nan.copy(), nan.copy()
     for j in range(k):
-        rows = late & (d["dom"] == j)
+        rows = late & (d["dom"] == j) & (d["n"] > 0)
         if not rows.any() or skill[rows].mean() < MIN_GROWTH:
             continue
-        w = d["wins"][rows].astype(np.float64)
+        w, g = d["wins"][rows].astype(np.float64), d["n"][rows].astype(np.float64)
         lgc = gammaln(g + 1.0) - gammaln(w + 1.0) - gammaln(g - w + 1.0)
         ll = np.array([_log_binom_mix(w, g, np.exp(c) * skill[rows], np.full(w.size, pa.mu[j]),
                                       np.full(w.size, pa.sd[j]), np.full(w.size, pa.solved[j]), lgc).sum()

@@ -40,6 +40,9 @@ from ._fit import (HELDOUT, EVAL_MODES, LearnerFit, LearnerParams, draw_params, 
 __all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES"]
 
 ORACLES = ("oracle_boundary", "oracle_progress")
+#: the headroom of rollout allocation (Knapsack RL's DP on the true pass rates), run beside the
+#: candidates when one of them has an allocation place; a row of its own, not in `ORACLES`' best
+ALLOCATION_ORACLE = "oracle_allocation"
 _HELDOUT = HELDOUT
 #: a candidate is dropped after the screening draws when it is this much worse than the best
 #: candidate on every one of them: the advice's own tolerance (its pick must be within 0.1 of
@@ -82,13 +85,22 @@ class Prediction(NamedTuple):
 
 
 def default_candidates() -> list[str]:
-    """`recommended`, then every registered proposal policy and every admission policy (as
+    """`recommended`, then every registered proposal policy, every admission policy and every
+    rollout-allocation policy, alone and after `recommended` (`recommended+knapsack`; as
     benchmarks/headroom.py compares them), without uniform and the oracles."""
     from ..policies import make_method, names
     from ..sim import proposal_names
     adm = [n for n in names() if not n.startswith("oracle_") and make_method(n).admission.name != "keep_all"]
-    out = ["recommended", *proposal_names(), *adm]
+    alloc = [n for n in names() if _allocates(n) and not n.startswith("oracle_")]
+    out = ["recommended", *proposal_names(), *adm, *alloc, *[f"recommended+{n}" for n in alloc]]
     return [p for p in dict.fromkeys(out) if p != "uniform"]
+
+
+def _allocates(policy: str) -> bool:
+    """True when `policy` has a rollout-allocation place (`knapsack`, `gvm`, `vip`, ...)."""
+    from ..policies import is_neutral, make_method
+    alloc = make_method(policy).allocation
+    return alloc is not None and not is_neutral(alloc)
 
 
 def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng: np.random.Generator,
@@ -232,7 +244,11 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     eval_every = max(1, steps // 25)
     measure = (max(1, steps // 50) if oracle_every is None else int(oracle_every), int(oracle_rollouts),
                bool(oracle_exact))
-    run_names = ["uniform", *ORACLES, *[p for p in policies if p not in ("uniform", *ORACLES)]]
+    head = ["uniform", *ORACLES]                        # always run, never screened out
+    cands = [p for p in policies if p not in ("uniform", *ORACLES, ALLOCATION_ORACLE)]
+    if any(_allocates(p) for p in cands):                # allocation's headroom: a row of its own
+        head.append(ALLOCATION_ORACLE)
+    run_names = [*head, *cands]
     rng_draw = np.random.default_rng([seed, 0xAD715E])
     n_alt = 0 if alternative is None else int(np.clip(alternative[1], 0, draws - 1))
     params = draw_params(fit, draws - n_alt, rng_draw)
@@ -258,9 +274,9 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         for rng_j, names_j in stages:
             if names_j is None:                          # after screening: drop the dominated candidates
                 scr = {p: cost[p][:screen].mean(axis=1) / np.maximum(cost["uniform"][:screen].mean(axis=1), 1e-9)
-                       for p in run_names[3:]}
+                       for p in run_names[len(head):]}
                 keep = set(survivors(scr)) if scr else set()
-                kept = names_j = [p for p in run_names if p in run_names[:3] or p in keep]
+                kept = names_j = [p for p in run_names if p in head or p in keep]
             jobs_list = [(fits[j], pool, params[j], j, names_j, seeds, seed, steps, eval_every, measure, from_start,
                           offset, fraction, grid, float(rate_sd), heldout_eval) for j in rng_j]
             results = ex.map(_one_draw, jobs_list) if ex is not None else map(_one_draw, jobs_list)
@@ -289,12 +305,12 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     orc = np.minimum(ratio[ORACLES[0]], ratio[ORACLES[1]])
     oracle = summary(min(ORACLES, key=lambda o: np.median(ratio[o])), orc)._replace(policy="oracle")
     preds = []
-    for p in run_names[3:]:
+    for p in run_names[len(head):]:
         pp = summary(p, ratio[p])
         preds.append(pp._replace(captured=captured_share(pp.ratio, oracle.ratio)))
     preds.sort(key=lambda x: (x.screened_out, x.ratio))     # the kept candidates first, best first
     curves = {p: (grid, np.asarray(acc_grid[p])) for p in run_names}
-    each = {o: summary(o, ratio[o]) for o in ORACLES}
+    each = {o: summary(o, ratio[o]) for o in head[1:]}      # ORACLES, and ALLOCATION_ORACLE when run
     return Prediction(preds, oracle, each, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
                       int(budget_rollouts), int(pilot_rollouts), steps, b, g, draws, seeds,
                       time.perf_counter() - t0, screen, n_alt, float(rate_sd), heldout_eval)

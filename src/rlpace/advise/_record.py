@@ -11,9 +11,10 @@ batch (a step's first batch, or one of its refills):
     {"step": 50, "eval": {"acc_mean": 0.63}}          (an evaluation without a batch: the final one)
 
 `prompt_ids` are the pool's stable ids (`Pool.ids`, verl's `extra_info.index`) when the
-writer was given the pool, else pool positions (`"ids": "positions"`); `rewards` is [B, G];
-`rollouts` every rollout the batch cost (refills, probes and measurements included; default
-B·G); `eval` the held-out evaluation made before this batch, if any. A rollout is a success
+writer was given the pool, else pool positions (`"ids": "positions"`); `rewards` is [B, G], or
+one list of N_i rewards per prompt when a rollout-allocation policy gave the prompts different
+counts (ragged rows; N_i = 0 is an empty list); `rollouts` every rollout the batch cost
+(refills, probes and measurements included; default B·G, or Σ N_i); `eval` the held-out evaluation made before this batch, if any. A rollout is a success
 when its reward ≥ `success_threshold`: the fitted learner models binary outcomes, as GRPO's
 verifiable rewards are.
 
@@ -49,12 +50,15 @@ class Pilot(NamedTuple):
     Attributes:
         prompt_ids: object[M] the prompts' ids as recorded (pool ids or positions).
         step: int64[M] trainer step each group was generated at.
-        rewards: float64[M, G] rewards (G equal for every group).
+        rewards: float64[M, G] rewards; with ragged groups, row m's first `sizes[m]` entries
+            (G = the largest group, padding 0).
         step_rollouts: dict step -> rollouts spent at that step (refills, probes included).
         evals: list of (step, rollouts spent before it, acc_mean) held-out evaluations.
         reward_range: (low, high) the record declares; success_threshold: reward ≥ it is a success.
         ids: "pool" (stable ids) or "positions".
         kind: "training" (a run that learned) or "profile" (base-model samples, no training).
+        sizes: int64[M] rollouts of each group when they differ (a pilot recorded with a
+            rollout-allocation policy: N_i ≥ 0 per prompt), None when every group has G.
     """
 
     prompt_ids: np.ndarray
@@ -66,6 +70,7 @@ class Pilot(NamedTuple):
     success_threshold: float
     ids: str
     kind: str
+    sizes: np.ndarray | None = None
 
     @property
     def steps(self) -> np.ndarray:
@@ -79,7 +84,23 @@ class Pilot(NamedTuple):
 
     @property
     def group_size(self) -> int:
-        return int(self.rewards.shape[1])
+        """G: the rollouts per group, or with ragged groups the mean Σ N_i / M rounded (the
+        step's budget per prompt, W / B, when the record lists the prompts allocated 0)."""
+        if self.sizes is None:
+            return int(self.rewards.shape[1])
+        return int(max(1, round(float(self.sizes.sum()) / max(self.sizes.shape[0], 1))))
+
+    @property
+    def group_sizes(self) -> np.ndarray:
+        """int64[M] rollouts of each group (G for all when the groups are equal)."""
+        if self.sizes is not None:
+            return self.sizes
+        return np.full(self.rewards.shape[0], self.rewards.shape[1], dtype=np.int64)
+
+    @property
+    def valid(self) -> np.ndarray:
+        """bool[M, G] the rewards that were generated (False on a ragged row's padding)."""
+        return np.arange(self.rewards.shape[1])[None, :] < self.group_sizes[:, None]
 
     @property
     def batch_size(self) -> int:
@@ -228,8 +249,7 @@ def read_pilot(path) -> Pilot:
         raise InputError(f"pilot {path} has version {header.get('version')!r}; this rlpace reads version {VERSION}.")
     lo, hi = (float(x) for x in header.get("reward_range", (0.0, 1.0)))
     thr = float(header.get("success_threshold", 0.5))
-    ids, steps, rows, spent, evals = [], [], [], {}, []
-    g = None
+    ids, steps, rows, sizes, spent, evals = [], [], [], [], {}, []
     for n, ln in enumerate(lines[1:], start=2):
         try:
             rec = json.loads(ln)
@@ -237,38 +257,40 @@ def read_pilot(path) -> Pilot:
                 evals.append((int(rec["step"]), sum(spent.values()), _eval_record(rec["eval"])["acc_mean"]))
                 continue
             t, pid, raw = int(rec["step"]), list(rec["prompt_ids"]), rec["rewards"]
-            if isinstance(raw, list) and len({len(r) for r in raw if isinstance(r, list)}) > 1:
-                raise InputError(f"pilot {path} line {n} has groups of different sizes "
-                                 f"({sorted({len(r) for r in raw})}): it was recorded with a rollout-allocation "
-                                 f"policy, and advise fits equal groups; record the pilot with a policy without "
-                                 f"an allocation place (e.g. uniform).")
-            rew = np.asarray(raw, dtype=np.float64)
+            if not isinstance(raw, list) or not all(isinstance(r, list) for r in raw):
+                raise TypeError("rewards is not a list of lists")
+            size = np.array([len(r) for r in raw], dtype=np.int64)          # [B] N_i: ragged with allocation
+            rew = np.zeros((len(raw), int(size.max(initial=0))))
+            for i, r in enumerate(raw):
+                rew[i, :len(r)] = np.asarray(r, dtype=np.float64)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise InputError(f"pilot {path} line {n} is not a batch record ({type(e).__name__}: {e}); each line "
-                             f"needs step, prompt_ids and rewards [B, G].") from None
-        if rew.ndim != 2 or rew.shape[0] != len(pid) or not np.isfinite(rew).all():
-            raise InputError(f"pilot {path} line {n}: rewards must be a finite [B, G] list with one row per "
-                             f"prompt id; got shape {rew.shape} for {len(pid)} ids.")
-        if rew.size and (rew.min() < lo or rew.max() > hi):
-            raise InputError(f"pilot {path} line {n}: rewards span [{rew.min():g}, {rew.max():g}], outside the "
+                             f"needs step, prompt_ids and rewards [B, G] (or one list of N_i rewards per "
+                             f"prompt).") from None
+        if rew.shape[0] != len(pid) or not np.isfinite(rew).all():
+            raise InputError(f"pilot {path} line {n}: rewards must be finite, one row per prompt id; got "
+                             f"{rew.shape[0]} rows for {len(pid)} ids.")
+        live = rew[np.arange(rew.shape[1])[None, :] < size[:, None]]
+        if live.size and (live.min() < lo or live.max() > hi):
+            raise InputError(f"pilot {path} line {n}: rewards span [{live.min():g}, {live.max():g}], outside the "
                              f"declared reward_range [{lo:g}, {hi:g}]; fix the verifier or the header's range.")
-        if g is None and rew.size:
-            g = rew.shape[1]
-        if rew.size and rew.shape[1] != g:
-            raise InputError(f"pilot {path} line {n}: group size {rew.shape[1]} differs from the first batch's "
-                             f"{g}; record one group size per pilot.")
         ev = rec.get("eval")
         if ev is not None:
             evals.append((t, sum(spent.values()), _eval_record(ev)["acc_mean"]))
-        spent[t] = spent.get(t, 0) + int(rec.get("rollouts", rew.size))
+        spent[t] = spent.get(t, 0) + int(rec.get("rollouts", int(size.sum())))
         ids += pid
         steps += [t] * len(pid)
-        if rew.size:
+        if len(pid):
             rows.append(rew)
-    if not rows:
+            sizes.append(size)
+    if not rows or not sum(int(s.sum()) for s in sizes):
         raise InputError(f"pilot {path} holds no batch; record at least one step.")
-    return Pilot(np.asarray(ids, dtype=object), np.asarray(steps, dtype=np.int64), np.concatenate(rows), spent,
-                 evals, (lo, hi), thr, str(header.get("ids", "pool")), str(header.get("kind", "training")))
+    g = max(r.shape[1] for r in rows)
+    sizes = np.concatenate(sizes)
+    rewards = np.concatenate([np.pad(r, ((0, 0), (0, g - r.shape[1]))) for r in rows])
+    return Pilot(np.asarray(ids, dtype=object), np.asarray(steps, dtype=np.int64), rewards, spent,
+                 evals, (lo, hi), thr, str(header.get("ids", "pool")), str(header.get("kind", "training")),
+                 None if (sizes == g).all() else sizes)
 
 
 def pilot_from_select(manifest_path) -> Pilot:
