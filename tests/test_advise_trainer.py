@@ -124,6 +124,33 @@ def test_cli_advise_runs_its_pilot_then_reprofiles_the_run(tmp_path, cache, caps
     assert json.loads((tmp_path / "p" / "advice.json").read_text())["pilot_rollouts"] == 160
 
 
+def test_cli_advise_fits_a_knapsack_pilot_of_the_trainer(tmp_path, cache, capsys):
+    """A pilot run with a rollout-allocation policy (`policy=knapsack`, the built-in trainer's
+    `record=`): its ragged record reads back with each step's N_i and rewards as the trainer
+    logged them, its rollouts are Σ N_i, and advise fits it and predicts knapsack beside the
+    oracle allocation."""
+    run = tmp_path / "run"
+    rc, text, err = _cli(["advise", *_tiny_overrides(cache, run, steps=50, policy="knapsack",
+                                                      policy_kwargs='{"min_count": 2, "max_n": 10}'),
+                          "--policies", "knapsack", "--draws", "2", "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    pilot = read_pilot(run / "pilot" / "pilot.jsonl")
+    logged = [r for r in read_log(run / "pilot") if not r.get("final")]
+    assert [r["step"] for r in logged] == list(range(10))
+    assert pilot.sizes is not None and len(set(pilot.sizes.tolist())) > 1          # ragged: knapsack split
+    for r in logged:
+        rows = pilot.step == r["step"]
+        assert pilot.sizes[rows].tolist() == r["group_sizes"] and sum(r["group_sizes"]) == 16
+        assert pilot.step_rollouts[r["step"]] == r["rollouts"] == 16
+        live = pilot.rewards[rows][pilot.valid[rows]]                             # the Σ N_i rewards
+        assert live.size == 16 and live.mean() == pytest.approx(r["reward_mean"], abs=1e-6)
+    adv = json.loads((tmp_path / "o" / "advice.json").read_text())
+    assert adv["pilot_rollouts"] == pilot.rollouts == 10 * 16 == logged[-1]["rollouts_total"]
+    assert adv["fit"]["groups"] == int(pilot.sizes.size)
+    assert [p["policy"] for p in adv["policies"]] == ["knapsack"] and "oracle_allocation" in adv["oracles"]
+    assert "oracle_allocation (allocation's headroom)" in text
+
+
 def test_cli_advise_bad_inputs(tmp_path, cache, capsys):
     out = tmp_path / "o"
     # no pilot at all; two pilots at once
