@@ -26,6 +26,7 @@ exactly the sequential loop, computed in closed form: with m groups x_0..x_{m−
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -54,6 +55,79 @@ class MoppsPriorState(NamedTuple):
     predictor: PredictorState  # the pass-rate model over prompt features (rlpace.predict)
     #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
+
+
+class MovedIndex:
+    """Which prompts' Beta posteriors may have left the prior: bool[N] beside a state's (α, β)
+    arrays, never in them (nothing new to save or restore).
+
+    Why: in a large pool almost every candidate is still at the prior, yet reading its α and β
+    costs two random reads of N-long arrays per candidate (≈ 16k per step for 512 slots at
+    ratio 16, most of a step at N = 10⁶). The mask is 8× smaller than the two arrays, and only
+    the candidates it marks are read from them; the others are at the prior by construction.
+    A copy of the mask in the order of `Pool.members(arms)` lets the per-arm selection look its
+    candidates up by their member positions (increasing addresses) and skip the member → prompt
+    lookup for all but the candidates it reads or keeps.
+
+    The mask belongs to one pair of arrays (held by weak reference): it is rebuilt in one O(N)
+    pass from the values whenever it is asked about other arrays (a new Scheduler, a
+    `load_state_dict`, a copied state), and `touch` marks the prompts an update wrote. It is a
+    superset — a marked prompt back at the prior (possible with decay < 1) is read and found
+    at the prior — so the values drawn from are always exactly α[ids], β[ids].
+    """
+
+    def __init__(self, prior_alpha: float, prior_beta: float):
+        self.prior = (float(prior_alpha), float(prior_beta))
+        self._entries: dict = {}     # id(α) -> [weakref α, weakref β, bool[N], {arms: (order, rank, bool[N])}]
+
+    def _entry(self, alpha: np.ndarray, beta: np.ndarray, build: bool):
+        e = self._entries.get(id(alpha))
+        if e is not None and e[0]() is alpha and e[1]() is beta:
+            return e
+        if not build:
+            return None
+        for k in [k for k, v in self._entries.items() if v[0]() is None or v[1]() is None]:
+            del self._entries[k]     # states that no longer exist
+        moved = (alpha != self.prior[0]) | (beta != self.prior[1])
+        e = self._entries[id(alpha)] = [weakref.ref(alpha), weakref.ref(beta), moved, {}]
+        return e
+
+    def flags(self, alpha: np.ndarray, beta: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+        """bool[N] the mask in pool order, or in the order of the permutation `order`
+        (`Pool.members(arms)`'s): flags[r] for the prompt order[r]."""
+        e = self._entry(alpha, beta, build=True)
+        if order is None:
+            return e[2]
+        by = e[3].get(id(order))
+        if by is None or by[0] is not order:
+            rank = np.empty(order.shape[0], np.int32 if order.shape[0] < 2**31 else np.int64)
+            rank[order] = np.arange(order.shape[0])
+            by = e[3][id(order)] = (order, rank, e[2][order])
+        return by[2]
+
+    def touch(self, alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray) -> None:
+        """Mark the prompts `ids` (written by an update of these arrays)."""
+        e = self._entry(alpha, beta, build=False)
+        if e is not None:            # otherwise `flags` builds it from the values
+            e[2][ids] = True
+            for _, rank, by in e[3].values():
+                by[rank[ids]] = True
+
+    def read(self, alpha: np.ndarray, beta: np.ndarray, flagged: np.ndarray,
+             ids_of) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(α[ids], β[ids], moved) of m candidates, `flagged` bool[m] their flags and
+        `ids_of(sel)` the prompt ids of the candidates `sel` (an index array or slice): the
+        arrays are read only where the flag is set, `moved` (int64, increasing) — every other
+        candidate is at the prior; moved is None when most are flagged and all were read."""
+        moved = np.flatnonzero(flagged)
+        if 2 * moved.size > flagged.size:    # mostly moved (a small or well-explored pool)
+            ids = ids_of(slice(None))
+            return alpha[ids], beta[ids], None
+        a, b = np.full(flagged.shape[0], self.prior[0]), np.full(flagged.shape[0], self.prior[1])
+        at = ids_of(moved)
+        a[moved] = alpha[at]
+        b[moved] = beta[at]
+        return a, b, moved
 
 
 def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
@@ -85,18 +159,20 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
         param[uniq] = decay ** count * param[uniq] + inc
 
 
-def _beta_draw(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _beta_draw(rng, a: np.ndarray, b: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray:
     """Beta(a, b) draws as X / (X + Y), X ~ Gamma(a), Y ~ Gamma(b): the same law as
     `rng.beta`, 4× faster at the prior (1, 1) where numpy uses Jöhnk's rejection method.
     In a large pool almost every candidate is still at the uniform prior Beta(1, 1), which is
-    Uniform(0, 1): those get one uniform draw each, not two gamma draws (8× cheaper)."""
-    flat = (a == 1.0) & (b == 1.0)
+    Uniform(0, 1): those get one uniform draw each, not two gamma draws (8× cheaper).
+    `flat`, when the caller knows it, must equal (a == 1) & (b == 1)."""
+    if flat is None:
+        flat = (a == 1.0) & (b == 1.0)
     n_flat = int(np.count_nonzero(flat))
     if n_flat:
         out = np.empty(a.shape[0])
         out[flat] = rng.random(n_flat)
         if n_flat < a.shape[0]:
-            rest = ~flat
+            rest = np.flatnonzero(~flat)
             out[rest] = _gamma_ratio(rng, a[rest], b[rest])   # none of these is flat
         return out
     return _gamma_ratio(rng, a, b)
@@ -172,6 +248,53 @@ def _nearest_in_each_arm(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) ->
     m, n_arms = dist.size, keep.size
     if m == 0:
         return np.zeros(0, np.int64)
+    kept = _near_enough(arm, dist, keep)
+    if kept is None:
+        kept = _by_histogram(arm, dist, keep)
+    sub_arm = arm[kept]
+    by = _by_arm_then_distance(sub_arm, dist[kept])
+    lens = np.bincount(sub_arm, minlength=n_arms)
+    a = sub_arm[by]
+    rank = np.arange(by.size) - (np.cumsum(lens) - lens)[a]
+    return kept[by[rank < keep[a]]]
+
+
+def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndarray | None:
+    """Increasing positions that hold every arm's keep[a] nearest (a superset), found with one
+    threshold for all arms: τ ≈ the (2·Σ keep)-th smallest distance (read off every 8th
+    candidate: cheap, and only the size of the superset depends on it), and every candidate at
+    most τ; an arm with fewer than keep[a] of those contributes all its candidates (`arm` is
+    non-decreasing, so an arm's candidates are one block). None when that leaves more than a
+    quarter of the candidates (arms whose candidates all lie far from the target: a small or
+    well-explored pool), for `_by_histogram`. Every candidate left out of an arm that
+    passed is farther than τ ≥ each of its keep[a] nearest, ties at τ included, so the
+    first keep[a] of each arm in (arm, distance, position) order are the same."""
+    m, total = dist.size, int(keep.sum())
+    kth = 2 * total
+    if kth >= m // 4:
+        return None
+    sample = dist[::8]
+    k8 = min(kth // 8, sample.size - 1)
+    tau = np.partition(sample, k8)[k8]
+    near = dist <= tau
+    have = np.bincount(arm[near], minlength=keep.size)
+    short = have < keep
+    if short.any():
+        ends = np.searchsorted(arm, np.flatnonzero(short), side="right")
+        starts = np.searchsorted(arm, np.flatnonzero(short), side="left")
+        if int((ends - starts).sum()) + kth > m // 4:
+            return None
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            near[lo:hi] = True
+    return np.flatnonzero(near)
+
+
+def _by_histogram(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Increasing positions that hold every arm's keep[a] nearest (a superset): per arm, the
+    candidates up to the histogram bucket of |γ − target| = sqrt(dist) that holds its
+    keep[a]-th nearest (the bucket is monotone in dist, so every candidate left out is farther
+    than every one kept)."""
+    m, n_arms = dist.size, keep.size
     root = np.sqrt(dist)
     top = float(root.max())
     if not 0.0 < top < np.inf:                          # every distance 0 (or not finite)
@@ -183,12 +306,7 @@ def _nearest_in_each_arm(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) ->
         cum = np.bincount(arm * nb + bucket, minlength=n_arms * nb).reshape(n_arms, nb).cumsum(axis=1)
         last = np.count_nonzero(cum < keep[:, None], axis=1)     # bucket of each arm's keep-th
         kept = np.flatnonzero(bucket <= last[arm])
-    sub_arm = arm[kept]
-    by = _by_arm_then_distance(sub_arm, dist[kept])
-    lens = np.bincount(sub_arm, minlength=n_arms)
-    a = sub_arm[by]
-    rank = np.arange(by.size) - (np.cumsum(lens) - lens)[a]
-    return kept[by[rank < keep[a]]]
+    return kept
 
 
 def _candidates(rng: np.random.Generator, size: int, n: int, ratio: int) -> np.ndarray:
@@ -251,7 +369,12 @@ def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) 
     in range i, so a repeat is redrawn in its own range. The few redraws are checked against
     the sorted values kept (a search, not another sort of all m). The sorted order also makes
     the callers' gathers from N-long arrays run forward through memory."""
-    value = np.sort(lo + (rng.random(lo.size) * width).astype(np.int64))
+    value = lo + (rng.random(lo.size) * width).astype(np.int64)
+    if value.size and int(lo[-1]) + int(width[-1]) <= 1 << 32:
+        # the values fit in 32 bits (the last range ends highest): numpy sorts those twice as fast
+        value = np.sort(value.astype(np.uint32)).astype(np.int64)
+    else:
+        value = np.sort(value)
     again = np.flatnonzero(value[1:] == value[:-1]) + 1               # every copy after the first
     if again.size == 0:
         return value
@@ -320,6 +443,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
                hint=" (weight of the predictor prior for unseen prompts; 0 = off)")
     check_int("mopps", "prior_stage_steps", prior_stage_steps, hint=" (updates per predictor stage)")
     pr = predictor(stage_steps=prior_stage_steps, owner="mopps") if prior_strength > 0 else None
+    moved = MovedIndex(prior_alpha, prior_beta)
 
     def init(pool):
         n = len(pool)
@@ -333,6 +457,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         losses = batch.rewards.shape[1] - wins                     # n·(1 − s)
         beta_posterior_update(state.alpha, state.beta, batch.prompt_ids, wins, losses,
                               decay, prior_alpha, prior_beta)
+        moved.touch(state.alpha, state.beta, batch.prompt_ids)
         if pr is not None:
             g = float(batch.rewards.shape[1])
             b = batch.prompt_ids.shape[0]
@@ -345,27 +470,39 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
             return np.zeros(0, dtype=np.int64)
         if probs is None:                                           # the paper's rule, pool-wide
             cand, counts = _candidates(rng, len(pool), n, ratio), None
+            flagged = moved.flags(state.alpha, state.beta)[cand]
+
+            def ids_of(sel):
+                return cand[sel]
         else:                                                       # per arm: n_k, then the rule
             counts, order, offsets = split_by_arm(pool, n, probs, arms, rng, "mopps")
             pos, arm = _candidates_by_arm(rng, offsets, counts, ratio)
-            cand = order[pos]
-        a, b = state.alpha[cand], state.beta[cand]
+            # candidates stay member positions (`pos`, increasing); prompt ids only where needed
+            flagged = moved.flags(state.alpha, state.beta, order)[pos]
+
+            def ids_of(sel):
+                return order[pos[sel]]
+        a, b, read = moved.read(state.alpha, state.beta, flagged, ids_of)
+        flat = None
+        if read is not None and pr is None and prior_alpha == 1.0 and prior_beta == 1.0:
+            flat = ~flagged                                         # at the prior Beta(1, 1)
+            flat[read] = (a[read] == 1.0) & (b[read] == 1.0)
         if pr is not None:
             unseen = (a == prior_alpha) & (b == prior_beta)
             if unseen.any():
-                pi = pr.predict(state.predictor, pool, cand[unseen])
+                pi = pr.predict(state.predictor, pool, ids_of(unseen))
                 a, b = a.copy(), b.copy()
                 a[unseen] += prior_strength * pi
                 b[unseen] += prior_strength * (1.0 - pi)
-        gamma = _beta_draw(rng, a, b)                                  # Thompson draw
+        gamma = _beta_draw(rng, a, b, flat)                            # Thompson draw
         dist = (gamma - target) ** 2
         if counts is None:
-            return cand[_closest(dist, n)].astype(np.int64)
+            return ids_of(_closest(dist, n)).astype(np.int64)
         # Each arm keeps its counts[k] candidates closest to the target among its own
         # (`cand` holds the arms' candidates one arm after another): the first counts[k] of
         # each arm in the order (arm, distance) — `_closest` per arm, without a Python loop
         # over hundreds of clusters.
-        return cand[_nearest_in_each_arm(arm, dist, counts[counts > 0])].astype(np.int64)
+        return ids_of(_nearest_in_each_arm(arm, dist, counts[counts > 0])).astype(np.int64)
 
     def check_state(state, pool):
         if pr is not None:

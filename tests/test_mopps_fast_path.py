@@ -1,0 +1,162 @@
+"""MoPPS's selection reads α and β only for the candidates whose posterior left the prior
+(`MovedIndex`): the proposals must be those of the plain rule — every candidate's (α, β)
+read, a Beta draw for each, the nearest to the target kept — on the same random stream,
+and stay so across checkpoints, shared method objects and forgetting (decay < 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlpace import Feedback, Pool, Scheduler
+from rlpace.policies import make_method
+from rlpace.policies._mopps import (MovedIndex, _beta_draw, _candidates, _candidates_by_arm, _distinct_draw,
+                                    _nearest_in_each_arm)
+from rlpace.policies._uniform import split_by_arm
+
+
+def _plain_mopps_apply(alpha, beta, pool, n, probs, rng, ratio=16, target=0.5):
+    """The rule written out: candidates (the shared draw helpers), every candidate's (α, β)
+    read, one uniform per candidate at Beta(1, 1) in candidate order and Gamma draws for the
+    rest (`_beta_draw`'s law and stream, as a loop), then the nearest per arm by a full sort."""
+    if probs is None:
+        cand = _candidates(rng, len(pool), n, ratio)
+        arm = np.zeros(cand.size, np.int64)
+        keep = np.array([n])
+    else:
+        counts, order, offsets = split_by_arm(pool, n, probs, "domain", rng, "mopps")
+        pos, arm = _candidates_by_arm(rng, offsets, counts, ratio)
+        cand = order[pos]
+        keep = counts[counts > 0]
+    a, b = alpha[cand], beta[cand]
+    flat = [j for j in range(cand.size) if a[j] == 1.0 and b[j] == 1.0]
+    rest = [j for j in range(cand.size) if not (a[j] == 1.0 and b[j] == 1.0)]
+    gamma = np.empty(cand.size)
+    for j in flat:
+        gamma[j] = rng.random()
+    x = [rng.standard_gamma(a[j]) for j in rest]
+    y = [rng.standard_gamma(b[j]) for j in rest]
+    for j, xj, yj in zip(rest, x, y):
+        gamma[j] = xj / (xj + yj)
+    dist = (gamma - target) ** 2
+    out = []
+    for k in range(keep.size):
+        mine = np.flatnonzero(arm == k)
+        by = sorted(mine.tolist(), key=lambda j: (dist[j], j))
+        out += by[:keep[k]]
+    return cand[np.array(out, dtype=np.int64)]
+
+
+@pytest.mark.parametrize("with_mixture", [False, True])
+@pytest.mark.parametrize("seen_share", [0.0, 0.01, 0.3, 0.9])
+def test_selection_equals_the_plain_rule(with_mixture, seen_share):
+    rng = np.random.default_rng(int(seen_share * 100) + with_mixture)
+    n_pool = 20_000
+    pool = Pool(rng.integers(0, 5, size=n_pool))
+    policy = make_method("recommended" if with_mixture else "mopps").selection
+    state = policy.init(pool)
+    seen = rng.random(n_pool) < seen_share
+    state.alpha[seen] = rng.integers(1, 9, size=int(seen.sum())).astype(float)
+    state.beta[seen] = rng.integers(1, 9, size=int(seen.sum())).astype(float)
+    probs = np.array([0.1, 0.4, 0.05, 0.25, 0.2]) if with_mixture else None
+    arms = "domain" if with_mixture else None
+    for step in range(6):
+        n = [512, 1, 37, 200, 64, 3][step]
+        got = policy.apply(state, pool, n, probs, arms, np.random.default_rng([4, step]))
+        want = _plain_mopps_apply(state.alpha, state.beta, pool, n, probs, np.random.default_rng([4, step]))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_moved_index_follows_updates_decay_and_new_arrays():
+    """With λ = 0.5 a prompt can come back to the prior (here α, β = 1, 1 exactly): its flag
+    stays set and its values are read; arrays it was not built for get a fresh mask."""
+    idx = MovedIndex(1.0, 1.0)
+    alpha, beta = np.ones(10), np.ones(10)
+    assert not idx.flags(alpha, beta).any()
+    alpha[3] = 5.0                       # written without touch: the mask is stale ...
+    idx.touch(alpha, beta, np.array([3]))  # ... until the update marks it
+    assert np.flatnonzero(idx.flags(alpha, beta)).tolist() == [3]
+    order = np.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+    assert np.flatnonzero(idx.flags(alpha, beta, order)).tolist() == [6]      # prompt 3 is member 6
+    alpha[3] = 1.0                       # back at the prior: still flagged, read, found flat
+    a, b, read = idx.read(alpha, beta, idx.flags(alpha, beta)[[3, 4]], lambda s: np.array([3, 4])[s])
+    assert a.tolist() == [1.0, 1.0] and b.tolist() == [1.0, 1.0] and read.tolist() == [0]
+    beta2 = beta.copy()
+    beta2[7] = 2.0                       # other arrays: rebuilt from their values
+    assert np.flatnonzero(idx.flags(alpha, beta2)).tolist() == [7]
+
+
+def _run(sched, pool_rates, steps, start=0, b=128, g=8):
+    out = []
+    for t in range(start, start + steps):
+        ids = sched.propose(b)
+        r = (np.random.default_rng([9, t]).random((b, g)) < pool_rates[ids][:, None]).astype(float)
+        sched.observe(Feedback(ids, r, step=t))
+        out.append(ids)
+    return out
+
+
+@pytest.mark.parametrize("name,kw", [("recommended", {}), ("mopps", {}), ("mopps", {"decay": 0.5}),
+                                     ("recommended", {"decay": 0.5, "ratio": 4})])
+def test_resume_and_shared_method_give_the_same_stream(name, kw):
+    rng = np.random.default_rng(1)
+    pool = Pool(rng.integers(0, 4, size=30_000))
+    rates = rng.random(30_000)
+    whole = _run(Scheduler(pool, name, seed=2, **kw), rates, 12)
+    first = Scheduler(pool, name, seed=2, **kw)
+    _run(first, rates, 5)
+    saved = first.state_dict()
+    resumed = Scheduler(pool, name, seed=2, **kw)
+    resumed.load_state_dict(saved)
+    for a, b in zip(whole[5:], _run(resumed, rates, 7, start=5)):
+        np.testing.assert_array_equal(a, b)
+    # one Method object driving two Schedulers: each keeps its own mask, the streams are each
+    # the stream of a Scheduler of its own
+    method = make_method(name, **kw)
+    s1, s2 = Scheduler(pool, method, seed=2), Scheduler(pool, method, seed=3)
+    other = _run(Scheduler(pool, name, seed=3, **kw), rates, 12)
+    for t in range(12):
+        for s, ref in ((s1, whole), (s2, other)):
+            ids = s.propose(128)
+            np.testing.assert_array_equal(ids, ref[t])
+            r = (np.random.default_rng([9, t]).random((128, 8)) < rates[ids][:, None]).astype(float)
+            s.observe(Feedback(ids, r, step=t))
+
+
+def test_beta_draw_flat_hint_is_the_same_draw():
+    rng = np.random.default_rng(0)
+    a = np.where(rng.random(300) < 0.2, rng.random(300) * 5 + 0.1, 1.0)
+    b = np.where(a == 1.0, 1.0, rng.random(300) * 5 + 0.1)
+    flat = (a == 1.0) & (b == 1.0)
+    np.testing.assert_array_equal(_beta_draw(np.random.default_rng(3), a, b, flat),
+                                  _beta_draw(np.random.default_rng(3), a, b))
+
+
+def test_distinct_draw_32_bit_sort_equals_the_64_bit_one():
+    """Ranges that end below 2³² are sorted as uint32; the values are those of np.sort."""
+    lo = np.repeat(np.array([0, 1000, 2**32 - 50]), [20, 30, 10])
+    width = np.repeat(np.array([1000, 5000, 50]), [20, 30, 10])
+    got = _distinct_draw(np.random.default_rng(5), lo, width)
+    u = np.random.default_rng(5).random(60)
+    first = np.sort(lo + (u * width).astype(np.int64))
+    if (first[1:] != first[:-1]).all():          # no repeat to redraw: exactly the plain draw
+        np.testing.assert_array_equal(got, first)
+    assert (np.diff(got) > 0).all() and got.max() < 2**32
+    big = _distinct_draw(np.random.default_rng(5), lo + 2**33, width)   # the int64 sort
+    np.testing.assert_array_equal(big - 2**33, got)
+
+
+def test_nearest_in_each_arm_short_arms_and_far_candidates():
+    """Arms whose candidates all lie far from the target (the one-threshold superset misses
+    them) still get their nearest, as in the full sort."""
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        lens = rng.integers(1, 900, size=int(rng.integers(1, 12)))
+        arm = np.repeat(np.arange(lens.size), lens)
+        dist = (rng.random(arm.size) - 0.5) ** 2
+        far = rng.random(lens.size) < 0.3
+        dist = np.where(far[arm], 0.2 + 0.05 * rng.random(arm.size), dist)
+        keep = np.minimum(lens, np.maximum(lens // 16, rng.integers(0, 3, size=lens.size)))
+        by = np.lexsort((dist, arm))
+        rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
+        np.testing.assert_array_equal(_nearest_in_each_arm(arm, dist, keep), by[rank < keep[arm[by]]])
