@@ -44,7 +44,8 @@ import torch
 from .rollout import Rollout, completion_logprobs, encode_prompts, left_pad, right_pad
 
 __all__ = ["SPECIALS", "train_char_tokenizer", "tiny_causal_lm", "warmup_corpus", "supervised_warmup",
-           "base_policy_dir", "build_base_policy", "check_model_dir", "load_policy", "default_cache_dir"]
+           "base_policy_dir", "build_base_policy", "check_model_dir", "load_policy", "default_cache_dir",
+           "ModeSwitch"]
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 _BASE_VERSION = 1   # bump when the build procedure changes: old cache entries are then ignored
@@ -291,3 +292,37 @@ def load_policy(path, device: str = "cpu", dtype=None):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(device)
     model.eval()
     return model, tok
+
+
+class ModeSwitch:
+    """`model.train(mode)` as flag writes over a module list taken once.
+
+    `nn.Module.train` walks the module tree recursively on every call (and Hugging Face's
+    override checks its kernel setting at every nested model): on the tiny policy the two
+    switches of a recipe step (eval for generation, train for the update) cost as much as
+    the gradient clipping. Setting each module's `training` flag from a cached list is what
+    that walk does, when every module uses `nn.Module.train` or Hugging Face's (without
+    kernels); a model with any other `train` override is switched by its own `train`.
+
+    >>> import torch
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    >>> switch = ModeSwitch(m); switch(False)
+    >>> [x.training for x in m.modules()]
+    [False, False, False]
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        from transformers import PreTrainedModel
+
+        self.model = model
+        self.modules = list(model.modules())
+        self.flags_only = all(type(x).train is torch.nn.Module.train
+                              or (type(x).train is PreTrainedModel.train and not x.use_kernels)
+                              for x in self.modules)
+
+    def __call__(self, training: bool) -> None:
+        if not self.flags_only:
+            self.model.train(training)
+            return
+        for x in self.modules:
+            x.__dict__["training"] = training    # nn.Module keeps the flag in its __dict__

@@ -78,7 +78,7 @@ from ..gradsignal import GradSignal
 from ..logging import StepLogger
 from ..lossprobe import LossCurves
 from ..losses import OBJECTIVES, advantages, aggregation_units, kl_k3, logp_grad_scale, policy_loss
-from ..model import build_base_policy, check_model_dir, load_policy
+from ..model import ModeSwitch, build_base_policy, check_model_dir, load_policy
 from ..oracle import OracleMeasurement
 from ..report import rollouts_before
 from ..rollout import Rollout, completion_logprobs, encode_prompts, left_pad, right_pad
@@ -195,6 +195,7 @@ def train(cfg: TrainConfig) -> dict:
     model, tok = load_policy(model_dir, cfg.device)
     ref = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)  # iso_*: frames
+    train_mode = ModeSwitch(model)          # model.train(mode) without its recursive walk, twice a step
     prompt_tokens = encode_prompts(tok, [it.prompt for it in tasks.train], cfg.chat)
     b, g = cfg.batch_prompts, cfg.group_size
     w = allocated_budget(cfg, sched)          # rollouts per step that Scheduler.allocate splits; None: G each
@@ -245,7 +246,7 @@ def train(cfg: TrainConfig) -> dict:
             rec.update(curves.measure(step, domain_tokens))
         if grads:
             grads.update_reference(step, heldout_reference)
-        model.eval()
+        train_mode(False)
         oracle_rollouts = oracle.measure(step) if oracle else 0    # logged apart, not charged to the budget
 
         # 2b. propose B prompts (LILO: probe k·B candidates and keep the most learnable)
@@ -287,6 +288,7 @@ def train(cfg: TrainConfig) -> dict:
         stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         t_train = time.perf_counter()
         if batch.taken:
+            train_mode(True)
             trained = _update(model, ref, opt, tok, sched, cfg, step, batch, not adm.full_group_advantages,
                               sup, grads, fbs, stats)
             np.add.at(domain_tokens, pool.domains[batch.ids], trained)
@@ -484,8 +486,7 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
     the objective's normaliser over the batch's rollouts (tokens for DAPO): every rollout weighs
     the same, so prompt i enters the step in proportion to N_i, as in verl's GRPO over the
     duplicated rows Knapsack RL trains on. The forward shares a prompt over a chunk's groups
-    when they have one size, else runs one row per rollout."""
-    model.train()
+    when they have one size, else runs one row per rollout. The caller puts the model in train mode."""
     dev, g, n, taken = cfg.device, cfg.group_size, len(batch.completions), batch.taken
     sizes = batch.sizes if batch.sizes is not None else np.full(taken, g, np.int64)        # [Bt] N_i
     valid = np.arange(batch.rewards.shape[1])[None, :] < sizes[:, None]                    # [Bt, G'] real rollouts
@@ -567,7 +568,9 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
             torch.autograd.backward(roots, seeds)
             stats["loss"] += loss.item() / cfg.epochs
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            # foreach: one multi-tensor call per op on CPU too (torch's default there is the
+            # per-tensor loop); the same per-tensor norms, so the same clipped gradients
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True if dev == "cpu" else None)
         opt.step()
     tokens = np.zeros(valid.shape)                                                           # [Bt, G']
     tokens[valid] = c_mask.sum(1).double().numpy()
