@@ -121,7 +121,8 @@ def weight_metrics(state, pool) -> dict:
 def _criticality(z: np.ndarray, target: str) -> np.ndarray:
     """c of logits z: with π = σ(z) = (1 + t)/2, t = tanh(z/2), 4π(1 − π) = 1 − t² (learnability)
     and 1 − π = (1 − t)/2 (failure), two operations fewer per prompt than through π."""
-    t = np.tanh(0.5 * z)
+    t = np.multiply(z, 0.5)
+    np.tanh(t, out=t)
     if target == "failure":
         return 0.5 * (1.0 - t)
     t *= t
@@ -141,9 +142,11 @@ def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, thre
     Equal to `proposal` and `cumsum(q) / sum(q)` up to rounding (test_methods_criticality)."""
     n = len(pool)
     c = np.empty(n)
+    cmax = -np.inf
     for s in range(0, n, _CHUNK):
-        c[s:s + _CHUNK] = _criticality(logits(theta, pool, slice(s, s + _CHUNK)), target)
-    cmax = float(c.max())
+        part = c[s:s + _CHUNK]
+        part[...] = _criticality(logits(theta, pool, slice(s, s + _CHUNK)), target)
+        cmax = max(cmax, float(part.max()))
     if not cmax > threshold:
         return np.array([0.0, cmax, float(n), 0.0]), np.arange(1, n + 1, dtype=np.float64) / n
     cdf = c                                       # reused: c[s:] is read before cdf[s:] is written
@@ -156,11 +159,20 @@ def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, thre
         np.cumsum(e, out=cdf[s:s + _CHUNK])
         cdf[s:s + _CHUNK] += run
         run = float(cdf[min(s + _CHUNK, n) - 1])
-    # cdf_i = Σ_{j ≤ i} q_j = (1 − ε)·E_i/Z + ε·(i + 1)/N, E the cumulative exp
-    cdf *= (1.0 - epsilon) / run
+    # cdf_i = Σ_{j ≤ i} q_j = (1 − ε)·E_i/Z + ε·(i + 1)/N, E the cumulative exp; then divided
+    # by its last entry. One pass in cache-sized pieces, each entry through the same
+    # operations in the same order as the whole-array formula (so the same bits).
+    scale = (1.0 - epsilon) / run
+    last = np.array([run]) * scale
     if epsilon:
-        cdf += np.arange(1, n + 1, dtype=np.float64) * (epsilon / n)
-    cdf /= cdf[-1]
+        last += np.array([float(n)]) * (epsilon / n)
+    last = float(last[0])
+    for s in range(0, n, _CHUNK):
+        part = cdf[s:s + _CHUNK]
+        part *= scale
+        if epsilon:
+            part += np.arange(s + 1, s + 1 + part.shape[0], dtype=np.float64) * (epsilon / n)
+        part /= last
     m = 0.0
     if weight_threshold > 0 and ((1.0 - epsilon) / z + epsilon / n) * (n * weight_threshold) > 1.0:
         norm = np.array([1.0, cmax, z, 0.0])

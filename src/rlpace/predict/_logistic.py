@@ -279,12 +279,19 @@ def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None) -> np.n
         offset = theta[0]
 
     def part(sel):
-        z = np.full(pool.domains[sel].shape[0], offset)
-        if f:
-            z += np.asarray(pool.features[sel], dtype=np.float32) @ u32
-        for c, t in zip(dcols, t_d):
+        dom = pool.domains[sel]
+        if f or not dcols:
+            z = np.full(dom.shape[0], offset)
+            if f:
+                z += np.asarray(pool.features[sel], dtype=np.float32) @ u32
+            terms = zip(dcols, t_d)
+        else:               # offset + t·c as t·c + offset: the same sum, one pass fewer
+            z = t_d[0] * dcols[0][sel]
+            z += offset
+            terms = zip(dcols[1:], t_d[1:])
+        for c, t in terms:
             z += t * c[sel]
-        z += t_dom[pool.domains[sel]]
+        z += t_dom[dom]
         if t_cl is not None:
             z += t_cl[pool.clusters[sel]]
         return z
