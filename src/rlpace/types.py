@@ -20,6 +20,7 @@ from __future__ import annotations
 from .errors import InputError
 import functools
 import hashlib
+import itertools
 import json
 import operator
 from dataclasses import dataclass, field, fields as dataclass_fields
@@ -634,6 +635,12 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
     if len(rows) != shape[0] or any(len(r) != shape[1] for r in rows):
         raise InputError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
                          f"rollout); got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}.")
+    flat = list(itertools.chain.from_iterable(rows))
+    if set(map(type, flat)) <= {str, type(None)}:
+        # every answer a str or None: checked with one C-level pass, no conversion needed
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+        return arr.reshape(shape)
     arr = np.empty(shape, dtype=object)
     for i, r in enumerate(rows):
         for j, a in enumerate(r):

@@ -81,33 +81,63 @@ def constrained_weights(features: np.ndarray, importance: np.ndarray, ridge: flo
 
 
 def _solve(features, importance, ridge: float = 0.0, rcond: float = 1e-10) -> tuple[np.ndarray, np.ndarray, float]:
-    """(`constrained_weights`, P = F·Fᵀ, C = ‖1ᵀF‖²): the Gram matrix and norm returned for
-    the rescaling after the ReLU, so they are formed once.
+    """(`constrained_weights`, F float64[N, d], C = ‖1ᵀF‖²): the features and norm returned
+    for the rescaling after the ReLU and the cap (quadratic forms wᵀPw = ‖Fᵀw‖², `_norms`).
 
-    (P + λI)⁺Î through one symmetric eigendecomposition P + λI = V·diag(e)·Vᵀ:
-    V·diag(1/e on |e| > rcond·max|e|, else 0)·VᵀÎ — what `np.linalg.pinv(..., hermitian=True)`
-    computes, without forming the N×N inverse. O(N³) in the N samples (N = B prompts for
-    unit="prompt"), never in the feature dimension d.
+    (P + λI)⁺Î, P = F·Fᵀ, as `np.linalg.pinv(P + λI, hermitian=True) @ Î` computes it
+    (eigenvalues |e| ≤ rcond·max|e| cut), from whichever Gram matrix is smaller:
+
+    * N ≤ d: the eigendecomposition P + λI = V·diag(e)·Vᵀ, then V·diag(1/e, kept)·VᵀÎ;
+    * N > d (a batch of B = 512 prompts with d = 64 features): P has rank ≤ d, and its non-zero
+      eigenvalues are those of FᵀF = V·diag(e)·Vᵀ [d, d], with eigenvectors U = F·V·diag(e)^−½.
+      λ = 0: P⁺ = U·diag(1/e)·Uᵀ = F·V·diag(1/e²)·VᵀFᵀ. λ > 0: P + λI has e + λ on span(F) and
+      λ on its complement; when λ is kept, (P + λI)⁻¹ = (I − F·(FᵀF + λI)⁻¹·Fᵀ)/λ (Woodbury),
+      else the complement is cut and it is F·V·diag(1/(e(e + λ)))·VᵀFᵀ.
+
+    O(N·d² + d³) instead of O(N³); the same numbers up to rounding (≤ 1e-12 relative to the
+    N × N path for λ = 0; tests/test_after_rollout_vectorised.py).
     """
     f = np.asarray(features, dtype=np.float64)
     i = np.asarray(importance, dtype=np.float64)
-    n = f.shape[0]
-    p = f @ f.T                                                       # [N, N]
+    n, d = f.shape
     g_b = f.sum(axis=0)                                               # [d]
     c = float(g_b @ g_b)
     if n == 0 or c <= 0.0:
-        return np.ones(n), p, c
-    m = p + (ridge * float(np.trace(p)) / n) * np.eye(n) if ridge else p
-    e, v = np.linalg.eigh(m)                                          # m = V diag(e) Vᵀ
-    keep = np.abs(e) > rcond * np.abs(e).max()
-    inv = np.divide(1.0, e, out=np.zeros_like(e), where=keep)
-    w = v @ (inv * (v.T @ i))                                         # (P + λI)⁺Î
-    return _rescale(w, p, c), p, c
+        return np.ones(n), f, c
+    if n <= d:
+        p = f @ f.T                                                   # [N, N]
+        m = p + (ridge * float(np.trace(p)) / n) * np.eye(n) if ridge else p
+        e, v = np.linalg.eigh(m)                                      # m = V diag(e) Vᵀ
+        keep = np.abs(e) > rcond * np.abs(e).max()
+        inv = np.divide(1.0, e, out=np.zeros_like(e), where=keep)
+        w = v @ (inv * (v.T @ i))                                     # (P + λI)⁺Î
+        return _rescale_features(w, f, c), f, c
+    gram = f.T @ f                                                    # [d, d] = FᵀF
+    e, v = np.linalg.eigh(gram)
+    lam = ridge * float(np.trace(gram)) / n if ridge else 0.0
+    top = max(float(np.abs(e + lam).max()), lam)                      # largest |eigenvalue| of P + λI
+    proj = v.T @ (f.T @ i)                                            # [d] = VᵀFᵀÎ
+    if lam > rcond * top:                                             # every eigenvalue kept
+        w = (i - f @ (v @ (proj / (e + lam)))) / lam
+    else:                                                             # span(F) only
+        keep = (np.abs(e + lam) > rcond * top) & (e > 0)
+        coef = np.divide(1.0, e * (e + lam), out=np.zeros_like(e), where=keep)
+        w = f @ (v @ (coef * proj))
+    return _rescale_features(w, f, c), f, c
 
 
 def _rescale(w: np.ndarray, p: np.ndarray, c: float) -> np.ndarray:
     """w·sqrt(C / wᵀPw) (= ‖wᵀF‖² in the denominator); ones when wᵀPw is 0."""
     q = float(w @ p @ w)
+    if not q > 1e-300 * max(c, 1e-300) or not np.isfinite(q):
+        return np.ones(w.shape[0])
+    return w * np.sqrt(c / q)
+
+
+def _rescale_features(w: np.ndarray, f: np.ndarray, c: float) -> np.ndarray:
+    """`_rescale` with wᵀPw = ‖Fᵀw‖², from the features F [N, d] (P = F·Fᵀ never formed)."""
+    u = f.T @ w
+    q = float(u @ u)
     if not q > 1e-300 * max(c, 1e-300) or not np.isfinite(q):
         return np.ones(w.shape[0])
     return w * np.sqrt(c / q)
@@ -131,6 +161,20 @@ def cap_weights(w: np.ndarray, p: np.ndarray, c: float, cap: float) -> np.ndarra
     >>> cap_weights(np.array([np.sqrt(0.7501), 50.0]), np.diag([1.0, 1e-4]), 1.0001, 4.0).round(6).tolist()
     [0.99925, 4.0]
     """
+    p = np.asarray(p, dtype=np.float64)
+    return _cap(w, lambda a, b: (float(a @ p @ a), float(a @ p @ b), float(b @ p @ b)), c, cap)
+
+
+def _cap_features(w: np.ndarray, f: np.ndarray, c: float, cap: float) -> np.ndarray:
+    """`cap_weights` with the quadratic forms from the features F [N, d]: aᵀPb = (Fᵀa)·(Fᵀb)."""
+    def forms(a, b):
+        ua, ub = f.T @ a, f.T @ b
+        return float(ua @ ua), float(ua @ ub), float(ub @ ub)
+    return _cap(w, forms, c, cap)
+
+
+def _cap(w: np.ndarray, forms, c: float, cap: float) -> np.ndarray:
+    """The water-filling of `cap_weights`; forms(a, b) = (aᵀPa, aᵀPb, bᵀPb)."""
     w = np.asarray(w, dtype=np.float64)
     fixed = w >= cap
     if not fixed.any():
@@ -138,7 +182,7 @@ def cap_weights(w: np.ndarray, p: np.ndarray, c: float, cap: float) -> np.ndarra
     for _ in range(w.shape[0]):
         a = np.where(fixed, cap, 0.0)                                 # capped part
         b = np.where(fixed, 0.0, w)                                   # free part
-        aa, ab, bb = float(a @ p @ a), float(a @ p @ b), float(b @ p @ b)
+        aa, ab, bb = forms(a, b)
         if bb <= 0.0:
             return a + b
         disc = ab * ab - bb * (aa - c)
@@ -275,15 +319,15 @@ def diem(importance: str = "batch", solver: str = "constrained", ridge: float = 
         else:
             if feats is None:
                 return np.ones(shape)
-            w, gram, c = _solve(feats, score, ridge)
+            w, f, c = _solve(feats, score, ridge)
             if relu:
                 w = np.maximum(w, 0.0)
                 if rescale_after_relu:
-                    w = _rescale(w, gram, c)
+                    w = _rescale_features(w, f, c)
                 if not (w > 0).any():
                     w = np.ones_like(w)      # every weight clipped: fall back to plain GRPO
             if max_weight is not None:
-                w = cap_weights(w, gram, c, float(max_weight))
+                w = _cap_features(w, f, c, float(max_weight))
         w = np.where(np.isfinite(w), w, 1.0)
         return np.repeat(w[:, None], shape[1], axis=1) if unit == "prompt" else w.reshape(shape)
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from ._base import TARGET, DataPolicy, Targets
 from ._checks import check_int, check_real
-from ._vote import answer_hash, ols_slope, require_answers, unique_majority
+from ._vote import batch_votes, ols_slopes, require_answers, row_modes
 
 
 class OlrState(NamedTuple):
@@ -90,64 +90,82 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
                         np.full(n, np.nan), np.array(0, np.int64), np.array(0, np.int64),
                         np.array(0, np.int64))
 
-    def walk(state, batch):
-        """Per row: the visit appended to the prompt's history (rows of one prompt in order)
-        and the decision. Pure: pending appends live in a dict, not in `state`."""
+    def walk(state, batch, record_label_rate: bool):
+        """Every row's visit appended to its prompt's history and the decision, for all rows at
+        once: (relabel bool[B], majority winner int64[B], values, pass rate float64[B],
+        evidence columns, histories of the batch's distinct prompts after the batch).
+
+        Pure: the histories are copies. A prompt twice in one batch sees its earlier row's
+        visit (rows are taken in rounds: first occurrences, then second ones, ...). With
+        `record_label_rate` (observe), a row that keeps the dataset label records its pass
+        rate before the prompt's next row in the batch reads it, as in a loop over rows."""
         answers = require_answers(batch, "olr")
-        g = answers.shape[1]
-        pending: dict[int, tuple] = {}
-        for i, pos in enumerate(batch.prompt_ids.tolist()):
-            if pos in pending:
-                rates, majs, visits = pending[pos]
-            else:
-                k = min(int(state.visits[pos]), cap)
-                rates, majs, visits = (list(state.rate[pos, :k]), list(state.majority[pos, :k]),
-                                       int(state.visits[pos]))
-            m, count = unique_majority(answers[i], ties="abstain")
-            p = count / g if m is not None else 0.0
-            mh = answer_hash(m)
-            rates, majs = (rates + [p])[-cap:], (majs + [mh])[-cap:]
-            slope = ols_slope(rates)
-            h, h_count = unique_majority([str(x) for x in majs], ties="abstain")
-            agree = h is not None and int(h) == mh
-            ok = m is not None and visits > start_step and slope >= slope_threshold and agree
-            lr = float(state.label_rate[pos])
-            if ok and min_pass_rate is not None:
-                ok = p >= min_pass_rate
-            if ok and margin is not None:
-                ok = bool(np.isfinite(lr)) and p - lr >= margin
-            evidence = {"visit": visits, "slope": slope, "pass_rate": p,
-                        "history_majority_share": h_count / len(majs)}
+        b, g = answers.shape
+        win, count, values, mh = batch_votes(answers, ties="abstain")
+        has_m = win >= 0
+        p = np.where(has_m, count / g, 0.0)                             # majority pass rate
+        ids = batch.prompt_ids
+        uniq, inv = np.unique(ids, return_inverse=True)
+        rate, maj = state.rate[uniq], state.majority[uniq]              # copies [U, C]
+        visits, label_rate = state.visits[uniq], state.label_rate[uniq]
+        ok = np.zeros(b, bool)
+        ev = {"visit": np.zeros(b, np.int64), "slope": np.zeros(b), "share": np.zeros(b),
+              "label_rate": np.zeros(b)}
+        cols = np.arange(cap)
+        for rows in _rounds(inv, distinct=uniq.size == b):
+            u = inv[rows]
+            k = np.minimum(visits[u], cap)
+            full = k == cap
+            r_new, m_new = rate[u], maj[u]
+            # append: at column k, or shift the oldest out of a full history
+            r_new[full] = np.roll(r_new[full], -1, axis=1)
+            m_new[full] = np.roll(m_new[full], -1, axis=1)
+            at = np.where(full, cap - 1, k)
+            r_new[np.arange(rows.size), at] = p[rows]
+            m_new[np.arange(rows.size), at] = mh[rows]
+            length = np.minimum(k + 1, cap)
+            slope = ols_slopes(r_new, length)
+            first, h_count, h_top = row_modes(m_new, cols[None, :] < length[:, None])
+            agree = (h_top == 1) & (m_new[np.arange(rows.size), first] == mh[rows])
+            okr = has_m[rows] & (visits[u] > start_step) & (slope >= slope_threshold) & agree
+            lr = label_rate[u]
+            if min_pass_rate is not None:
+                okr &= p[rows] >= min_pass_rate
             if margin is not None:
-                evidence["label_pass_rate"] = lr
-            yield i, pos, (m if ok else None), p, mh, evidence, (rates, majs, visits + 1)
-            pending[pos] = (rates, majs, visits + 1)
+                okr &= np.isfinite(lr) & (p[rows] - lr >= margin)
+            ok[rows] = okr
+            ev["visit"][rows], ev["slope"][rows] = visits[u], slope
+            ev["share"][rows], ev["label_rate"][rows] = h_count / length, lr
+            rate[u], maj[u], visits[u] = r_new, m_new, visits[u] + 1
+            if record_label_rate:      # verified against the dataset label: its pass rate
+                label_rate[u[~okr]] = batch.pass_rate[rows[~okr]]
+        return ok, win, values, p, ev, (uniq, rate, maj, visits, label_rate)
 
     def apply(state, pool, batch):
-        labels, decisions = [None] * batch.prompt_ids.shape[0], []
-        for i, pos, target, p, mh, evidence, _ in walk(state, batch):
-            if target is not None:
-                labels[i] = target
-                decisions.append({"row": i, "rule": "olr", "decision": "relabel", "target": target,
-                                  "evidence": evidence})
+        ok, win, values, p, ev, _ = walk(state, batch, record_label_rate=False)
+        labels: list = [None] * batch.prompt_ids.shape[0]
+        decisions = []
+        for i in np.flatnonzero(ok).tolist():
+            target = values[win[i]]
+            labels[i] = target
+            evidence = {"visit": int(ev["visit"][i]), "slope": float(ev["slope"][i]),
+                        "pass_rate": float(p[i]), "history_majority_share": float(ev["share"][i])}
+            if margin is not None:
+                evidence["label_pass_rate"] = float(ev["label_rate"][i])
+            decisions.append({"row": i, "rule": "olr", "decision": "relabel", "target": target,
+                              "evidence": evidence})
         return Targets(labels, decisions)
 
     def update(state, pool, batch):
-        if batch.prompt_ids.shape[0] == 0:
+        b = batch.prompt_ids.shape[0]
+        if b == 0:
             return state
         if batch.answers is None:
-            return state._replace(no_answers=state.no_answers + batch.prompt_ids.shape[0])
-        relabels = 0
-        last = {}
-        for i, pos, target, p, mh, evidence, hist in walk(state, batch):
-            relabels += target is not None
-            if target is None:      # verified against the dataset label: its pass rate
-                state.label_rate[pos] = batch.pass_rate[i]
-            last[pos] = hist
-        for pos, (rates, majs, visits) in last.items():
-            k = len(rates)
-            state.rate[pos, :k], state.majority[pos, :k], state.visits[pos] = rates, majs, visits
-        b = batch.prompt_ids.shape[0]
+            return state._replace(no_answers=state.no_answers + b)
+        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = walk(state, batch, record_label_rate=True)
+        state.rate[uniq], state.majority[uniq], state.visits[uniq] = rate, maj, visits
+        state.label_rate[uniq] = label_rate
+        relabels = int(np.count_nonzero(ok))
         return state._replace(relabels=state.relabels + relabels, kept=state.kept + (b - relabels))
 
     def metrics(state, pool):
@@ -157,3 +175,24 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
 
     return DataPolicy(TARGET, init, update, apply, name="olr", metrics=metrics,
                       reads=frozenset({"answers"}))
+
+
+def _rounds(inv: np.ndarray, distinct: bool = False):
+    """Row indices of a batch in rounds: each prompt's first row (the first round), then each
+    one's second row, ...; `inv` int64[B] is the row's prompt (any integer label). One round
+    when the batch's prompts are distinct (the common case; `distinct` says it is known)."""
+    b = inv.shape[0]
+    if distinct:
+        yield np.arange(b, dtype=np.int64)
+        return
+    order = np.argsort(inv, kind="stable")
+    head = np.ones(b, bool)
+    head[1:] = inv[order[1:]] != inv[order[:-1]]
+    starts = np.flatnonzero(head)
+    rank = np.empty(b, np.int64)
+    rank[order] = np.arange(b) - np.repeat(starts, np.diff(np.append(starts, b)))
+    if b == 0 or rank.max() == 0:
+        yield np.arange(b, dtype=np.int64)
+        return
+    for r in range(int(rank.max()) + 1):
+        yield np.flatnonzero(rank == r)

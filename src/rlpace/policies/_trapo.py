@@ -51,7 +51,8 @@ import numpy as np
 from ._base import ADMISSION, TARGET, Admission, DataPolicy, Method, Targets
 from ._compose import compose
 from ._checks import check_choice, check_int, check_real
-from ._vote import answer_hash, ols_slope, require_answers, unique_majority
+from ._olr import _rounds
+from ._vote import batch_votes, ols_slopes, require_answers
 
 _EPS = 1e-8
 
@@ -152,45 +153,54 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
     def labelled(state, pool, pos):
         return pool.labeled[pos] | state.promoted[pos]
 
-    def promotes(rate_row, maj_row, v, m, p):
-        """Whether visit v (0-based) of an unlabelled prompt, with majority m and pass rate p,
-        promotes it; `rate_row` / `maj_row` already hold this visit where v < capacity."""
-        k = min(v + 1, cap)
-        recent = maj_row[max(0, k - promote_window):k]
-        return bool(k >= promote_window and p >= promote_pass_rate and ols_slope(rate_row[:k]) > 0
-                    and (recent == answer_hash(m)).all())
-
-    def majorities(batch):
-        answers = require_answers(batch, "trapo")
-        return [unique_majority(row, ties="abstain") for row in answers]
+    def promotes(rate, maj, v, mh, p):
+        """bool[R]: whether visit v int64[R] (0-based) of each unlabelled prompt, with majority
+        hash mh and pass rate p, promotes it; `rate` / `maj` [R, C] already hold this visit
+        where v < capacity. Also (slope float64[R]) the OLS trend over the visits kept."""
+        k = np.minimum(v + 1, cap)
+        slope = ols_slopes(rate, k)
+        cols = np.arange(cap)
+        recent = (cols >= (k - promote_window)[:, None]) & (cols < k[:, None])
+        same = ((maj == mh[:, None]) | ~recent).all(axis=1)
+        return (k >= promote_window) & (p >= promote_pass_rate) & (slope > 0) & same, slope
 
     # ---- the target place ----------------------------------------------------------------
     def target_apply(state, pool, batch):
-        votes = majorities(batch)
-        labels, decisions = [], []
-        for i, pos in enumerate(batch.prompt_ids.tolist()):
-            if pool.labeled[pos]:
-                labels.append(None)
-            elif promote and state.promoted[pos]:
-                labels.append(str(state.label[pos]))
-            else:
-                m, count = votes[i]
-                labels.append(m)
-                if m is None:
-                    continue
-                g = len(batch.answers[i])
-                decisions.append({"row": i, "rule": "trapo_majority", "decision": "pseudo_label",
-                                  "target": m, "evidence": {"votes": count, "voters": g}})
-                if promote:      # the promotion `observe` will make on this visit, with its evidence
-                    v, p = int(state.visits[pos]), count / g
-                    rates, majs = state.rate[pos].copy(), state.majority[pos].copy()
-                    if v < cap:
-                        rates[v], majs[v] = p, answer_hash(m)
-                    if promotes(rates, majs, v, m, p):
-                        decisions.append({"row": i, "rule": "trapo_v2_promotion", "decision": "promote",
-                                          "target": m, "evidence": {
-                                              "pass_rate": p, "visit": v,
-                                              "slope": ols_slope(rates[:min(v + 1, cap)])}})
+        answers = require_answers(batch, "trapo")
+        pos = batch.prompt_ids
+        b, g = answers.shape
+        labels: list = [None] * b
+        decisions = []
+        kept = pool.labeled[pos]
+        if promote:
+            for i in np.flatnonzero(~kept & state.promoted[pos]).tolist():
+                labels[i] = str(state.label[pos[i]])
+            kept = kept | state.promoted[pos]
+        rows = np.flatnonzero(~kept)
+        if rows.size == 0:
+            return Targets(labels, decisions)
+        win, count, values, mh = batch_votes(answers, ties="abstain")     # every row: cached for observe
+        rows = rows[win[rows] >= 0]
+        prom = np.zeros(b, bool)
+        if promote and rows.size:      # the promotion `observe` will make on this visit, with its evidence
+            v, p = state.visits[pos[rows]], count[rows] / g
+            rates, majs = state.rate[pos[rows]], state.majority[pos[rows]]       # copies
+            fits = np.flatnonzero(v < cap)
+            rates[fits, v[fits]], majs[fits, v[fits]] = p[fits], mh[rows][fits]
+            yes, slope = promotes(rates, majs, v, mh[rows], p)
+            prom[rows] = yes
+            evidence = {i: {"pass_rate": float(p[j]), "visit": int(v[j]), "slope": float(slope[j])}
+                        for j, i in enumerate(rows.tolist()) if yes[j]}
+        for i in np.flatnonzero(~kept).tolist():
+            if win[i] >= 0:
+                labels[i] = values[win[i]]
+        for i in rows.tolist():
+            m = labels[i]
+            decisions.append({"row": i, "rule": "trapo_majority", "decision": "pseudo_label",
+                              "target": m, "evidence": {"votes": int(count[i]), "voters": g}})
+            if prom[i]:
+                decisions.append({"row": i, "rule": "trapo_v2_promotion", "decision": "promote",
+                                  "target": m, "evidence": evidence[i]})
         return Targets(labels, decisions)
 
     # ---- shared history update (both places keep it when `promote`; else the admission) ---
@@ -198,31 +208,40 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
         b = batch.prompt_ids.shape[0]
         if b == 0:
             return state
-        ids = batch.prompt_ids.tolist()
-        votes = majorities(batch) if batch.answers is not None else [(None, 0)] * b
+        ids = batch.prompt_ids
         g = batch.rewards.shape[1]
+        if batch.answers is not None:
+            win, count, values, mh = batch_votes(batch.answers, ties="abstain")
+        else:
+            win, count, values, mh = np.full(b, -1), np.zeros(b, np.int64), [], np.zeros(b, np.int64)
         step = int(state.steps)
         rate, majority, visits = state.rate, state.majority, state.visits
         promoted, label, promotions = state.promoted, state.label, int(state.promotions)
-        for i, pos in enumerate(ids):
-            if not labelled(state, pool, pos) and batch.answers is None:
-                continue                                  # nothing to record for this visit
-            m, count = votes[i]
-            p = float(batch.pass_rate[i]) if labelled(state, pool, pos) else (count / g if m is not None else 0.0)
-            v = int(visits[pos])
-            if v < cap:
-                rate[pos, v], majority[pos, v] = p, answer_hash(m)
+        for rows in _rounds(ids):       # a prompt twice in the batch: its visits in batch order
+            pos = ids[rows]
+            lab = labelled(state, pool, pos)
+            if batch.answers is None:   # nothing to record for an unlabelled prompt's visit
+                rows, pos, lab = rows[lab], pos[lab], lab[lab]
+            m = win[rows]
+            p = np.where(lab, batch.pass_rate[rows], np.where(m >= 0, count[rows] / g, 0.0))
+            v = visits[pos]
+            fits = v < cap
+            rate[pos[fits], v[fits]], majority[pos[fits], v[fits]] = p[fits], mh[rows][fits]
             visits[pos] = v + 1
-            if promote and not labelled(state, pool, pos) and m is not None:
-                if promotes(rate[pos], majority[pos], v, m, p):
-                    if len(m) > label.dtype.itemsize // 4:
-                        label = label.astype(f"<U{len(m)}")
-                    promoted[pos], label[pos] = True, m
-                    promotions += 1
+            if promote:
+                cand = np.flatnonzero(~lab & (m >= 0))
+                if cand.size:
+                    q = pos[cand]
+                    yes = promotes(rate[q], majority[q], v[cand], mh[rows][cand], p[cand])[0]
+                    q, new = q[yes], [values[w] for w in m[cand][yes].tolist()]
+                    if new and max(map(len, new)) > label.dtype.itemsize // 4:
+                        label = label.astype(f"<U{max(map(len, new))}")
+                    promoted[q], label[q] = True, new
+                    promotions += len(new)
         selected_at, db, db_len = state.selected_at, state.db, state.db_len
-        unl = list(dict.fromkeys(p for p in ids if not labelled(state, pool, p)))
+        unl = _first_seen(ids[~labelled(state, pool, ids)])              # distinct, batch order
         n_sel = 0
-        if step >= warm_up and unl and batch.answers is not None:
+        if step >= warm_up and unl.size and batch.answers is not None:
             lab = np.flatnonzero((pool.labeled | promoted) & (visits >= db_min_visits))
             snap = np.flatnonzero(db_len > 0)
             if lab.size or snap.size:
@@ -230,38 +249,38 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
                 db_rows = np.concatenate([rate[lab, :length], db[snap, :length]])
                 q_len = np.minimum(visits[unl], cap)
                 ok = q_len >= length              # TraPO's code raises on a shorter query
-                scores = np.full(len(unl), -np.inf)
+                scores = np.full(unl.size, -np.inf)
                 if ok.any():
-                    scores[ok] = trapo_scores(db_rows, rate[np.asarray(unl)[ok]], aggregate)
-                k = max(1, int(np.floor(topk * len(unl))))
+                    scores[ok] = trapo_scores(db_rows, rate[unl[ok]], aggregate)
+                k = max(1, int(np.floor(topk * unl.size)))
                 order = np.argsort(-scores, kind="stable")[:k]
-                chosen = np.zeros(len(unl), bool)
+                chosen = np.zeros(unl.size, bool)
                 chosen[order] = True
                 chosen |= scores >= thres
                 chosen &= ok
-                ua = np.asarray(unl)
-                state.score[ua] = np.where(np.isfinite(scores), scores, np.nan)
-                state.scored_at[ua] = step
+                state.score[unl] = np.where(np.isfinite(scores), scores, np.nan)
+                state.scored_at[unl] = step
                 state.compared[...] = (length, db_rows.shape[0])
-                for j in np.flatnonzero(chosen):
-                    q = unl[j]
-                    selected_at[q] = step
-                    if update_db:
-                        n_q = min(int(visits[q]), cap)
-                        db[q, :n_q], db_len[q] = rate[q, :n_q], n_q
+                q = unl[chosen]
+                selected_at[q] = step
+                if update_db:             # snapshot of the trajectory as it is now
+                    n_q = np.minimum(visits[q], cap)
+                    db[q] = np.where(np.arange(cap) < n_q[:, None], rate[q], db[q])
+                    db_len[q] = n_q
                 n_sel = int(chosen.sum())
         return state._replace(label=label, steps=state.steps + 1, promotions=np.array(promotions, np.int64),
-                              selected=state.selected + n_sel, dropped=state.dropped + (len(unl) - n_sel))
+                              selected=state.selected + n_sel, dropped=state.dropped + (unl.size - n_sel))
 
     def decisions(state, pool, batch):
         """The keep / drop decision of each unlabelled row of the batch `update` just observed,
         with its evidence: warm-up drops, or the similarity score against the database."""
         step = int(state.steps) - 1
-        out, seen = [], set()
-        for i, pos in enumerate(batch.prompt_ids.tolist()):
-            if labelled(state, pool, pos) or pos in seen:
-                continue
-            seen.add(pos)
+        ids = batch.prompt_ids
+        rows = np.flatnonzero(~labelled(state, pool, ids))
+        rows = rows[_first_seen(ids[rows], index=True)]                   # first row of each prompt
+        out = []
+        for i in rows.tolist():
+            pos = ids[i]
             if step < warm_up:
                 out.append({"row": i, "rule": "trapo_warm_up", "decision": "drop",
                             "evidence": {"step": step, "warm_up": warm_up}})
@@ -318,3 +337,11 @@ def _empty(pool):
 
 def _same(state, pool, batch):
     return state
+
+
+def _first_seen(ids: np.ndarray, index: bool = False) -> np.ndarray:
+    """The distinct values of int64[n] `ids` in first-seen order (`list(dict.fromkeys(ids))`),
+    or with `index` the positions of their first occurrences, ascending."""
+    _, first = np.unique(ids, return_index=True)
+    first = np.sort(first)
+    return first if index else ids[first]

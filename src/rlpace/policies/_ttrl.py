@@ -32,7 +32,7 @@ import numpy as np
 
 from ._base import TARGET, DataPolicy, Targets
 from ._checks import check_int
-from ._vote import require_answers, unique_majority
+from ._vote import batch_votes, require_answers
 
 
 class TtrlState(NamedTuple):
@@ -61,37 +61,47 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
     def init(pool):
         return TtrlState(np.array(0, np.int64), np.array(0, np.int64))
 
-    def decide(pool, batch):
+    def vote(pool, batch):
+        """(rows int64[R] whose target TTRL sets, winner int64[R] code or −1, count int64[R],
+        values, voters): the majority of each of those rows, all at once (`batch_votes`)."""
         answers = require_answers(batch, "ttrl")
         if vote_rollouts is not None and vote_rollouts > answers.shape[1]:
             # silently voting with fewer answers than asked would misreport TTRL's N
             raise InputError(f"ttrl vote_rollouts={vote_rollouts} but Feedback.answers holds "
                              f"{answers.shape[1]} answers per prompt: pass all N answers (and "
                              f"admit the G that train), or set vote_rollouts ≤ {answers.shape[1]}.")
-        labels, decisions = [], []
-        for i, pos in enumerate(batch.prompt_ids):
-            if pool.labeled[pos] and not all_prompts:
-                labels.append(None)
-                continue
-            votes = answers[i] if vote_rollouts is None else answers[i, :vote_rollouts]
-            m, count = unique_majority(votes, ties="first")
-            labels.append(m)
-            if m is not None:
-                decisions.append({"row": i, "rule": "ttrl_majority", "decision": "pseudo_label",
-                                  "target": m, "evidence": {"votes": int(count), "voters": int(len(votes)),
-                                                            "majority_ratio": count / len(votes)}})
-        return labels, decisions
+        voters = answers.shape[1] if vote_rollouts is None else vote_rollouts
+        b = batch.prompt_ids.shape[0]
+        if all_prompts:
+            rows = np.arange(b, dtype=np.int64)
+        else:
+            rows = np.flatnonzero(~pool.labeled[batch.prompt_ids])
+        if rows.size == 0:
+            return rows, rows, rows, [], voters
+        part = answers if rows.size == b else answers[rows]      # the whole array is cached
+        if vote_rollouts is not None:
+            part = part[:, :vote_rollouts]
+        win, count, values, _ = batch_votes(part, ties="first")
+        return rows, win, count, values, voters
 
     def apply(state, pool, batch):
-        return Targets(*decide(pool, batch))
+        rows, win, count, values, voters = vote(pool, batch)
+        labels: list = [None] * batch.prompt_ids.shape[0]
+        decisions = []
+        for i, w, c in zip(rows.tolist(), win.tolist(), count.tolist()):
+            if w >= 0:
+                labels[i] = values[w]
+                decisions.append({"row": i, "rule": "ttrl_majority", "decision": "pseudo_label",
+                                  "target": values[w], "evidence": {"votes": c, "voters": voters,
+                                                                    "majority_ratio": c / voters}})
+        return Targets(labels, decisions)
 
     def update(state, pool, batch):
         if batch.answers is None:       # nothing to count; `targets` is where answers are required
             return state
-        labels, _ = decide(pool, batch)
-        used = [t for t, pos in zip(labels, batch.prompt_ids) if all_prompts or not pool.labeled[pos]]
-        got = sum(t is not None for t in used)
-        return TtrlState(state.pseudo_labels + got, state.no_answer + (len(used) - got))
+        rows, win, _, _, _ = vote(pool, batch)
+        got = int(np.count_nonzero(win >= 0))
+        return TtrlState(state.pseudo_labels + got, state.no_answer + (rows.size - got))
 
     def metrics(state, pool):
         return {"supervision/pseudo_labels": float(state.pseudo_labels),

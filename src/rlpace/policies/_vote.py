@@ -28,13 +28,16 @@ from __future__ import annotations
 
 from ..errors import InputError
 import hashlib
+import itertools
+import weakref
 from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 __all__ = ["clean_answer", "unique_majority", "answer_hash", "agreement_rewards", "ols_slope",
-           "require_answers", "NO_MAJORITY"]
+           "require_answers", "NO_MAJORITY", "answer_codes", "group_majorities", "row_modes",
+           "ols_slopes", "answer_hashes"]
 
 NO_MAJORITY = 0     # hash of "no unique majority" ('__NoMajorityAnswer__' in OLR / TraPO)
 
@@ -103,6 +106,179 @@ def ols_slope(y: Sequence[float]) -> float:
         return 0.0
     x = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
     return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def answer_codes(answers) -> tuple[np.ndarray, list[str]]:
+    """(codes int64[B, G], values list[str]): each answer as an index into `values`, the distinct
+    cleaned answers (`clean_answer`) in first-seen order; −1 where no answer was extracted.
+
+    One pass over the B·G answers in C (`dict.setdefault` through `map`), then `clean_answer`
+    once per distinct raw answer, not once per rollout.
+
+    >>> codes, values = answer_codes([["b", " a", None], ["a", "", "b"]])
+    >>> codes.tolist(), values
+    ([[0, 1, -1], [1, -1, 0]], ['b', 'a'])
+    """
+    a = np.asarray(answers, dtype=object)
+    flat = a.ravel().tolist()
+    first: dict = {}
+    # the flat position of each raw answer's first occurrence: equal answers, equal positions
+    raw = np.fromiter(map(first.setdefault, flat, itertools.count()), np.int64, len(flat))
+    lut = np.full(len(flat), -1, np.int64)
+    index: dict[str, int] = {}
+    for answer, pos in first.items():
+        c = clean_answer(answer)
+        if c is not None:
+            lut[pos] = index.setdefault(c, len(index))
+    return lut[raw].reshape(a.shape), list(index)
+
+
+def row_modes(codes: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of int64[B, L] `codes`, over the entries where bool[B, L] `valid`:
+    (first int64[B] position of the first occurrence of the earliest-seen most frequent value,
+    L when the row has no valid entry; count int64[B] that value's count, 0 without valid
+    entries; n_top int64[B] how many distinct values share that count).
+
+    `unique_majority` of every row at once: `ties="first"` is the value at `first`, and
+    `ties="abstain"` the same value when n_top == 1. O(B·L log L), no loop over rows.
+
+    >>> row_modes(np.array([[5, 3, 3, 5, 7], [1, 2, 2, 2, 1]]), np.ones((2, 5), bool))
+    (array([0, 1]), array([2, 3]), array([2, 1]))
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    valid = np.asarray(valid, dtype=bool)
+    b, n = codes.shape
+    if b == 0 or n == 0 or not valid.any():
+        return np.full(b, n, np.int64), np.zeros(b, np.int64), np.zeros(b, np.int64)
+    lo, hi = int(codes[valid].min()), int(codes[valid].max())
+    if hi - lo < 4 * n:
+        # few distinct values (answer codes): count each row's values with one bincount
+        span = hi - lo + 1
+        rel = np.where(valid, codes - lo, span)                         # span: "not valid"
+        flat = rel + (np.arange(b) * (span + 1))[:, None]
+        counts = np.bincount(flat.ravel(), minlength=b * (span + 1)).reshape(b, span + 1)[:, :span]
+        top = counts.max(axis=1)
+        is_top = (counts == top[:, None]) & (counts > 0)                # [B, span]
+        n_top = np.count_nonzero(is_top, axis=1)
+        # the first position holding a most frequent value: that value was seen first
+        at_top = np.append(is_top, np.zeros((b, 1), bool), axis=1).ravel()[flat]
+        first = np.where(top > 0, at_top.argmax(axis=1), n)
+        return first, top, n_top
+    # many distinct values (hashes): sort each row; equal values are runs, in position order
+    if lo > np.iinfo(np.int64).min:     # entries not valid sort first, below every valid value
+        order = np.argsort(np.where(valid, codes, lo - 1), axis=1, kind="stable")
+    else:
+        order = np.lexsort((codes, ~valid), axis=-1)                    # [B, L], stable
+    base = (np.arange(b) * n)[:, None]
+    s = codes.ravel()[order + base]
+    v = valid.ravel()[order + base]
+    start = np.ones((b, n), bool)
+    start[:, 1:] = (s[:, 1:] != s[:, :-1]) | (v[:, 1:] != v[:, :-1])
+    starts = np.flatnonzero(start)                                      # run heads, row-major
+    counts = np.diff(np.append(starts, b * n))
+    counts[~v.ravel()[starts]] = 0                                      # runs of invalid entries
+    heads = np.flatnonzero(starts % n == 0)                             # each row's first run
+    top = np.maximum.reduceat(counts, heads)                            # [B]
+    per_row = np.diff(np.append(heads, starts.size))
+    is_top = (counts == np.repeat(top, per_row)) & (counts > 0)
+    n_top = np.add.reduceat(is_top.astype(np.int64), heads)
+    first = np.minimum.reduceat(np.where(is_top, order.ravel()[starts], n), heads)
+    return first, top, n_top
+
+
+def group_majorities(codes: np.ndarray, ties: str = "abstain") -> tuple[np.ndarray, np.ndarray]:
+    """(winner int64[B] code or −1, count int64[B]) of each row of `answer_codes`' codes:
+    `unique_majority` of every group at once (same tie rules, same counts).
+
+    >>> group_majorities(np.array([[0, 1, 1, 0, -1], [2, -1, -1, -1, -1]]), ties="first")
+    (array([0, 2]), array([2, 1]))
+    """
+    first, count, n_top = row_modes(codes, codes >= 0)
+    b, n = codes.shape
+    win = np.full(b, -1, np.int64)
+    has = first < n
+    if ties == "abstain":
+        has &= n_top == 1
+    win[has] = codes[np.flatnonzero(has), first[has]]
+    return win, count
+
+
+class _Votes:
+    """The votes over one read-only answers array: its codes and, per tie rule, the groups'
+    majorities with their hashes."""
+
+    __slots__ = ("ref", "codes", "values", "by_ties")
+
+    def __init__(self, answers: np.ndarray):
+        self.ref = weakref.ref(answers)
+        self.codes, self.values = answer_codes(answers)
+        self.by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def majorities(self, ties: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if ties not in self.by_ties:
+            win, count = group_majorities(self.codes, ties)
+            self.by_ties[ties] = (win, count, answer_hashes(self.values, win))
+        return self.by_ties[ties]
+
+
+#: The last read-only answers array voted on (`batch_votes`). `Scheduler.targets` and
+#: `Scheduler.observe` each build a Batch over the same read-only `Feedback.answers`, and
+#: factorising its B·G Python strings is the costliest part of a vote. A cache only: the
+#: results are the same without it; writable arrays, which could change between calls, are
+#: never cached.
+_LAST_VOTES: list = [None]
+
+
+def batch_votes(answers, ties: str = "abstain") -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """(winner int64[B], count int64[B], values list[str], hash int64[B]) over the groups of
+    `answers` object[B, G]: row i's `unique_majority(answers[i], ties)` is
+    (values[winner[i]] if winner[i] ≥ 0 else None, count[i]), and hash[i] its `answer_hash`.
+
+    >>> win, count, values, _ = batch_votes([["4", "5", "5"], [None, "1", "2"]], ties="abstain")
+    >>> [values[w] if w >= 0 else None for w in win], count.tolist()
+    (['5', None], [2, 1])
+    """
+    if not isinstance(answers, np.ndarray) or answers.flags.writeable:
+        votes = _Votes.__new__(_Votes)
+        votes.codes, votes.values = answer_codes(answers)
+        votes.by_ties = {}
+    else:
+        votes = _LAST_VOTES[0]
+        if votes is None or votes.ref() is not answers:
+            votes = _LAST_VOTES[0] = _Votes(answers)
+    win, count, hashes = votes.majorities(ties)
+    return win, count, votes.values, hashes
+
+
+def answer_hashes(values: Sequence[str], winners: np.ndarray) -> np.ndarray:
+    """int64[B] `answer_hash(values[w])` of each winner code w, `NO_MAJORITY` for −1; one
+    blake2b per distinct winner."""
+    out = np.full(winners.shape, NO_MAJORITY, np.int64)
+    won = winners >= 0
+    if won.any():
+        uniq, inv = np.unique(winners[won], return_inverse=True)
+        out[won] = np.array([answer_hash(values[w]) for w in uniq.tolist()], np.int64)[inv]
+    return out
+
+
+def ols_slopes(y: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """float64[B] `ols_slope(y[i, :lengths[i]])` of each row, bit for bit: rows are grouped by
+    length and each group computes the scalar formula with numpy reductions along its rows
+    (the same per-row summation order as the 1-D sums of `ols_slope`).
+
+    >>> ols_slopes(np.array([[0.0, 0.25, 0.5], [1.0, 9.0, 9.0]]), np.array([3, 1])).tolist()
+    [0.25, 0.0]
+    """
+    y = np.asarray(y, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(y.shape[0])
+    for n in np.unique(lengths[lengths >= 2]).tolist():
+        rows = np.flatnonzero(lengths == n)
+        part = y[rows, :n]                                              # contiguous [r, n]
+        x = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
+        mean = part.mean(axis=1, keepdims=True)
+        out[rows] = (x * (part - mean)).sum(axis=1) / (x * x).sum()
+    return out
 
 
 def require_answers(batch, owner: str):
