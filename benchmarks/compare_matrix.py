@@ -154,83 +154,143 @@ def bench_embedded(out: Path, workers: int, seeds: int, steps: int | None) -> di
     return {"grid_s": t_grid, "estimate_s": est, "per_seed_s": per_seed, "build_s": t_build}
 
 
-def _timed_run(cfg_dict: dict) -> tuple[float, str]:
-    """(wall seconds, error or '') of one trainer run in a worker process."""
-    import torch
+def _cpu_timed_run(spec, work_dir: str | None = None) -> dict:
+    """`rlpace.experiments.run_spec` (what `rlpace compare` runs in each worker), with the run's
+    process CPU seconds and its worker in the record (`bench`): on shared cores the CPU time
+    is what the run would take on a core of its own, the wall time is not."""
+    from rlpace.experiments import run_spec
+    first = not _WORKER.get("warm")
+    c0, w0 = time.process_time(), time.perf_counter()
+    rec = run_spec(spec, work_dir)
+    _WORKER["warm"] = True
+    rec["bench"] = {"cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - w0,
+                    "worker_pid": os.getpid(), "first_in_worker": first,
+                    "worker_cpu_before": c0, "load": os.getloadavg()[0]}
+    return rec
 
-    from rlpace.train import TrainConfig, train
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    try:
-        train(TrainConfig(**cfg_dict))
-    except Exception as e:  # noqa: BLE001 - a policy that cannot run on a suite is a row, not a crash
-        return time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:120]}"
-    return time.perf_counter() - t0, ""
+
+_WORKER: dict = {}
 
 
-def bench_registry(out: Path, workers: int, suites: list[str], steps: int, full_steps: int,
-                   seeds: int = 8) -> dict:
-    """The whole registry (the oracle_* measurement tools left out) × `suites`, one seed, `steps`
-    steps per run, then the full matrix (`seeds` seeds × `full_steps` steps) ESTIMATED per run as
-
-        setup (loading, tokenising, final evaluation) + full_steps × (its median non-evaluation
-        step) + full_steps / eval_every × (its evaluation's excess over a plain step)
-
-    plus one base build per suite and seed (its `rlpace_base.json` build time), all over
-    `workers` busy workers. Runs go straight to the built-in trainer (the way
-    `benchmarks/headroom.py` runs ladder and mostly_solved; `rlpace compare` takes sim: and
-    embedded suites only)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    from rlpace.policies import names
+def _base_builds(suites: list[str], seeds: int) -> tuple[dict, list]:
+    """({(suite, seed): build seconds} of the cached base policies of the trainer's default
+    config, [(suite, seed) not cached yet]), as `rlpace compare` would look them up."""
     from rlpace.tasks import make_taskset
+    from rlpace.tasks import parse_mistakes
     from rlpace.train import TrainConfig
-    from rlpace.train.recipes.grpo import base_policy
+    from rlpace.train.model import base_policy_dir, default_cache_dir
+    built, missing = {}, []
+    for suite in suites:
+        for seed in range(seeds):
+            c = TrainConfig(tasks=suite, seed=seed)
+            ts = make_taskset(suite, train_per_domain=c.train_per_domain,
+                              heldout_per_domain=c.heldout_per_domain, seed=seed)
+            spec = dict(hidden=c.hidden, layers=c.layers, heads=c.heads, warmup_steps=c.warmup_steps,
+                        warmup_batch=c.warmup_batch, warmup_lr=c.warmup_lr, warmup_decay=c.warmup_decay,
+                        warmup_mistakes=dict(sorted(parse_mistakes(c.warmup_mistakes, suite).items())),
+                        corpus_per_domain=2000, seed=seed)
+            meta = base_policy_dir(ts, c.cache_dir or default_cache_dir(), **spec) / "rlpace_base.json"
+            if meta.is_file():
+                built[(suite, seed)] = float(json.loads(meta.read_text())["seconds"])
+            else:
+                missing.append((suite, seed))
+    return built, missing
+
+
+def _interleaved(grid_cls):
+    """A Grid whose runs go policy by policy in a seeded random order, each policy's suites and
+    seeds together: a slice stopped early (rerun with --registry-analyze) has measured a random
+    subset of the policies on every suite, so its mean run is an unbiased estimate."""
+    class Interleaved(grid_cls):
+        def runs(self):
+            runs = grid_cls.runs(self)
+            labels = [p.label for p in self.policies]
+            order = np.random.default_rng(0).permutation(len(labels))
+            rank = {labels[i]: k for k, i in enumerate(order)}
+            return sorted(runs, key=lambda r: (rank[r.label], r.seed))       # stable: suites in order
+    return Interleaved
+
+
+def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds: int,
+                   full_seeds: int = 8, run: bool = True) -> dict:
+    """The whole registry (the oracle_* measurement tools left out) × `suites` × `seeds` seeds
+    at `steps` steps, through `rlpace compare`'s own runner (`run_grid`: persistent worker
+    processes, one record per run, resumable: rerun with the same --out to finish a slice),
+    then the `full_seeds`-seed matrix ESTIMATED from process CPU time:
+
+        matrix CPU  = full_seeds / seeds × Σ (CPU seconds of each measured run)
+        2 cores     = matrix CPU / workers        (+ base builds not cached yet)
+
+    CPU time, not wall time, because the cores are shared: a run's CPU seconds are what it
+    takes on a core of its own (the estimate assumes the workers stay busy, as they do on a
+    queue of hundreds of runs). Each worker's first run also pays the lazy imports (a few
+    seconds, once per worker): scaling it with the seeds overstates the matrix slightly."""
+    from rlpace.experiments import Grid, read_records, run_grid
+    from rlpace.policies import names
     pols = [n for n in names() if not n.startswith("oracle_")]
-    builds = {}
-    for suite in suites:                          # bases first: parallel runs never race on them
-        c = TrainConfig(tasks=suite, seed=0, progress=False)
-        d = base_policy(c, make_taskset(suite, train_per_domain=c.train_per_domain,
-                                        heldout_per_domain=c.heldout_per_domain, seed=0), progress=False)
-        builds[suite] = json.loads((Path(d) / "rlpace_base.json").read_text())["seconds"]
-    jobs = [(suite, p) for suite in suites for p in pols]
-    cfgs = [TrainConfig(out=str(out / suite / p), tasks=suite, policy=p, seed=0, steps=steps, threads=1,
-                        checkpoint_every=0, progress=False).to_dict() for suite, p in jobs]
-    eval_every = TrainConfig().eval_every
+    grid = _interleaved(Grid)(policies=tuple(pols), seeds=seeds, suites=tuple(suites), steps=steps)
+    load0 = os.getloadavg()
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers) as ex:
-        results = list(ex.map(_timed_run, cfgs))
+    failed: dict = {}
+    if run:
+        res = run_grid(grid, out, workers=workers, run_fn=_cpu_timed_run, progress=True)
+        failed = res.failed
     t_grid = time.perf_counter() - t0
-    print(f"\n== registry: {len(pols)} policies × {len(suites)} suites × 1 seed, {steps} steps each, "
-          f"workers={workers}: {_fmt(t_grid)} wall")
-    print(f"{'suite':14s} {'policy':26s} {'run s':>7s} {'setup':>7s} {'step s':>7s} {'eval s':>7s} "
-          f"{'est. ' + str(full_steps) + '-step run':>18s}")
-    est_runs, failed = 0.0, []
-    for (suite, p), (sec, err), c in zip(jobs, results, cfgs):
-        if err:
-            failed.append(f"{suite}/{p}: {err}")
+    load1 = os.getloadavg()
+    recs = {r["run_id"]: r for r in read_records(out / "runs")}
+    stamps = sorted(r["provenance"]["created"] for r in recs.values())
+    print(f"\n== registry: {len(pols)} policies × {len(suites)} suites × {seeds} seed(s), {steps} steps "
+          f"each, workers={workers}: {_fmt(t_grid)} wall in this call; {len(recs)} records "
+          f"({stamps[0] if stamps else '-'} .. {stamps[-1] if stamps else '-'}); load average "
+          f"{load0[0]:.1f} at the start, {load1[0]:.1f} at the end")
+    print(f"{'suite':14s} {'policy':26s} {'cpu s':>7s} {'wall s':>7s} {'loop s':>7s} {'eval s':>7s}")
+    cpu_by_suite: dict = {x: 0.0 for x in suites}
+    n_by_suite: dict = {x: 0 for x in suites}
+    eval_share, firsts = [], []
+    for spec in grid.runs():
+        r = recs.get(spec.run_id)
+        if r is None or "bench" not in r:
             continue
-        ph = _split_run(Path(c["out"]))
-        from rlpace.train.report import load_run
-        recs = [r for r in load_run(c["out"]) if not r.get("final")]
-        evals = sum(1 for r in recs if "eval/mean" in r)
-        plain = [r["seconds"] for r in recs if "eval/mean" not in r] or [0.0]
-        step_s = float(np.median(plain))
-        eval_s = ph["eval"] / max(1, evals)
-        setup = max(sec - ph["loop"], 0.0)
-        est = setup + full_steps * step_s + (full_steps // eval_every) * eval_s
-        est_runs += est
-        print(f"{suite:14s} {p:26s} {sec:7.1f} {setup:7.1f} {step_s:7.3f} {eval_s:7.2f} {est:18.1f}")
-    for f in failed:
-        print(f"not run: {f}")
-    est_build = sum(builds.values())
-    total = seeds * (est_runs + est_build) / workers
-    print(f"base builds (one per suite and seed): {', '.join(f'{k} {v:.0f} s' for k, v in builds.items())}")
-    print(f"{seeds}-seed matrix ESTIMATE  {_fmt(total)}   [{seeds} × (Σ estimated runs {est_runs:.0f} s + "
-          f"base builds {est_build:.0f} s) / {workers} workers; {len(jobs) - len(failed)} of {len(jobs)} "
-          f"runs ran]")
-    print(f"goal 60 min         ratio {total / 3600:.2f} × the goal")
-    return {"grid_s": t_grid, "estimate_s": total, "failed": failed}
+        b = r["bench"]
+        ph = _split_run(out / "work" / spec.run_id)
+        cpu_by_suite[spec.suite] += b["cpu_seconds"]
+        n_by_suite[spec.suite] += 1
+        eval_share.append(ph["eval"] / max(b["wall_seconds"], 1e-9))
+        if b["first_in_worker"]:
+            firsts.append(b["worker_cpu_before"])
+        print(f"{spec.suite:14s} {spec.label:26s} {b['cpu_seconds']:7.1f} {b['wall_seconds']:7.1f} "
+              f"{ph['loop']:7.1f} {ph['eval']:7.1f}")
+    for rid, err in failed.items():
+        last = [x for x in err.strip().splitlines() if x.strip()]
+        print(f"FAILED {rid}: {last[-1] if last else err}")
+    done = sum(n_by_suite.values())
+    # Per suite: the mean measured run × every policy (a random subset of the policies when the
+    # slice was stopped early; the whole registry once it is complete).
+    cpu = sum(cpu_by_suite[x] / n_by_suite[x] * len(pols) for x in suites if n_by_suite[x])
+    if any(n_by_suite[x] < len(pols) for x in suites):
+        print(f"PARTIAL slice: {', '.join(f'{x} {n_by_suite[x]}/{len(pols)}' for x in suites)} policies "
+              f"measured; each suite's Σ is its mean run × {len(pols)}")
+    scale = full_seeds / seeds
+    built, missing = _base_builds(suites, full_seeds)
+    build_missing = len(missing) * (np.mean(list(built.values())) if built else 0.0)
+    est_cpu = scale * cpu
+    est = est_cpu / workers
+    print(f"per suite: " + ", ".join(f"{x} {cpu_by_suite[x]:.0f} CPU s over {n_by_suite[x]} runs "
+                                      f"({cpu_by_suite[x] / max(1, n_by_suite[x]):.1f} s/run)" for x in suites))
+    print(f"worker start-up (imports before the first run, CPU s): {', '.join(f'{v:.1f}' for v in firsts)}")
+    print(f"held-out evaluation: median {100 * np.median(eval_share) if eval_share else float('nan'):.0f}% "
+          f"of a run's wall time")
+    print(f"measured: {done} of {len(grid.runs())} runs, Σ CPU {sum(cpu_by_suite.values()):.0f} s "
+          f"(all {len(pols)} policies: {cpu:.0f} s); this call's wall {t_grid:.0f} s")
+    print(f"base policies of seeds 0-{full_seeds - 1}: {len(built)} cached, {len(missing)} to build "
+          f"({', '.join(f'{a}/{b}' for a, b in missing) or 'none'}; ≈ {build_missing:.0f} s of one core at "
+          f"the cached builds' mean)")
+    print(f"{full_seeds}-seed matrix ESTIMATE on {workers} cores of its own: {_fmt(est)}   "
+          f"[{scale:g} × Σ CPU {cpu:.0f} s / {workers} workers; bases cached]")
+    if missing:
+        print(f"  with the missing base builds:             {_fmt(est + build_missing / workers)}")
+    print(f"goal 60 min         ratio {est / 3600:.2f} × the goal")
+    return {"grid_s": t_grid, "cpu_s": cpu, "estimate_s": est, "failed": list(failed)}
 
 
 def main() -> None:
@@ -239,7 +299,12 @@ def main() -> None:
                     help="registry: every registered policy × --suites, one seed, --registry-steps steps, "
                          "and the 8-seed estimate (not run by default)")
     ap.add_argument("--suites", default="embedded,ladder,mostly_solved", help="--only registry: trainer suites")
-    ap.add_argument("--registry-steps", type=int, default=10, help="--only registry: steps per measured run")
+    ap.add_argument("--registry-steps", type=int, default=None,
+                    help="--only registry: steps per measured run (default: the trainer's, 100)")
+    ap.add_argument("--registry-seeds", type=int, default=1, help="--only registry: seeds measured")
+    ap.add_argument("--registry-analyze", action="store_true",
+                    help="--only registry: no runs, the estimate from the records already in --out "
+                         "(a slice stopped early)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sim-seeds", type=int, default=8)
     ap.add_argument("--embedded-seeds", type=int, default=1,
@@ -257,7 +322,8 @@ def main() -> None:
     if args.only == "registry":
         from rlpace.train import TrainConfig
         bench_registry(root / "registry", args.workers, [x for x in args.suites.split(",") if x],
-                       args.registry_steps, args.embedded_steps or TrainConfig().steps)
+                       args.registry_steps or TrainConfig().steps, args.registry_seeds,
+                       run=not args.registry_analyze)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -1,10 +1,16 @@
 """Run a policy × seed matrix (DataFlex-RL style) and write the comparison report.
 
-Runs every policy with every seed on one suite — the simulator (`sim:<scenario>`) or the
-built-in trainer (`embedded`) — in parallel worker processes, resumably (rerun the same
-command to finish an interrupted matrix), then writes the report (`rlpace report`).
-Without --policies the matrix mirrors DataFlex-RL's 13 configurations where the registry
-has them, and prints the ones it does not.
+Runs every policy with every seed on each suite — the simulator (`sim:<scenario>`) or the
+built-in trainer (`embedded`, `ladder`, `mostly_solved`, `embedded:<distributions>`) — in
+parallel worker processes, resumably (rerun the same command to finish an interrupted
+matrix), then writes the report (`rlpace report`), one per suite. Without --policies the
+matrix mirrors DataFlex-RL's 13 configurations where the registry has them, and prints the
+ones it does not; `--policies registry` runs every registered policy (the oracle_*
+measurement tools left out).
+
+The workers are persistent processes: each imports torch and the trainer once and runs
+one run after another; a trainer suite's base policy is built once per seed (cached, see
+`rlpace train --help`: cache_dir) and shared by every policy of that seed.
 
 Examples:
     rlpace compare --suite sim:ladder --seeds 8 --out runs/cmp
@@ -12,6 +18,8 @@ Examples:
         --steps 100 --set batch_size=32 --set group_size=8 --out runs/small
     rlpace compare --grid grid.yaml --out runs/grid
     rlpace compare --suite embedded --seeds 8 --out runs/embedded
+    rlpace compare --suite embedded --suite ladder --suite mostly_solved --policies registry \
+        --seeds 8 --out runs/matrix
 """
 
 from __future__ import annotations
@@ -21,19 +29,24 @@ import sys
 from pathlib import Path
 
 DEFAULT_STEPS = {"sim": 200, "embedded": None}
+REGISTRY = "registry"      # --policies registry: every registered policy but the oracle_* tools
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--suite", default=None,
-                        help="'sim:<scenario>' (see `rlpace simulate --help`) or 'embedded' "
-                             "(default: sim:ladder)")
+    parser.add_argument("--suite", action="append", default=None,
+                        help="'sim:<scenario>' (see `rlpace simulate --help`), a built-in trainer "
+                             "suite ('embedded', 'ladder', 'mostly_solved') or "
+                             "'embedded:<distributions>'; repeat it for several suites (default: "
+                             "sim:ladder)")
     parser.add_argument("--policies", default=None,
-                        help="comma-separated registry names (default: the DataFlex-RL matrix; "
-                             "see --list)")
+                        help="comma-separated registry names, or 'registry' for every registered "
+                             "policy but the oracle_* measurement tools (default: the DataFlex-RL "
+                             "matrix; see --list)")
     parser.add_argument("--seeds", type=int, default=8, help="matched seeds 0..N-1 (default 8)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per run (default: 200 on the simulator, the "
-                             "trainer preset's on embedded)")
+                             "trainer preset's on trainer suites; required when both kinds are "
+                             "in one matrix)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes (default min(cores, 2))")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -60,6 +73,22 @@ def _parse_sets(items) -> dict:
         except InputError:
             out[key] = val
     return out
+
+
+def _policy_list(text: str) -> list[str]:
+    """--policies as a list: comma-separated names, where `registry` stands for every
+    registered policy but the oracle_* measurement tools (each name once, in order)."""
+    from rlpace.policies import names
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if part == REGISTRY:
+            out += [n for n in names() if not n.startswith("oracle_")]
+        elif part:
+            out.append(part)
+    if not out:
+        raise InputError(f"--policies {text!r} names no policy; give registry names separated by "
+                         f"commas (e.g. uniform,dump) or 'registry'.")
+    return list(dict.fromkeys(out))
 
 
 def _check_policy_names(names) -> None:
@@ -110,10 +139,12 @@ def build_grid(args):
             raise FileNotFoundError(2, "no such grid file", args.grid)
         grid = _load_grid(args.grid)
     else:
-        suite = args.suite or "sim:ladder"
-        backend = suite_backend(suite)
-        if args.policies:
-            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        suites = list(dict.fromkeys(x.strip() for x in (args.suite or ["sim:ladder"])))
+        if not all(suites):
+            raise InputError("--suite '' names no suite; give e.g. --suite ladder or --suite sim:ladder.")
+        backends = {suite_backend(x) for x in suites}
+        if args.policies is not None:
+            policies = _policy_list(args.policies)
         else:
             plan = default_policies()
             policies = list(plan.policies)
@@ -121,13 +152,23 @@ def build_grid(args):
             lines += list(plan.lines)
             if plan.missing:
                 lines.append(f"not yet available in rlpace: {', '.join(plan.missing)}")
-        steps = args.steps if args.steps is not None else DEFAULT_STEPS[backend]
+        if args.steps is None and len(backends) > 1:
+            raise InputError(f"--suite {' '.join(suites)}: the simulator and the trainer have different "
+                             f"default budgets (200 and {_embedded_default_steps()} steps); give --steps "
+                             f"for the whole matrix, or run them as two matrices.")
+        steps = args.steps if args.steps is not None else DEFAULT_STEPS[backends.pop()]
         if steps is None:
             steps = _embedded_default_steps()
-        grid = Grid(policies=tuple(policies), seeds=args.seeds, suites=(suite,), steps=steps,
+        grid = Grid(policies=tuple(policies), seeds=args.seeds, suites=tuple(suites), steps=steps,
                     options=_parse_sets(args.set))
     _check_policy_names([p.name for p in grid.policies])
     _check_suites(grid.suites)
+    from rlpace.experiments._backends import check_options
+    for suite in grid.suites:                 # options every suite's backend takes, before any run
+        check_options(suite, dict(grid.options))
+    if args.workers is not None and (args.workers < 1):
+        raise InputError(f"--workers {args.workers}: give 1 or more worker processes (default "
+                         f"min(cores, 2)).")
     if args.baseline not in [p.label for p in grid.policies] and not args.no_report:
         raise InputError(f"the baseline {args.baseline!r} is not in the matrix "
                          f"{[p.label for p in grid.policies]}; add it to --policies or pass "

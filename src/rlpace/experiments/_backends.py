@@ -127,7 +127,8 @@ def run_embedded(spec: RunSpec, work_dir: str | None = None) -> dict:
     """Run the built-in GRPO recipe (`rlpace.train.train`) on the embedded task suite and
     convert its per-step log (metrics.jsonl) into a run record.
 
-    `spec.suite` ("embedded" or "embedded:add2,rev5,...") is the trainer's `tasks`;
+    `spec.suite` ("embedded", "embedded:add2,rev5,...", or a named trainer suite such as
+    "ladder" and "mostly_solved") is the trainer's `tasks`;
     `spec.options` are `TrainConfig` fields (`batch_prompts`, `group_size`, `eval_every`,
     ...; see `rlpace train --help`) plus `target` (held-out mean accuracy for the
     steps-to-target fields). The trainer writes into `work_dir` (default: a temporary

@@ -6,7 +6,8 @@ runs with every seed on every suite, under one budget (`steps` and `options`).
 
 YAML form (every key but `policies` is optional):
 
-    suites: [sim:ladder]          # or `suite: embedded`; "sim:<scenario>" | "embedded[:<preset>]"
+    suites: [sim:ladder]          # or `suite: embedded`; "sim:<scenario>" | "embedded[:<dists>]"
+                                  # | a trainer suite: ladder, mostly_solved (rlpace.tasks.SUITES)
     seeds: 8                      # 8 -> seeds 0..7; or an explicit list [0, 1, 5]
     steps: 200                    # training steps per run (the budget)
     options:                      # backend options, the same for every run (budget!)
@@ -41,14 +42,16 @@ _LABEL_OK = re.compile(r"^[A-Za-z0-9_.+\-=]+$")
 
 
 def suite_backend(suite: str) -> str:
-    """The backend that runs `suite`: "sim" for "sim:<scenario>", "embedded" for
-    "embedded" or "embedded:<preset>"; ValueError otherwise."""
+    """The backend that runs `suite`: "sim" for "sim:<scenario>"; "embedded" (the built-in
+    trainer) for "embedded", "embedded:<distributions>" and the trainer's named suites
+    (`rlpace.tasks.SUITES`: ladder, mostly_solved, ...); InputError otherwise."""
     if suite.startswith("sim:") and len(suite) > 4:
         return "sim"
-    if suite == "embedded" or suite.startswith("embedded:"):
+    from ..tasks._embedded import SUITES
+    if suite in SUITES or suite.startswith("embedded:"):
         return "embedded"
-    raise InputError(f"unknown suite {suite!r}; use 'sim:<scenario>' (see rlpace.sim.SCENARIOS) or "
-                     f"'embedded' (the built-in trainer's task suite).")
+    raise InputError(f"unknown suite {suite!r}; use 'sim:<scenario>' (see rlpace.sim.SCENARIOS), a "
+                     f"built-in trainer suite ({', '.join(sorted(SUITES))}) or 'embedded:<distributions>'.")
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class Grid:
     Attributes:
         policies: tuple of `PolicyConfig` (labels unique).
         seeds: tuple of int seeds, shared by every policy (matched seeds).
-        suites: tuple of suite names ("sim:<scenario>", "embedded").
+        suites: tuple of suite names ("sim:<scenario>", "embedded", "ladder", ...).
         steps: training steps per run.
         options: backend options shared by every run (batch_size, group_size, ...).
     """

@@ -14,6 +14,9 @@ Rules:
   * A run that raises, or whose worker process dies, is retried once; a second failure is
     written to `failed/` and returned in `GridResult.failed` — never silently dropped.
     A later `run_grid` retries it again (and removes its `failed/` file on success).
+    A run refused for its input (`InputError`: e.g. a policy the suite's trainer cannot
+    run) is not retried: the same input fails the same way, and a retry would cost a
+    second setup in a matrix of hundreds of runs.
   * When a worker process dies, every run in flight in that pool is charged one attempt
     (the pool cannot tell which one killed it); at most `workers` runs are in flight, so
     an innocent run can only fail if it is also in flight for a second crash.
@@ -120,7 +123,8 @@ def _resolve_run_fn(run_fn: Callable | str | None) -> Callable[[RunSpec], dict]:
 
 def _execute(run_fn: Callable | str | None, spec: RunSpec, path: str) -> dict:
     """Run one spec and write its record (in the worker, so a finished run survives the
-    parent). Returns {"ok": bool, "error": str | None, "partial": bool}."""
+    parent). Returns {"ok": bool, "error": str | None, "partial": bool, "retry": bool}; a
+    run refused for its input (InputError) is not worth a retry."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     try:
@@ -139,9 +143,10 @@ def _execute(run_fn: Callable | str | None, spec: RunSpec, path: str) -> dict:
             raise InputError(f"the run function returned run_id {rec.get('run_id')!r} for spec "
                              f"{spec.run_id!r}; records must keep the spec's run_id.")
         write_record(path, rec)
-        return {"ok": True, "error": None, "partial": rec.get("status") == "partial"}
-    except Exception:  # noqa: BLE001 - reported to the parent, retried, then recorded as failed
-        return {"ok": False, "error": traceback.format_exc(), "partial": False}
+        return {"ok": True, "error": None, "partial": rec.get("status") == "partial", "retry": False}
+    except Exception as e:  # noqa: BLE001 - reported to the parent, retried, then recorded as failed
+        return {"ok": False, "error": traceback.format_exc(), "partial": False,
+                "retry": not isinstance(e, InputError)}
 
 
 def _check_existing(spec: RunSpec, path: Path) -> dict:
@@ -239,7 +244,7 @@ def run_grid(grid: Grid, out_dir: str | Path, *, workers: int | None = None,
             bar.update(1)
             return
         attempts[spec.run_id] = attempts.get(spec.run_id, 0) + 1
-        if attempts[spec.run_id] < max_attempts:
+        if attempts[spec.run_id] < max_attempts and outcome.get("retry", True):
             pending.appendleft(spec)  # retry next, while the failure is fresh in the logs
             return
         result.failed[spec.run_id] = outcome["error"]
