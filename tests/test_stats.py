@@ -84,6 +84,30 @@ def test_window_random_long_stream_matches_reference():
     _check_against_reference(12, 300, pushes)
 
 
+@pytest.mark.parametrize("path", ["_push_slots", "_push_rows"])
+@pytest.mark.parametrize("width,g", [(256, 16), (300, 16), (7, 3), (5, 1), (16, 20)])
+def test_window_push_both_paths_equal_reference_loop(path, width, g):
+    # A step's rollouts into per-arm windows, pushed through one write path whatever the
+    # sizes: the slot path (normally for pushes of ≥ K·W values) and the row path (smaller
+    # pushes) each keep the per-item loop's windows, for rows cut by the window's edge,
+    # rows wrapping the ring, absent arms and pushes longer than the window.
+    import rlpace.stats._window as wmod
+    rng = np.random.default_rng(width * 100 + g)
+    k = 6
+    win = window_init(k, width)
+    pushes = []
+    for b in (0, 1, 3, 40, 512, 7, 200):
+        arms = rng.integers(0, k - 1, size=b)            # arm k − 1 never appears
+        values = rng.standard_normal((b, g))
+        key = arms.astype(np.uint8)
+        getattr(wmod, path)(win, arms, values.reshape(b, g) if g > 1 else values.reshape(-1), g,
+                            np.argsort(key, kind="stable")) if b else None
+        pushes.append((np.repeat(arms, g).tolist(), values.ravel().tolist()))
+    ref = reference_windows(k, width, pushes)
+    assert window_contents(win) == ref
+    assert win.filled.tolist() == [len(r) for r in ref]
+
+
 def test_window_init_rejects_zero_width():
     with pytest.raises(ValueError, match="width"):
         window_init(3, 0)

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .policies._base import (ADVANTAGE, ALLOCATION, MIXTURE, REWARD, TARGET, Admission, Method,
-                             active_supervision_places)
+                             _no_update, active_supervision_places)
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._sumtree import _unique as sorted_unique
@@ -129,6 +129,9 @@ class _Places(NamedTuple):
     kinds: frozenset           # its keys
     feature_readers: frozenset  # kinds whose policy reads FEATURE_SIGNALS
     supervision: frozenset     # `active_supervision_places(method)`
+    #: (kind, policy) whose `update` can change something: the rest are the neutral places'
+    #: `_no_update` with no `decisions`, whose call would return the state unchanged
+    updating: tuple
 
 
 class Scheduler:
@@ -205,7 +208,9 @@ class Scheduler:
             cached = self._places_cache = _Places(
                 self.method, policies, frozenset(policies),
                 frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS),
-                active_supervision_places(self.method))
+                active_supervision_places(self.method),
+                tuple((k, p) for k, p in policies.items()
+                      if p.update is not _no_update or p.decisions is not None))
         return cached
 
     @property
@@ -236,10 +241,11 @@ class Scheduler:
         rng = np.random.Generator(np.random.PCG64([self.seed, step, _STREAM_PROPOSE]))
         ids = np.asarray(self.method.selection.apply(self.states["selection"], self.pool, n, probs,
                                                      arms, rng), dtype=np.int64)
-        if ids.shape != (n,) or (n and (ids.min() < 0 or ids.max() >= len(self.pool))):
+        # one reduction: a negative id read as uint64 is ≥ 2**63, so the max catches both ends
+        if ids.shape != (n,) or (n and int(ids.view(np.uint64).max()) >= len(self.pool)):
             raise RuntimeError(f"selection policy {self.method.selection.name!r} returned ids of shape "
                                f"{ids.shape} outside [0, {len(self.pool)}): a bug in that policy.")
-        self.counters.proposals[...] += 1
+        self.counters.proposals[()] = step + 1
         self.counters.last_proposed[:] = np.bincount(self.pool.domains[ids], minlength=self.pool.n_domains)
         return ids
 
@@ -297,12 +303,7 @@ class Scheduler:
         if b == 0:
             return
         n_inf = sum(int(np.count_nonzero(inf)) for _, _, _, inf in parts)
-        c = self.counters
-        c.observations[...] += 1
-        c.rollouts[...] += sum(int(batch.rewards.size) for _, batch, _, _ in parts)
-        c.groups[...] += b
-        c.informative[...] += n_inf
-        c.last_informative[...] = n_inf / b
+        self._count(sum(int(batch.rewards.size) for _, batch, _, _ in parts), b, n_inf)
 
     def _scatter(self, feedback: Feedback, view, fill, dtype) -> np.ndarray:
         """[B, G] array of `view(sub_feedback)` over the parts of a ragged `feedback`, `fill`
@@ -425,13 +426,17 @@ class Scheduler:
         self._update_deferred(batch, self._places().kinds - defer)
         if not tally:           # one part of a ragged step: `_tally` counts the step once
             return
-        n_informative = int(np.count_nonzero(informative))
+        self._count(b * g, b, int(np.count_nonzero(informative)))
+
+    def _count(self, rollouts: int, groups: int, informative: int) -> None:
+        """One observation of `groups` > 0 groups in the counters. Item assignment of Python
+        numbers: an in-place ufunc on a 0-d array (`c.x[...] += 1`) costs ~10× more."""
         c = self.counters
-        c.observations[...] += 1
-        c.rollouts[...] += b * g
-        c.groups[...] += b
-        c.informative[...] += n_informative
-        c.last_informative[...] = n_informative / b
+        c.observations[()] = int(c.observations) + 1
+        c.rollouts[()] = int(c.rollouts) + rollouts
+        c.groups[()] = int(c.groups) + groups
+        c.informative[()] = int(c.informative) + informative
+        c.last_informative[()] = informative / groups
 
     def step(self, feedback: Feedback, features=None) -> StepResult:
         """One training step's feedback, in one call: validated once, then, in this order,
@@ -519,7 +524,7 @@ class Scheduler:
                           self.advantage_weights(feedback), feedback)
 
     def _update_deferred(self, batch: Batch, kinds) -> None:
-        for kind, policy in self._places().policies.items():
+        for kind, policy in self._places().updating:
             if kind not in kinds:
                 continue
             self.states[kind] = policy.update(self.states[kind], self.pool, batch)

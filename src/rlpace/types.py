@@ -324,6 +324,27 @@ class Pool:
         """float64[K] fraction of the pool in each domain (a writable copy of `arm_share`)."""
         return self.arm_share("domain").copy()
 
+    def arm_sizes(self, arms: str) -> tuple[np.ndarray, bool]:
+        """(sizes int64[K] read-only prompts per arm, every arm non-empty), computed once:
+        `np.diff(members(arms)[1])`, which a selection that follows a mixture reads at every
+        proposal."""
+        key = ("arm_sizes", arms)
+        if key not in self._cache:
+            sizes = np.diff(self.members(arms)[1])
+            sizes.setflags(write=False)
+            self._cache[key] = (sizes, bool((sizes > 0).all()))
+        return self._cache[key]
+
+    def arm_sizes_float(self, arms: str) -> np.ndarray:
+        """float64[K] read-only `arm_sizes(arms)[0]` as floats (cached): a product with
+        float draws then needs no int-to-float cast per element."""
+        key = ("arm_sizes_float", arms)
+        if key not in self._cache:
+            sizes = self.arm_sizes(arms)[0].astype(np.float64)
+            sizes.setflags(write=False)
+            self._cache[key] = sizes
+        return self._cache[key]
+
     def arm_share(self, arms: str) -> np.ndarray:
         """float64[K] read-only fraction of the pool's prompts in each arm ("domain" or
         "cluster"), computed once (a mixture reads it at every proposal)."""
@@ -556,6 +577,11 @@ def _feedback_ids(prompt_ids: Any) -> np.ndarray:
     elif ids.dtype.kind not in "iu":
         raise InputError(f"Feedback.prompt_ids must be integer pool positions; got dtype "
                          f"{ids.dtype}. Map stable ids with Pool.index_of(...).")
+    if ids.dtype.kind == "i":
+        # Signed integers (the common int64 case): none exceeds the int64 range, so one
+        # reduction checks them; the scans below only run to name the first bad value.
+        if ids.min() >= 0:
+            return ids.astype(np.int64)     # astype copies, also when ids already is int64
     # Range before the cast: 1e20 or uint64 2**63 would wrap to negative int64 values.
     too_big = ids >= 2.0**63 if ids.dtype.kind == "f" else ids > _INT64_MAX
     if too_big.any():

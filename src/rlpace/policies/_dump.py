@@ -34,7 +34,7 @@ import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
 from ._base import MIXTURE, DataPolicy, softmax, with_floor
-from ._checks import check_choice, check_int, check_real, clip_signal, shifted
+from ._checks import abs_signal, check_choice, check_int, check_real, shifted
 
 
 class DumpState(NamedTuple):
@@ -84,7 +84,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        abs_adv = np.abs(clip_signal(batch.advantages))           # [B, G], ≤ 1e100 (_checks.py)
+        abs_adv = abs_signal(batch.advantages)                    # [B, G], ≤ 1e100 (_checks.py)
         arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
         if window_unit == "rollouts":
             # [B, G] with one arm per row: window_push keeps row order then column order,

@@ -76,7 +76,7 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
         # r ≤ 1e100 (clipped), but a tiny `scale` or π could still push R̂ past the float
         # range: cap it where exp(ε·R̂) has long saturated anyway (module docstring).
         np.minimum(state.reward, _REWARD_CAP, out=state.reward)
-        state.t[...] += 1
+        state.t[()] = int(state.t) + 1                   # item write: ~10× cheaper than += on 0-d
         eps_prev = float(state.eps)
         eps = min(1.0 / k, float(np.sqrt(np.log(k) / (k * int(state.t)))))
         w = softmax(shifted(state.reward * eps_prev), 1.0) * (1.0 - k * eps) + eps

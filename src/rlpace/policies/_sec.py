@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._base import MIXTURE, DataPolicy, softmax
-from ._checks import check_choice, check_real, clip_signal, shifted
+from ._checks import abs_signal, check_choice, check_real, shifted
 
 __all__ = ["sec", "arm_mean_abs_advantage"]
 
@@ -32,7 +32,9 @@ def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, 
     1e100 first (`clip_signal`), so the sums stay finite for any finite advantages."""
     arm = pool.arm_codes(arms)[batch.prompt_ids]
     count = np.bincount(arm, minlength=k)
-    total = np.bincount(arm, weights=np.abs(clip_signal(batch.advantages)).mean(axis=1), minlength=k)
+    # the row sum / G is .mean(axis=1)'s own arithmetic (numpy divides the sum by the count)
+    adv = batch.advantages
+    total = np.bincount(arm, weights=abs_signal(adv).sum(axis=1) / adv.shape[1], minlength=k)
     present = count > 0
     return np.where(present, total / np.maximum(count, 1), 0.0), present
 

@@ -41,9 +41,18 @@ def uniform_within_arm() -> DataPolicy:
     """
     def apply(state, pool, n, probs, arms, rng):
         order, offsets = pool.members(arms)
-        sizes = np.diff(offsets)
-        arm = _choice(rng, arm_distribution(sizes, probs), n)
-        within = (rng.random(n) * sizes[arm]).astype(np.int64)
+        sizes, full = pool.arm_sizes(arms)
+        if full and isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.shape == sizes.shape:
+            # every arm has prompts: `arm_distribution` is probs / probs.sum() (the same numbers)
+            total = probs.sum()
+            p = probs / total if total > 0 else sizes / sizes.sum()
+        else:
+            p = arm_distribution(sizes, probs)
+        # The arms' draws, then the positions' draws: two halves of one rng.random(2n) are
+        # the numbers two calls rng.random(n) would give, in the same order.
+        u = rng.random(2 * n)
+        arm = _choice(rng, p, n, u[:n])
+        within = (u[n:] * pool.arm_sizes_float(arms)[arm]).astype(np.int64)   # floor(u·size)
         return order[offsets[arm] + within]
     return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm",
                       follows_mixture=True)
@@ -99,17 +108,19 @@ def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
     return counts, order, offsets
 
 
-def _choice(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
+def _choice(rng: np.random.Generator, p: np.ndarray, n: int, u: np.ndarray | None = None) -> np.ndarray:
     """int64[n] i.i.d. draws of an index ∝ p: the very draws of `rng.choice(len(p), size=n,
     p=p)` (numpy's own inverse-CDF lines, `Generator.choice` with replace=True), without
     its ~15 μs of argument checks. p must be a normalised distribution; anything else
-    (negative, NaN or inf entries) goes to `rng.choice`, which rejects it the usual way."""
+    (negative, NaN or inf entries) goes to `rng.choice`, which rejects it the usual way.
+    `u`: the n uniforms `rng.random(n)` would draw, when the caller drew them already."""
     p = np.asarray(p, dtype=np.float64)
-    if not (p.ndim == 1 and p.size and (p >= 0).all() and abs(p.sum() - 1.0) <= 1e-8):
+    # p.min() is NaN when some entry is; the cumulative sum's end is the total
+    cdf = p.cumsum() if p.ndim == 1 and p.size else None
+    if cdf is None or not (p.min() >= 0 and abs(cdf[-1] - 1.0) <= 1e-8):
         return rng.choice(p.shape[0], size=n, p=p)
-    cdf = p.cumsum()
     cdf /= cdf[-1]
-    return cdf.searchsorted(rng.random(n), side="right").astype(np.int64, copy=False)
+    return cdf.searchsorted(rng.random(n) if u is None else u, side="right").astype(np.int64, copy=False)
 
 
 def fixed_mixture(weights=None, arms: str = "domain") -> DataPolicy:

@@ -10,6 +10,7 @@ values, with no per-item Python loop. Unfilled slots hold 0, so the mean over a 
 from __future__ import annotations
 
 from ..errors import InputError
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +35,11 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
     `values` may also be 2-D [B, G] with `arms` [B]: row i's G values go to arm i in
     column order — the same as `window_push(win, np.repeat(arms, G), values.ravel())`,
     but it sorts the B rows instead of the B·G values (a step's rollouts by group).
+
+    A push of at least K·W values (a step's rollouts into a per-domain window) is written
+    slot by slot over the whole ring (`_push_slots`, ~10 numpy calls whatever the rows);
+    a smaller one row by row, over the rows that can still survive (`_push_rows`). Both
+    give the per-item loop's result bit for bit.
     """
     values = np.asarray(values)
     arms = np.asarray(arms, dtype=np.int64).ravel()
@@ -47,6 +53,34 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
     # radix sort, O(M) instead of O(M log M).
     key = arms.astype(np.uint8) if k <= 1 << 8 else arms.astype(np.uint16) if k <= 1 << 16 else arms
     order = np.argsort(key, kind="stable")
+    if k * w <= values.size:
+        return _push_slots(win, arms, values, g, order)
+    return _push_rows(win, arms, values, g, order)
+
+
+def _push_slots(win: Window, arms, values, g, order) -> Window:
+    """`window_push` for a push at least as large as the ring (K·W ≤ M values): one pass
+    over the [K, W] slots. The push's values, arm by arm in arrival order, form one
+    `stream`; after the push slot s of arm a holds the value of age j = (c_a − s) mod W
+    (0 = newest, c_a the arm's newest slot), which is new when j < count_a, at stream
+    position last_a − j, and is left as it was otherwise. One gather and one masked copy
+    write every surviving value, with no per-row cases (a row cut by the window's edge or
+    wrapping the ring is slots like any other)."""
+    k, w = win.values.shape
+    counts = np.bincount(arms, minlength=k) * g       # values per arm
+    stream = values[order].reshape(-1)               # arm 0's values in order, then arm 1's, ...
+    cursor_end = win.cursor + counts                  # [K] cursors after the push, not yet wrapped
+    age = _ages(w)[(w - cursor_end) % w]              # [K, W]: row W − 1 − c_a of `_ages`
+    src = (np.cumsum(counts) - 1)[:, None] - age      # stream position of each new slot's value
+    # mode="clip": the slots that stay old point outside their arm's values; the mask skips them
+    np.copyto(win.values, stream.take(src, mode="clip"), where=age < counts[:, None])
+    return _advance(win, cursor_end, counts)
+
+
+def _push_rows(win: Window, arms, values, g, order) -> Window:
+    """`window_push` for a push smaller than the ring: row by row, only the rows that can
+    still hold a survivor."""
+    k, w = win.values.shape
     a_sorted = arms[order]
     rows = np.bincount(arms, minlength=k)             # rows (entries, or groups of g) per arm
     counts = rows * g                                 # values per arm
@@ -91,6 +125,15 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
         keep = cols >= (tail[rest] - w)[:, None]      # the oldest live row of an arm may be cut
         flat[slot[keep]] = values[idx[rest]][keep]
     return _advance(win, cursor_end, counts)
+
+
+@functools.lru_cache(maxsize=16)
+def _ages(w: int) -> np.ndarray:
+    """int64[W, W] read-only view: row i, slot s holds (W − 1 − i − s) mod W, so row
+    W − 1 − c gives each slot's age (c − s) mod W behind a newest slot c."""
+    e = (w - 1 - np.arange(2 * w - 1)) % w
+    e.setflags(write=False)
+    return np.lib.stride_tricks.sliding_window_view(e, w)
 
 
 def _advance(win: Window, cursor_end: np.ndarray, counts: np.ndarray) -> Window:
