@@ -438,3 +438,37 @@ def test_feedback_answers_fast_check_keeps_values_types_and_errors():
         with pytest.raises(ValueError, match=where):
             Feedback([0], np.zeros((1, 2)), answers=bad, step=0)
     assert Feedback([], np.zeros((0, 3)), answers=[], step=0).answers.shape == (0, 3)
+
+
+# ---- admission and reweighting: sorts replaced by partitions and row argmaxes ------------------------
+def test_top_k_first_is_the_stable_sort_prefix():
+    from rlpace.policies._admission import _top_k_first
+    rng = np.random.default_rng(8)
+    for trial in range(500):
+        n = int(rng.integers(1, 60))
+        a = rng.integers(0, 4, n).astype(float) if trial % 2 else rng.random(n)     # many ties, or none
+        k = int(rng.integers(1, n + 1))
+        want = np.zeros(n, bool)
+        want[sorted(range(n), key=lambda j: -a[j])[:k]] = True         # Python's sort is stable
+        assert _top_k_first(a, k).tolist() == want.tolist()
+
+
+def test_best_k_per_row_is_the_stable_sort_prefix_of_each_row():
+    from rlpace.policies._gfpo import _best_k_per_row
+    rng = np.random.default_rng(9)
+    for trial in range(300):
+        b, g = int(rng.integers(1, 8)), int(rng.integers(2, 12))
+        s = rng.integers(-2, 3, (b, g)).astype(float) if trial % 2 else rng.standard_normal((b, g))
+        k = int(rng.integers(1, g))                                     # k ≤ 4: argmax rounds; above: sort
+        for i, row in enumerate(_best_k_per_row(s, k)):
+            assert np.flatnonzero(row).tolist() == sorted(sorted(range(g), key=lambda j: -s[i, j])[:k])
+
+
+def test_quantiles_are_numpys_bit_for_bit():
+    from rlpace.policies._reweighting import _quantiles
+    rng = np.random.default_rng(10)
+    for trial in range(2000):
+        n = int(rng.integers(1, 50)) if trial % 10 else int(rng.integers(1, 9000))
+        x = rng.integers(0, 3, n).astype(float) if trial % 3 == 0 else rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3)
+        qs = (0.25, 0.75) if trial % 4 == 0 else (0.0, 1.0) if trial % 7 == 0 else tuple(rng.random(2))
+        assert np.quantile(x, qs).tobytes() == _quantiles(x.copy(), qs).tobytes()

@@ -33,7 +33,7 @@ __all__ = ["dapo_dynamic_sampling", "success_band", "pods_max_variance", "drop_a
 
 def _group_mask(keep_group: np.ndarray, shape: tuple) -> np.ndarray:
     """bool[B] → bool[B, G]: a group is kept or dropped as a whole."""
-    return np.broadcast_to(keep_group[:, None], shape).copy()
+    return np.repeat(keep_group[:, None], shape[1], axis=1).reshape(shape)
 
 
 def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
@@ -67,7 +67,9 @@ def dapo_dynamic_sampling(metric: str = "reward") -> DataPolicy:
         shape = values.shape
         if shape[0] == 0:
             return Admission(np.zeros(shape, dtype=bool), 0)
-        varies = values.max(axis=1) != values.min(axis=1)
+        # max ≠ min ⟺ some value differs from the row's first (one comparison, no two
+        # row reductions; -0.0 and 0.0 are equal either way)
+        varies = (values != values[:, :1]).any(axis=1)
         keep = varies | (shape[1] == 1)
         return Admission(_group_mask(keep, shape), int((~keep).sum()))
 
@@ -139,7 +141,8 @@ def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
     if (big > 1e150).any():      # squares would overflow; the variance ranking is scale-free
         r = r / np.where(big > 1e150, big, 1.0)
     order = np.argsort(r, axis=1, kind="stable")                     # [B, G]
-    s = np.take_along_axis(r, order, axis=1)
+    flat = order + (np.arange(b) * g)[:, None]                       # flat positions, row-major
+    s = r.ravel()[flat]
     # Centre each row first: variance is shift-invariant and the prefix-sum formula
     # loses precision when |mean| ≫ spread.
     s = s - s.mean(axis=1, keepdims=True)
@@ -153,9 +156,9 @@ def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
     best = np.argmax(var, axis=1)                                    # [B] first max = smallest k
     j = np.arange(g)
     keep_sorted = (j < best[:, None]) | (j >= (g - m + best)[:, None])
-    keep = np.empty((b, g), dtype=bool)
-    np.put_along_axis(keep, order, keep_sorted, axis=1)
-    return keep
+    keep = np.empty(b * g, dtype=bool)
+    keep[flat] = keep_sorted
+    return keep.reshape(b, g)
 
 
 def pods_max_variance(m: int | None = None) -> DataPolicy:
@@ -262,9 +265,22 @@ def topk_advantage(fraction: float = 0.5) -> DataPolicy:
         if a.size == 0:
             return Admission(np.zeros(shape, dtype=bool), 0, full_group_advantages=True)
         k = max(1, int(round(fraction * a.size)))
-        order = np.argsort(-a.ravel(), kind="stable")             # largest first, ties by position
-        keep = np.zeros(a.size, dtype=bool)
-        keep[order[:k]] = True
-        return Admission(keep.reshape(shape), 0, full_group_advantages=True)
+        return Admission(_top_k_first(a.ravel(), k).reshape(shape), 0, full_group_advantages=True)
 
     return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="topk")
+
+
+def _top_k_first(a: np.ndarray, k: int) -> np.ndarray:
+    """bool[n]: the k largest of float64[n] `a`, ties by position (earlier kept) — the first k
+    of a stable sort of −a, from one O(n) partition: every value above the k-th largest v,
+    then the earliest entries equal to v until k are kept.
+
+    >>> _top_k_first(np.array([1.0, 3.0, 1.0, 2.0, 1.0]), 3).tolist()
+    [True, True, False, True, False]
+    """
+    n = a.shape[0]
+    v = np.partition(a, n - k)[n - k]                               # the k-th largest
+    keep = a > v
+    ties = np.flatnonzero(a == v)[:k - int(np.count_nonzero(keep))]
+    keep[ties] = True
+    return keep

@@ -64,9 +64,29 @@ def gfpo(k: int = 3, metric: str = "efficiency") -> DataPolicy:
         else:
             lengths = np.maximum(batch.lengths, 1).astype(np.float64)
         score = r / lengths if metric == "efficiency" else -lengths          # [B, G]
-        top = np.argsort(-score, axis=1, kind="stable")[:, :k]              # [B, k] best first, ties by position
-        keep = np.zeros(shape, dtype=bool)
-        np.put_along_axis(keep, top, True, axis=1)
-        return Admission(keep, 0)
+        return Admission(_best_k_per_row(score, k), 0)
 
     return DataPolicy(ADMISSION, _empty_init, _no_update, apply, name="gfpo")
+
+
+def _best_k_per_row(score: np.ndarray, k: int) -> np.ndarray:
+    """bool[B, G]: per row, the k largest of the finite float64[B, G] `score`, ties by position
+    (earlier kept) — the first k of a stable sort of −score. For small k, k rounds of a row
+    argmax (the first maximum: ties by position), each winner then set to −inf; else the sort.
+
+    >>> _best_k_per_row(np.array([[1.0, 3.0, 1.0, 2.0], [5.0, 5.0, 5.0, 0.0]]), 2).tolist()
+    [[False, True, False, True], [True, True, False, False]]
+    """
+    b, g = score.shape
+    keep = np.zeros(b * g, dtype=bool)
+    base = np.arange(b) * g
+    if k <= 4:
+        s = np.array(score, dtype=np.float64).ravel()
+        for _ in range(k):
+            best = s.reshape(b, g).argmax(axis=1) + base
+            keep[best] = True
+            s[best] = -np.inf
+    else:
+        top = np.argsort(-score, axis=1, kind="stable")[:, :k]              # [B, k] best first
+        keep[(top + base[:, None]).ravel()] = True
+    return keep.reshape(b, g)

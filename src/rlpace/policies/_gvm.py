@@ -98,7 +98,8 @@ def gvm(min_n: int = 2, max_n: int = 128, alpha: float = 1e-3, beta: float = 2.0
         rows = ids.shape[0] - 1 - first
         state.pass_rate[uniq] = batch.pass_rate[rows]
         if batch.grads is not None:
-            g = np.linalg.norm(batch.grads.astype(np.float64).sum(axis=1), axis=1)   # [B]
+            # float64 sums of the float32 features without a float64 copy of [B, G, d] first
+            g = np.linalg.norm(batch.grads.sum(axis=1, dtype=np.float64), axis=1)   # [B]
             state.grad_norm[uniq] = g[rows]
         return state
 
