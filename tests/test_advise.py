@@ -459,16 +459,123 @@ def test_fit_recovers_a_shared_transfer(tmp_path):
     np.testing.assert_allclose(m[:2, :2], [[1.0, 0.3], [0.8, 1.0]])
 
 
-def test_mixture_draws_each_family_by_its_posterior_weight(tmp_path):
+def test_mixture_weighs_the_step_laws_by_simulated_pilots_and_spans_both(tmp_path):
+    """advise(step_norm="mixture"): the weight of the second step law is the calibrated one
+    (Δ's simulated distribution under each law), the draws are split half and half when both
+    keep weight ≥ TAIL, and every interval is the hull of the two laws' own 5–95 % intervals."""
     from rlpace.advise import advise
-    import math
+    from rlpace.advise._laws import TAIL, calibrated_weight, stratified_draws
     pilot, _, w = _sc_fit(tmp_path)
     fb, fs = fit_learner(pilot, w.pool, step_norm="batch"), fit_learner(pilot, w.pool, step_norm="signal")
     adv = advise(pilot, w.pool, budget_rollouts=80 * 64 * 8, policies=["dump"], draws=5, from_start=True,
-                 step_norm="mixture", model_error=False)
-    top, low = (fs, fb) if fs.log_lik > fb.log_lik else (fb, fs)
-    weight = 1 / (1 + math.exp(top.log_lik - low.log_lik))
-    assert adv.fit.step_norm == top.step_norm and adv.alternative["step_norm"] == low.step_norm
-    assert adv.alternative["weight"] == pytest.approx(weight, rel=1e-9)
-    assert adv.alternative["draws"] == adv.prediction.alternative_draws == round(5 * weight)
-    assert adv.prediction.oracle.ratios.shape == (5,)
+                 step_norm="mixture", model_error=False, law_replicates=3)
+    cal = adv.alternative["calibration"]
+    assert cal["delta_log_lik"] == pytest.approx(fs.log_lik - fb.log_lik, abs=1e-9)
+    w_signal = calibrated_weight(cal["delta_log_lik"], np.array(cal["delta_simulated_under_a"]),
+                                 np.array(cal["delta_simulated_under_b"]))
+    assert cal["weight"] == pytest.approx(w_signal, rel=1e-12)
+    top = "signal" if w_signal >= 0.5 else "batch"
+    assert adv.fit.step_norm == top and adv.alternative["step_norm"] != top
+    assert adv.alternative["weight"] == pytest.approx(min(w_signal, 1 - w_signal), rel=1e-12)
+    n_alt = stratified_draws(5, adv.alternative["weight"])
+    assert adv.alternative["draws"] == adv.prediction.alternative_draws == n_alt
+    assert n_alt == (0 if adv.alternative["weight"] < TAIL else 2)
+    for p in [adv.prediction.oracle, *adv.prediction.policies]:
+        r = p.ratios
+        assert r.shape == (5,)
+        if n_alt:
+            main, alt = r[:5 - n_alt], r[5 - n_alt:]
+            assert p.low == pytest.approx(min(np.quantile(main, 0.05), np.quantile(alt, 0.05)), abs=1e-12)
+            assert p.high == pytest.approx(max(np.quantile(main, 0.95), np.quantile(alt, 0.95)), abs=1e-12)
+
+
+
+# ---- two step laws: the calibrated weight and the interval that spans both ------------------
+def test_calibrated_weight_by_hand():
+    """P(a | Δ) from Δ's simulated distribution under each law: N(m_a, s²) vs N(m_b, s²), s² pooled."""
+    from rlpace.advise._laws import calibrated_weight
+    # m_a = 1, m_b = −1, s² = (2 + 2)/2 = 2: log LR at Δ = 1 is ((1 + 1)² − 0)/(2·2) = 1
+    assert calibrated_weight(1.0, np.array([0.0, 2.0]), np.array([-2.0, 0.0])) == pytest.approx(1 / (1 + np.exp(-1.0)))
+    # at Δ = 0 (half-way) the odds stay even, and under one law of Δ for both any Δ leaves them even
+    assert calibrated_weight(0.0, np.array([0.0, 2.0]), np.array([-2.0, 0.0])) == pytest.approx(0.5)
+    assert calibrated_weight(5.0, np.array([-1.0, 1.0, 0.5]), np.array([-1.0, 1.0, 0.5])) == pytest.approx(0.5)
+    # m_a = 3, m_b = 0, s² = 0.5: at Δ = 3, log LR = (9 − 0)/1 = 9
+    assert calibrated_weight(3.0, np.array([2.5, 3.5]), np.array([-0.5, 0.5])) == pytest.approx(1 / (1 + np.exp(-9.0)))
+    with pytest.raises(InputError):
+        calibrated_weight(1.0, np.array([1.0]), np.array([0.0, 1.0]))
+
+
+def test_two_law_summary_is_the_hand_computed_mixture():
+    """Four draws of each law, the second law's weight ¼: each of its draws weighs 1/16, each
+    of the first law's 3/16. Sorted: 0.4 0.5 0.6 0.7 (second law) 0.8 0.9 1.0 1.1; midpoints
+    of the cumulative weight 1/32, 3/32, 5/32, 7/32, 11/32, 17/32, 23/32, 29/32. Median: 0.8 +
+    0.1·(16/32 − 11/32)/(6/32) = 0.8833; interval: the hull of the laws' own 5–95 % intervals,
+    [min(0.415, 0.815), max(0.685, 1.085)]; P(ratio < 0.9) = 4/16 + 3/16 = 0.4375."""
+    from rlpace.advise._laws import mixture_summary, stratified_draws
+    r = np.array([1.0, 0.9, 1.1, 0.8, 0.5, 0.6, 0.7, 0.4])
+    alt = np.arange(8) >= 4
+    mid, lo, hi, ps = mixture_summary(r, alt, 0.25)
+    assert mid == pytest.approx(0.8 + 0.1 * 5 / 6)
+    assert (lo, hi) == (pytest.approx(0.415), pytest.approx(1.085))
+    assert ps == pytest.approx(0.4375)
+    # one law only: numpy's median and percentiles, as before
+    assert mixture_summary(r[:4], np.zeros(4, bool), 0.3) == (pytest.approx(0.95), pytest.approx(0.815),
+                                                               pytest.approx(1.085), 0.25)
+    assert [stratified_draws(8, w) for w in (0.0, 0.049, 0.05, 0.5)] == [0, 0, 4, 4]
+
+
+def test_predict_gives_the_hull_of_the_two_laws_intervals(tmp_path):
+    """predict(alternative=(fit, n, weight)): every policy's interval is the hull of the two
+    laws' own percentiles and its point the weighted median (the earlier code pooled the 8
+    draws into one set of percentiles, which a 1-nat likelihood difference tipped)."""
+    from rlpace.advise._laws import mixture_summary
+    pilot, fb, w = _sc_fit(tmp_path)
+    fs = fit_learner(pilot, w.pool, step_norm="signal")
+    pr = predict(fb, w.pool, budget_rollouts=60 * 64 * 8, pilot_rollouts=0, policies=["dump"], draws=4,
+                 from_start=True, alternative=(fs, 2, 0.3))
+    assert pr.alternative_draws == 2
+    for p in [pr.oracle, *pr.policies]:
+        r = p.ratios
+        expect = mixture_summary(r, np.array([False, False, True, True]), 0.3)
+        assert (p.ratio, p.low, p.high, p.p_saving) == pytest.approx(expect, abs=1e-12)
+        assert p.low == pytest.approx(min(np.quantile(r[:2], 0.05), np.quantile(r[2:], 0.05)), abs=1e-12)
+        assert p.high == pytest.approx(max(np.quantile(r[:2], 0.95), np.quantile(r[2:], 0.95)), abs=1e-12)
+
+
+def test_pilots_simulated_from_a_law_are_fitted_back_to_it(tmp_path):
+    """`simulate_pilot` draws a uniform pilot of the fit's own shape from its MAP learner: the
+    batch law fitted to it recovers that learner's lr (within a third: a 30-step pilot of
+    64 × 8) and the calibration's differences come from fits of both laws to such pilots."""
+    from rlpace.advise._laws import law_weight, simulate_pilot
+    pilot, fb, w = _sc_fit(tmp_path)
+    sim = simulate_pilot(fb, w.pool, seed=3)
+    assert sim.rewards.shape == (fb.n_steps * fb.batch_size, fb.group_size)
+    assert len(sim.steps) == fb.n_steps and sim.batch_size == fb.batch_size
+    assert sim.rollouts == fb.n_steps * fb.batch_size * fb.group_size
+    again = fit_learner(sim, w.pool, step_norm="batch")
+    assert abs(np.log(again.params.lr / fb.params.lr)) < np.log(1.35), (again.params.lr, fb.params.lr)
+    fs = fit_learner(pilot, w.pool, step_norm="signal")
+    lw = law_weight(fs, fb, w.pool, replicates=2, seed=5)
+    first = simulate_pilot(fs, w.pool, seed=5 * 1000)
+    d0 = (fit_learner(first, w.pool, step_norm="signal").log_lik - fit_learner(first, w.pool, step_norm="batch").log_lik)
+    assert lw.delta_under_a[0] == pytest.approx(d0, abs=1e-9)
+    assert lw.delta == pytest.approx(fs.log_lik - fb.log_lik, abs=1e-12)
+
+
+def test_policies_the_simulator_cannot_feed_are_not_ranked(tmp_path):
+    """A policy that learns from a signal the simulator does not produce (epiplexity: held-out
+    loss curves; dvc: gradients) is not simulated: no ratio, marked with the missing signal,
+    listed after every ranked candidate and never the advice."""
+    from rlpace.advise import advise
+    pilot, fit, w = _sc_fit(tmp_path)
+    pr = predict(fit, w.pool, budget_rollouts=60 * 64 * 8, pilot_rollouts=0, policies=["epiplexity", "dump", "dvc"],
+                 draws=2, from_start=True)
+    assert [p.policy for p in pr.policies] == ["dump", "epiplexity", "dvc"]
+    assert [p.not_modelled for p in pr.policies] == ["", "held-out loss curves", "grads, ref_grad"]
+    assert all(np.isnan(p.ratio) and p.ratios.size == 0 for p in pr.policies[1:])
+    assert np.isfinite(pr.policies[0].ratio)
+    adv = advise(pilot, w.pool, budget_rollouts=60 * 64 * 8, policies=["epiplexity"], draws=2, from_start=True,
+                 step_norm="batch", model_error=False)
+    assert adv.recommended is None and "no candidate" in adv.sentence
+    assert "not modelled" in adv.table()
+    assert adv.to_json()["policies"][0]["not_modelled"] == "held-out loss curves"

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..types import Pool
 from ._fit import EVAL_MODES, Discrepancy, LearnerFit, fit_learner, predicted_evals, rate_discrepancy
+from ._laws import law_weight, stratified_draws
 from ._predict import Prediction, predict
 from ._record import Pilot, load_pilot
 
@@ -52,6 +53,9 @@ class Advice(NamedTuple):
             rows.append(("oracle_allocation (allocation's headroom)", f"{oa.ratio:.2f}× [{oa.low:.2f}, {oa.high:.2f}]",
                          f"{oa.p_saving:.0%}", "", f"{oa.reached:.0%}"))
         for p in pr.policies:
+            if p.not_modelled:
+                rows.append((p.policy, f"not modelled: the simulator has no {p.not_modelled}", "", "", ""))
+                continue
             cap = "" if not math.isfinite(p.captured) else f"{p.captured:.0%}"
             name = p.policy + (f" (dropped after {pr.screen} draws)" if p.screened_out else "")
             rows.append((name, f"{p.ratio:.2f}× [{p.low:.2f}, {p.high:.2f}]", f"{p.p_saving:.0%}", cap,
@@ -67,7 +71,7 @@ class Advice(NamedTuple):
             return {"policy": p.policy, "ratio": p.ratio, "ratio_90": [p.low, p.high], "p_saving_gt_10pct": p.p_saving,
                     "reached": p.reached, "captured_share": None if not math.isfinite(p.captured) else p.captured,
                     "final_diff_vs_uniform": p.final_diff, "ratio_per_draw": p.ratios.tolist(),
-                    "screened_out": p.screened_out}
+                    "screened_out": p.screened_out, "not_modelled": getattr(p, "not_modelled", "") or None}
         import scipy
         return {"recommended": self.recommended, "sentence": self.sentence,
                 "usage": usage_lines(self.recommended or "uniform"),
@@ -94,7 +98,7 @@ class Advice(NamedTuple):
         pr = self.prediction
         shown = ["uniform", min(("oracle_boundary", "oracle_progress"),
                                 key=lambda o: np.median(pr.curves[o][1][:, -1]) * -1)]
-        shown += [p.policy for p in pr.policies[:3]]
+        shown += [p.policy for p in pr.policies if not p.not_modelled][:3]
         w, h, pad = 720, 360, 48
         xs = pr.curves["uniform"][0]
         lo_y = min(float(np.quantile(pr.curves[p][1], 0.05, axis=0).min()) for p in shown)
@@ -160,13 +164,16 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
-           progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None) -> Advice:
+           progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None,
+           law_replicates: int = 8) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
     held-out evaluations better, `predicted_evals`; "sampled" without two of them).
-    `step_norm`: "batch", "signal", "auto" (`fit_learner`'s) or "mixture" (both, draws in
-    proportion to their posterior weight: the pilot rarely tells them apart).
+    `step_norm`: "batch", "signal", "auto" (`fit_learner`'s) or "mixture" (both: their weight
+    calibrated on `law_replicates` pilots simulated from each, `_laws.law_weight`; a law
+    below `_laws.TAIL` is dropped, otherwise half the draws each and the interval spans both,
+    `_laws.mixture_summary`).
     `model_error`: carry the model's error read from the pilot (`rate_discrepancy`) into the
     draws, besides the fit's uncertainty. `screen`: `predict`'s.
 
@@ -187,11 +194,16 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         # the two step normalisations fit a uniform pilot about equally well (docs/advise.md):
         # draws from each in proportion to its posterior weight (equal prior odds, the same
         # number of parameters), the likelier one's MAP first
+        # the two step laws fit a uniform pilot about equally well (docs/advise.md): their weight
+        # is read from simulated pilots of each (how far a likelihood difference this size
+        # moves the odds), the likelier law's MAP first; a law that keeps weight gets half
+        # the draws and the interval spans both (`_laws`)
         fb, fs = (fit_learner(pilot, pool, step_norm=n) for n in ("batch", "signal"))
-        fit, other = (fs, fb) if fs.log_lik > fb.log_lik else (fb, fs)
-        w_other = 1.0 / (1.0 + math.exp(min(fit.log_lik - other.log_lik, 700.0)))
+        lw = law_weight(fs, fb, pool, replicates=law_replicates, seed=seed)
+        fit, other = (fs, fb) if lw.weight_a >= 0.5 else (fb, fs)
+        w_other = min(lw.weight_a, 1.0 - lw.weight_a)
         fit, other = fit._replace(log_lik_other=other.log_lik), other._replace(log_lik_other=fit.log_lik)
-        alt = (other, int(round(draws * w_other)), w_other)
+        alt = (other, stratified_draws(draws, w_other), w_other, lw)
     else:
         fit = fit_learner(pilot, pool, step_norm=step_norm)
     evals = predicted_evals(pilot, fit)
@@ -200,8 +212,9 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
                  draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs,
                  progress=progress, screen=screen, rate_sd=0.0 if disc is None else disc.sd_log_rate,
-                 heldout_eval=mode, alternative=None if alt is None else alt[:2], **(oracle or {}))
-    best = pr.policies[0] if pr.policies else None
+                 heldout_eval=mode, alternative=None if alt is None else alt[:3], **(oracle or {}))
+    ranked = [p for p in pr.policies if not p.not_modelled]
+    best = ranked[0] if ranked else None
     o = pr.oracle
     if 1 - o.ratio <= SAVING_BAR:
         rec, sentence = None, f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×); keep uniform"
@@ -216,8 +229,12 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         sentence += " (zero-training profile: learning rate and transfer from the prior; a training pilot is sharper)"
     info = {"kind": pilot.kind, "steps": int(len(pilot.steps)), "groups": int(pilot.rewards.shape[0]),
             "rollouts": pilot.rollouts, "evals": len(pilot.evals)}
+    if alt is not None and pr.alternative_draws:
+        sentence += "; the pilot does not tell the two step laws apart, the interval spans both"
     alt_info = None if alt is None else {"step_norm": alt[0].step_norm, "weight": alt[2], "draws": pr.alternative_draws,
-                                         "log_lik": alt[0].log_lik, "fit": alt[0].to_json()}
+                                         "separable": pr.alternative_draws == 0, "log_lik": alt[0].log_lik,
+                                         "calibration": {"law_a": "signal", "law_b": "batch", **alt[3].to_json()},
+                                         "fit": alt[0].to_json()}
     return Advice(fit, pr, rec, sentence, info, discrepancy=disc, evals=evals, alternative=alt_info)
 
 

@@ -34,10 +34,11 @@ from ..errors import InputError
 from ..evaluation import captured_share, cost_to_reach, gain_target
 from ..sim import Scenario, World, simulate
 from ..types import Pool
+from ._laws import mixture_summary
 from ._fit import (HELDOUT, EVAL_MODES, LearnerFit, LearnerParams, draw_params, eval_accuracy, greedy_from_sampled,
                    heldout_difficulties, prompt_difficulties, transfer_matrix)
 
-__all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES"]
+__all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES", "unmodelled_signals"]
 
 ORACLES = ("oracle_boundary", "oracle_progress")
 #: the headroom of rollout allocation (Knapsack RL's DP on the true pass rates), run beside the
@@ -61,6 +62,7 @@ class PolicyPrediction(NamedTuple):
     final_diff: float        # median final accuracy − uniform's
     ratios: np.ndarray       # float64[D] per draw (the screening draws only for a dropped candidate)
     screened_out: bool = False   # dropped after the screening draws (`predict(screen=...)`)
+    not_modelled: str = ""   # the signals it reads that the simulator does not produce ("": modelled)
 
 
 class Prediction(NamedTuple):
@@ -82,6 +84,29 @@ class Prediction(NamedTuple):
     alternative_draws: int = 0   # draws from the alternative family (`predict(alternative=...)`)
     rate_sd: float = 0.0      # the model-error spread the draws carry (`rate_discrepancy`)
     heldout_eval: str = "sampled"
+
+
+#: what the simulator feeds a policy besides rollout rewards (`DataPolicy.reads`)
+SIMULATED_SIGNALS = frozenset({"measurement"})
+
+
+def unmodelled_signals(policy: str) -> str:
+    """The signals `policy` learns from that the simulator does not produce ("" when it
+    produces every one): what its places declare in `DataPolicy.reads` beyond
+    `SIMULATED_SIGNALS`, and held-out loss curves for a place with `update_losses`. Such a
+    policy would run on its fallback in the simulator (epiplexity: a uniform mixture) and be
+    predicted ≈ 1× whatever it does on a trainer, so it is not predicted at all.
+
+    >>> unmodelled_signals("dump"), unmodelled_signals("epiplexity")
+    ('', 'held-out loss curves')
+    """
+    from ..policies import make_method
+    why = set()
+    for p in make_method(policy).policies().values():
+        why |= set(p.reads) - SIMULATED_SIGNALS
+        if p.update_losses is not None:
+            why.add("held-out loss curves")
+    return ", ".join(sorted(why))
 
 
 def default_candidates() -> list[str]:
@@ -215,9 +240,11 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         heldout_eval: what the user's held-out accuracy measures: "sampled" (mean pass rate)
             or "greedy" (share of prompts whose most likely answer is right;
             `predicted_evals` reads it from the pilot).
-        alternative: (another `LearnerFit` of the same pilot, n): the last n draws come from
-            it (its MAP first) — a second family the pilot cannot rule out, in proportion to
-            its posterior weight (`advise(step_norm="mixture")`).
+        alternative: (another `LearnerFit` of the same pilot, n) or (fit, n, weight): the
+            last n draws come from it (its MAP first) — a second step law the pilot cannot
+            rule out. With `weight` (its calibrated weight, `_laws.law_weight`) and n ≥ 1 the
+            summaries are `_laws.mixture_summary`'s: the weighted median and the hull of the
+            two laws' own 5–95 % intervals; without it every draw counts alike.
 
     Returns:
         A `Prediction`. Cost: (3 + len(policies)) · screen · seeds simulator runs, then (3 +
@@ -244,13 +271,18 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     eval_every = max(1, steps // 25)
     measure = (max(1, steps // 50) if oracle_every is None else int(oracle_every), int(oracle_rollouts),
                bool(oracle_exact))
+    unmodelled = {p: unmodelled_signals(p) for p in policies if p not in ("uniform", *ORACLES)}
+    unmodelled = {p: why for p, why in unmodelled.items() if why}
     head = ["uniform", *ORACLES]                        # always run, never screened out
-    cands = [p for p in policies if p not in ("uniform", *ORACLES, ALLOCATION_ORACLE)]
+    cands = [p for p in policies if p not in ("uniform", *ORACLES, ALLOCATION_ORACLE, *unmodelled)]
     if any(_allocates(p) for p in cands):                # allocation's headroom: a row of its own
         head.append(ALLOCATION_ORACLE)
     run_names = [*head, *cands]
     rng_draw = np.random.default_rng([seed, 0xAD715E])
     n_alt = 0 if alternative is None else int(np.clip(alternative[1], 0, draws - 1))
+    w_alt = None if alternative is None or len(alternative) < 3 or not n_alt else float(alternative[2])
+    if w_alt is not None and not 0.0 <= w_alt <= 1.0:
+        raise InputError(f"predict alternative weight must lie in [0, 1]; got {w_alt!r}.")
     params = draw_params(fit, draws - n_alt, rng_draw)
     fits = [fit] * len(params)
     if n_alt:                                            # the other family's draws last, its MAP first
@@ -296,9 +328,13 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
 
     def summary(p, ratios):
         fd = np.median(final[p].mean(axis=1) - final["uniform"][:n_of[p]].mean(axis=1))
-        return PolicyPrediction(p, float(np.median(ratios)), float(np.quantile(ratios, 0.05)),
-                                float(np.quantile(ratios, 0.95)), float(np.mean(ratios < 0.9)),
-                                float(hit[p].mean()), math.nan, float(fd), ratios, n_of[p] < draws)
+        if w_alt is None:
+            mid, lo, hi, ps = (float(np.median(ratios)), float(np.quantile(ratios, 0.05)),
+                               float(np.quantile(ratios, 0.95)), float(np.mean(ratios < 0.9)))
+        else:                                            # two step laws: weighted median, hull of both
+            mid, lo, hi, ps = mixture_summary(ratios, np.arange(ratios.size) >= draws - n_alt, w_alt)
+        return PolicyPrediction(p, mid, lo, hi, ps, float(hit[p].mean()), math.nan, float(fd), ratios,
+                                n_of[p] < draws)
 
     u_cost = np.maximum(cost["uniform"].mean(axis=1), 1e-9)
     ratio = {p: cost[p].mean(axis=1) / u_cost[:n_of[p]] for p in run_names}           # [D] per draw
@@ -308,7 +344,11 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     for p in run_names[len(head):]:
         pp = summary(p, ratio[p])
         preds.append(pp._replace(captured=captured_share(pp.ratio, oracle.ratio)))
-    preds.sort(key=lambda x: (x.screened_out, x.ratio))     # the kept candidates first, best first
+    nan = float("nan")
+    preds += [PolicyPrediction(p, nan, nan, nan, nan, nan, nan, nan, np.zeros(0), False, why)
+              for p, why in unmodelled.items()]
+    # the kept candidates first, best first; the screened-out next; the not-modelled last, unranked
+    preds.sort(key=lambda x: (bool(x.not_modelled), x.screened_out, x.ratio if not x.not_modelled else 0.0))
     curves = {p: (grid, np.asarray(acc_grid[p])) for p in run_names}
     each = {o: summary(o, ratio[o]) for o in head[1:]}      # ORACLES, and ALLOCATION_ORACLE when run
     return Prediction(preds, oracle, each, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
