@@ -576,6 +576,7 @@ def test_policies_the_simulator_cannot_feed_are_not_ranked(tmp_path):
     assert np.isfinite(pr.policies[0].ratio)
     adv = advise(pilot, w.pool, budget_rollouts=60 * 64 * 8, policies=["epiplexity"], draws=2, from_start=True,
                  step_norm="batch", model_error=False)
-    assert adv.recommended is None and "no candidate" in adv.sentence
+    assert adv.recommended is None
+    assert adv.sentence.startswith("no expected saving: headroom") or "no candidate the simulator can model" in adv.sentence
     assert "not modelled" in adv.table()
     assert adv.to_json()["policies"][0]["not_modelled"] == "held-out loss curves"

@@ -219,7 +219,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     if 1 - o.ratio <= SAVING_BAR:
         rec, sentence = None, f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×); keep uniform"
     elif best is None or 1 - best.ratio <= SAVING_BAR:
-        rec, sentence = None, (f"no expected saving: no candidate saves more than 10 % (the oracle's "
+        which = "no candidate" if best is not None else "no candidate the simulator can model"
+        rec, sentence = None, (f"no expected saving: {which} saves more than 10 % (the oracle's "
                                f"{1 - o.ratio:.0%}); keep uniform")
     else:
         rec = best.policy
