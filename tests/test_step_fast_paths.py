@@ -135,3 +135,49 @@ def test_bad_feedback_leaves_the_step_state_unchanged():
     assert before.keys() == after.keys()
     for k in before:
         assert np.array_equal(before[k], after[k]), k
+
+
+def _window_contents(win):
+    k, w = win.values.shape
+    return [[float(win.values[a, (int(win.cursor[a]) - int(win.filled[a]) + j) % w])
+             for j in range(int(win.filled[a]))] for a in range(k)]
+
+
+@pytest.mark.parametrize("steps", [1, 5, 16, 17, 37])
+def test_queued_domain_window_equals_a_push_per_step(steps):
+    # observe queues each step's (domains, success) and writes up to WINDOW_QUEUE steps at once;
+    # every read sees what a per-rollout loop of appends and truncations keeps, ragged steps too
+    pool = Pool(["a"] * 7 + ["b"] * 5 + ["c"] * 3)
+    s = Scheduler(pool, "uniform", seed=2, metrics_window=6)
+    bufs = [[] for _ in range(3)]
+    rng = np.random.default_rng(steps)
+    for t in range(steps):
+        ids = s.propose(6)
+        r = (rng.random((6, 4)) < 0.5).astype(float)
+        sizes = None if t % 3 else np.array([4, 1, 0, 3, 4, 2])     # every third step ragged
+        s.observe(Feedback(ids, r, step=t, group_sizes=sizes))
+        order = range(6) if sizes is None else \
+            [i for n in sorted(set(sizes.tolist()) - {0}) for i in range(6) if sizes[i] == n]
+        for i in order:                                   # ragged parts arrive by group size
+            n = 4 if sizes is None else int(sizes[i])
+            for v in r[i, :n]:
+                d = int(pool.domains[ids[i]])
+                bufs[d] = (bufs[d] + [float(v >= 0.5)])[-6:]
+        if t in (0, 3, steps - 1):                        # reads in the middle of a queue
+            assert _window_contents(s.domain_window) == bufs
+            rates = s.metrics()
+            for d, name in enumerate(pool.domain_names):
+                if bufs[d]:
+                    assert rates[f"domain_success/{name}"] == pytest.approx(np.mean(bufs[d]), abs=1e-15)
+
+
+def test_load_state_dict_drops_the_queued_window_pushes():
+    pool = Pool(["a"] * 7 + ["b"] * 5)
+    s = Scheduler(pool, "uniform", seed=2)
+    saved = s.state_dict()                                 # empty window
+    ids = s.propose(4)
+    s.observe(Feedback(ids, np.ones((4, 3)), step=0))     # queued, not yet written
+    s.load_state_dict(saved)
+    assert s.domain_window.filled.tolist() == [0, 0]
+    for k, v in saved.items():
+        assert np.array_equal(v, s.state_dict()[k]), k

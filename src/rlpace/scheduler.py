@@ -77,6 +77,9 @@ _STREAM_PROPOSE = 0x5EED
 #: that value (and loads only into a Scheduler built with it).
 ADDED_HYPERPARAMETERS = {("dump", "base"): "arms", ("recommended", "base"): "arms",
                          ("recommended", "prior_strength"): 0.0}
+#: Steps whose `domain_success/*` window pushes are queued and written at once (`domain_window`):
+#: one push of 16 steps' rollouts costs about what one step's did, and no read sees the queue.
+WINDOW_QUEUE = 16
 # Decisions kept by `Scheduler.supervision_log` (a bounded log of this process, not checkpointed;
 # the counters in `metrics()` are state and resume exactly).
 SUPERVISION_LOG_SIZE = 1000
@@ -191,11 +194,38 @@ class Scheduler:
         n, k = len(pool), pool.n_domains
         self.history = History(np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64))
         self._prompts_seen = 0      # distinct prompts observed: kept in step with history.attempts
-        self.domain_window = window_init(k, metrics_window)
+        self.domain_window = window_init(k, metrics_window)   # (the property: empty queue)
         self.counters = Counters(*(np.array(0, np.int64) for _ in range(5)),
                                  np.array(0.0), np.zeros(k, np.int64))
         self.states: dict[str, Any] = {kind: p.init(pool) for kind, p in self.method.policies().items()}
         self._supervision_log: collections.deque = collections.deque(maxlen=SUPERVISION_LOG_SIZE)
+
+    # ---- the domain success window (metrics) -------------------------------------------------
+    @property
+    def domain_window(self):
+        """The `domain_success/*` window (`rlpace.stats.Window`): per domain, the success of its
+        last `metrics_window` rollouts. `observe` queues each step's push and writes up to
+        WINDOW_QUEUE of them at once (one push of their concatenation is the pushes in
+        order, `window_push`); every read goes through here and writes the queue first."""
+        if self._window_queue:
+            self._flush_window()
+        return self._window
+
+    @domain_window.setter
+    def domain_window(self, win) -> None:
+        self._window = win
+        self._window_queue: list = []
+
+    def _flush_window(self) -> None:
+        queue, self._window_queue = self._window_queue, []
+        i = 0
+        while i < len(queue):                 # runs of one group size (ragged steps mix them)
+            j = i + 1
+            while j < len(queue) and queue[j][1].shape[1] == queue[i][1].shape[1]:
+                j += 1
+            arms, values = zip(*queue[i:j])
+            window_push(self._window, np.concatenate(arms), np.concatenate(values))
+            i = j
 
     # ---- the step ----------------------------------------------------------------------
     def _places(self) -> "_Places":
@@ -421,7 +451,9 @@ class Scheduler:
         np.add.at(h.successes, batch.prompt_ids, wins)
         # max, not assignment: feedback that arrives late must not move recency backwards.
         np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
-        window_push(self.domain_window, batch.domains, batch.success)   # [B] arms, [B, G] values
+        self._window_queue.append((batch.domains, batch.success))        # [B] arms, [B, G] values
+        if len(self._window_queue) >= WINDOW_QUEUE:
+            self._flush_window()
         self._log_decisions(batch, decisions)
         self._update_deferred(batch, self._places().kinds - defer)
         if not tally:           # one part of a ragged step: `_tally` counts the step once

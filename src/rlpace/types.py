@@ -1011,6 +1011,10 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     success = r >= success_threshold
     b = r.shape[0]
     domains, clusters = pool.domains[fb.prompt_ids], pool.clusters[fb.prompt_ids]
+    # read-only like the Feedback's arrays: the Scheduler queues success and domains for its
+    # metrics window (`Scheduler.domain_window`), so no policy may write into them
+    for a in (success, domains, clusters):
+        a.setflags(write=False)
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
         return _batch(fb, r, success, np.zeros(0), adv, domains, clusters), np.zeros(0, np.int64), np.zeros(0, bool)

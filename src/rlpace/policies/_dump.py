@@ -85,7 +85,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         if batch.prompt_ids.size == 0:
             return state
         abs_adv = abs_signal(batch.advantages)                    # [B, G], ≤ 1e100 (_checks.py)
-        arm = pool.arm_codes(arms)[batch.prompt_ids]              # [B]
+        arm = batch.domains if arms == "domain" else batch.clusters   # [B] (gathered once per step)
         if window_unit == "rollouts":
             # [B, G] with one arm per row: window_push keeps row order then column order,
             # i.e. rollouts in arrival order, sorting B rows instead of B·G values.

@@ -175,7 +175,7 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         if b == 0:
             return state
         k = state.prob.shape[0]
-        arm = pool.arm_codes(arms)[batch.prompt_ids]                     # [B]
+        arm = batch.domains if arms == "domain" else batch.clusters    # [B] (gathered once per step)
         x = dvc_values(batch, signal)                                    # [B] in [0, 1]
         cnt = np.bincount(arm, minlength=k).astype(np.float64)
         tot = np.bincount(arm, weights=x, minlength=k)

@@ -30,7 +30,7 @@ def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, 
     """(mean float64[K], present bool[K]): per arm, the mean over the batch's groups of the
     group's mean |A|; `present` marks arms with at least one group. |A| is clipped to
     1e100 first (`clip_signal`), so the sums stay finite for any finite advantages."""
-    arm = pool.arm_codes(arms)[batch.prompt_ids]
+    arm = batch.domains if arms == "domain" else batch.clusters     # = pool.arm_codes(arms)[ids]
     count = np.bincount(arm, minlength=k)
     # the row sum / G is .mean(axis=1)'s own arithmetic (numpy divides the sum by the count)
     adv = batch.advantages

@@ -60,21 +60,42 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
 
 def _push_slots(win: Window, arms, values, g, order) -> Window:
     """`window_push` for a push at least as large as the ring (K·W ≤ M values): one pass
-    over the [K, W] slots. The push's values, arm by arm in arrival order, form one
-    `stream`; after the push slot s of arm a holds the value of age j = (c_a − s) mod W
-    (0 = newest, c_a the arm's newest slot), which is new when j < count_a, at stream
-    position last_a − j, and is left as it was otherwise. One gather and one masked copy
-    write every surviving value, with no per-row cases (a row cut by the window's edge or
-    wrapping the ring is slots like any other)."""
+    over the [K, W] slots, whatever M. Only an arm's last L = ceil(W / g) rows can hold a
+    survivor; they are gathered into `tail` [K, L·g], the arm's newest value in the last
+    column (rows before an arm's first are clipped to some row: their values are never
+    read). After the push slot s of arm a holds the value of age j = (c_a − s) mod W (0 =
+    newest, c_a the arm's newest slot), which is new when j < count_a, at column
+    L·g − 1 − j of the arm's tail, and is left as it was otherwise. One gather and one
+    masked copy write every surviving value, with no per-row cases (a row cut by the
+    window's edge or wrapping the ring is slots like any other)."""
     k, w = win.values.shape
-    counts = np.bincount(arms, minlength=k) * g       # values per arm
-    stream = values[order].reshape(-1)               # arm 0's values in order, then arm 1's, ...
+    rows = np.bincount(arms, minlength=k)             # rows (entries, or groups of g) per arm
+    counts = rows * g                                 # values per arm
+    span = -(-w // g)                                 # L
+    newest = np.cumsum(rows) - 1                      # [K] position in `order` of each arm's newest row
+    pick = order[np.maximum(newest[:, None] - _descending(span), 0)]     # [K, L] oldest → newest
+    tail = values[pick].reshape(k, span * g)
     cursor_end = win.cursor + counts                  # [K] cursors after the push, not yet wrapped
     age = _ages(w)[(w - cursor_end) % w]              # [K, W]: row W − 1 − c_a of `_ages`
-    src = (np.cumsum(counts) - 1)[:, None] - age      # stream position of each new slot's value
-    # mode="clip": the slots that stay old point outside their arm's values; the mask skips them
-    np.copyto(win.values, stream.take(src, mode="clip"), where=age < counts[:, None])
+    src = _row_starts(k, span * g) - age              # flat position in `tail` of each slot's value
+    np.copyto(win.values, tail.take(src), where=age < counts[:, None])
     return _advance(win, cursor_end, counts)
+
+
+@functools.lru_cache(maxsize=16)
+def _descending(n: int) -> np.ndarray:
+    """int64[n] read-only n − 1, ..., 1, 0."""
+    out = np.arange(n - 1, -1, -1)
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _row_starts(k: int, width: int) -> np.ndarray:
+    """int64[K, 1] read-only a·width + width − 1: the flat position of row a's last column."""
+    out = (np.arange(k) * width + width - 1)[:, None]
+    out.setflags(write=False)
+    return out
 
 
 def _push_rows(win: Window, arms, values, g, order) -> Window:
