@@ -160,3 +160,22 @@ def test_nearest_in_each_arm_short_arms_and_far_candidates():
         by = np.lexsort((dist, arm))
         rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
         np.testing.assert_array_equal(_nearest_in_each_arm(arm, dist, keep), by[rank < keep[arm[by]]])
+
+
+def test_closest_with_the_one_threshold_superset_equals_argpartition():
+    """m ≥ 16·n takes the threshold path: the same positions, in the same order, as
+    argpartition then a stable sort, with ties at the threshold and everywhere."""
+    from rlpace.policies._mopps import _closest
+    rng = np.random.default_rng(8)
+    for trial in range(400):
+        n = int(rng.integers(1, 200))
+        m = 16 * n + int(rng.integers(0, 3000))
+        dist = [(rng.random(m) - 0.5) ** 2, np.round(rng.random(m), 3), rng.integers(0, 40, m) / 40.0,
+                np.zeros(m)][trial % 4]
+        keep = np.argpartition(dist, n - 1)[:n]
+        want = keep[np.argsort(dist[keep], kind="stable")]
+        got = _closest(dist, n)
+        if np.unique(np.sort(dist)[:n + 1]).size == n + 1:       # distinct: the very positions
+            np.testing.assert_array_equal(got, want)
+        else:                                                    # tied: the same distances
+            np.testing.assert_array_equal(np.sort(dist[got]), np.sort(dist[want]))

@@ -195,9 +195,11 @@ def _closest(dist: np.ndarray, n: int) -> np.ndarray:
     """Positions of the n smallest of float64[m] `dist` (≥ 0), ordered by distance: an O(m)
     partition, then a stable sort of the n kept (a deterministic output order).
 
-    The partition buckets the values (⌊dist · m / max⌋, monotone in dist) and keeps the
-    buckets up to the one that holds the n-th smallest, so only about n values go to the
-    sort, and there is no `np.argpartition` (half the time for m = 8192, n = 512).
+    The partition keeps the values at most a threshold τ ≈ the 2n-th smallest (from a
+    partition of every 8th value) or, when fewer than n pass, buckets the values
+    (⌊dist · m / max⌋, monotone in dist) and keeps the buckets up to the one that holds
+    the n-th smallest, so only about n values go to the sort, and there is no
+    `np.argpartition` of all m (half the time for m = 8192, n = 512).
     Exactly the result of `np.argpartition(dist, n − 1)[:n]` sorted stably by distance
     whenever the n + 1 smallest distances are distinct (ties have probability 0 for
     continuous draws); with a tie, which tied value argpartition keeps is its own
@@ -205,12 +207,23 @@ def _closest(dist: np.ndarray, n: int) -> np.ndarray:
     """
     m = dist.size
     if n < m:
-        top = float(dist.max())
-        if top > m * 1e-300:                                  # m / top is finite
+        kept = None
+        if 16 * n <= m:
+            # One threshold first: τ ≈ the 2n-th smallest, read off every 8th value (cheap);
+            # when at least n values are ≤ τ they hold the n smallest and every value left
+            # out is larger than every one kept (else the buckets below).
+            sample = dist[::8]
+            tau = np.partition(sample, n // 4)[n // 4]
+            kept = np.flatnonzero(dist <= tau)
+            if kept.size < n:
+                kept = None
+        top = float(dist.max()) if kept is None else 0.0
+        if kept is None and top > m * 1e-300:                 # m / top is finite
             scale = m / top
             bucket = (dist * scale).astype(np.int64)          # floor, monotone in dist
             last = np.searchsorted(np.cumsum(np.bincount(bucket)), n)  # holds the n-th smallest
             kept = np.flatnonzero(bucket <= last)             # ⊇ the n smallest
+        if kept is not None:
             kept = kept[np.argsort(dist[kept], kind="stable")][:n + 1]
             d = dist[kept]
             if (d[1:] != d[:-1]).all():
