@@ -181,3 +181,27 @@ def test_load_state_dict_drops_the_queued_window_pushes():
     assert s.domain_window.filled.tolist() == [0, 0]
     for k, v in saved.items():
         assert np.array_equal(v, s.state_dict()[k]), k
+
+
+def test_epiplexity_unfitted_fast_path_equals_the_full_formula():
+    # with no domain fitted, epiplexity_values returns zeros and the mixture is uniform plus
+    # floor: the same numbers the full formula gives (written out here)
+    from rlpace.policies import epiplexity
+    from rlpace.policies._base import softmax
+    from rlpace.policies._epiplexity import epiplexity_values
+    pool = Pool(["a", "b", "c"])
+    pol = epiplexity(floor=0.05)
+    st = pol.init(pool)
+    st.n_points[:] = [2, 0, 1]                       # points seen, but none fitted yet
+    st.last_tokens[:] = [10.0, 0.0, 5.0]
+    v = epiplexity_values(st, 0.1)
+    assert v.tolist() == [0.0, 0.0, 0.0]
+    ref = softmax(np.zeros(3), 0.2)
+    ref = (1.0 - 3 * 0.05) * ref + 0.05
+    assert pol.apply(st, pool).tobytes() == ref.tobytes()
+    # one fitted domain takes the full path: unfitted domains get the best fitted value
+    st.fitted[0], st.A[0], st.alpha[0] = True, 100.0, 1.0
+    v = epiplexity_values(st, 0.1)
+    delta = 0.1 * np.mean([10.0, 5.0])
+    expected = 100.0 * 10.0 ** -1.0 * -np.expm1(-1.0 * np.log1p(delta / 10.0))
+    assert v.tolist() == pytest.approx([expected] * 3, rel=1e-15)

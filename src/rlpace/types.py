@@ -650,6 +650,8 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
     """object[B, G] of str / None (a copy), or a ValueError naming Feedback.answers."""
     if isinstance(values, (str, bytes)):
         rows = None
+    elif isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "OU":
+        rows = values.tolist()      # one C-level pass (iterating the rows of an array is slow)
     else:
         try:
             rows = [None if isinstance(r, (str, bytes)) else list(r) for r in values]
@@ -873,18 +875,10 @@ class Feedback:
         for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp, sizes):
             if arr is not None:
                 arr.setflags(write=False)
-        object.__setattr__(self, "prompt_ids", ids)
-        object.__setattr__(self, "rewards", rew)
-        object.__setattr__(self, "advantages", adv)
-        object.__setattr__(self, "step", step_i)
-        object.__setattr__(self, "lengths", lens)
-        object.__setattr__(self, "grads", grd)
-        object.__setattr__(self, "ref_grad", ref)
-        object.__setattr__(self, "answers", ans)
-        object.__setattr__(self, "token_entropy", ent)
-        object.__setattr__(self, "self_certainty", sc)
-        object.__setattr__(self, "mean_logprob", mlp)
-        object.__setattr__(self, "group_sizes", sizes)
+        # one write of the frozen record's fields (object.__setattr__ per field costs ~12 calls)
+        self.__dict__.update(prompt_ids=ids, rewards=rew, advantages=adv, step=step_i, lengths=lens,
+                             grads=grd, ref_grad=ref, answers=ans, token_entropy=ent, self_certainty=sc,
+                             mean_logprob=mlp, group_sizes=sizes)
 
     def with_grads(self, grads, ref_grad=None) -> "Feedback":
         """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
@@ -1034,7 +1028,7 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
     if binary:
         # 0 < k < G: the group's advantages are ±(≥ 1/G)/(std + eps), far above 1e-12.
-        informative = (wins > 0) & (wins < g)
+        informative = _informative_counts(g).take(wins)     # (wins > 0) & (wins < g), one gather
     else:
         informative = np.abs(adv).max(axis=1, initial=0.0) > 1e-12
     return _batch(fb, r, success, rate, adv, domains, clusters), wins, informative
@@ -1058,6 +1052,16 @@ def _success_counts(success: np.ndarray) -> np.ndarray:
     matrix-vector product (3× faster than numpy's row reduction for G ≈ 16; exact, as
     sums of 0/1 values below 2^53 are exact in any order)."""
     return (success.astype(np.float64) @ np.ones(success.shape[1])).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _informative_counts(g: int) -> np.ndarray:
+    """bool[G + 1] read-only: a group of G 0/1 rewards with k successes carries signal
+    (0 < k < G)."""
+    k = np.arange(g + 1)
+    out = (k > 0) & (k < g)
+    out.setflags(write=False)
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -403,7 +403,8 @@ def with_floor(mixture: DataPolicy, floor: float) -> DataPolicy:
 
 def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
     """Max-subtracted softmax(scores / temperature), float64."""
-    z = np.asarray(scores, dtype=np.float64) / temperature
-    z = z - z.max()
-    e = np.exp(z)
-    return e / e.sum()
+    z = np.asarray(np.asarray(scores, dtype=np.float64) / temperature)   # new: the rest works in place
+    z -= z.max()
+    np.exp(z, out=z)
+    z /= z.sum()
+    return z

@@ -73,9 +73,11 @@ def epiplexity_values(state: EpiplexityState, horizon: float) -> np.ndarray:
     with the fallbacks of the module docstring (unfitted: best fitted value; all zeros when
     nothing is fitted)."""
     t = state.last_tokens
+    ok = state.fitted & (t > 0)
+    if not ok.any():
+        return np.zeros(t.shape[0])         # what the lines below give with nothing fitted
     seen = state.n_points > 0
     delta = horizon * (t[seen].mean() if seen.any() else 0.0)
-    ok = state.fitted & (t > 0)
     safe_t = np.where(ok, t, 1.0)
     alpha = np.where(ok, state.alpha, 0.0)
     excess = np.where(ok, state.A * safe_t ** -alpha, 0.0)          # L̂(t_d) − E_d ≥ 0
@@ -170,8 +172,10 @@ def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0
     def apply(state, pool, *_):
         v = epiplexity_values(state, horizon)
         top = v.max() if v.size else 0.0
-        score = v / top if top > 0 else np.zeros_like(v)
-        p = softmax(score, temperature)
+        if top > 0:
+            p = softmax(v / top, temperature)
+        else:                           # softmax of zeros: exp(0) / K, the same numbers
+            p = np.full(v.shape[0], 1.0 / v.shape[0])
         return (1.0 - p.shape[0] * floor) * p + floor
 
     def metrics(state, pool):
