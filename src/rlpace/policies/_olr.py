@@ -105,7 +105,7 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         has_m = win >= 0
         p = np.where(has_m, count / g, 0.0)                             # majority pass rate
         ids = batch.prompt_ids
-        uniq, inv = np.unique(ids, return_inverse=True)
+        uniq, inv = _unique_inverse(ids)
         rate, maj = state.rate[uniq], state.majority[uniq]              # copies [U, C]
         visits, label_rate = state.visits[uniq], state.label_rate[uniq]
         ok = np.zeros(b, bool)
@@ -124,18 +124,33 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             r_new[np.arange(rows.size), at] = p[rows]
             m_new[np.arange(rows.size), at] = mh[rows]
             length = np.minimum(k + 1, cap)
-            slope = ols_slopes(r_new, length)
-            first, h_count, h_top = row_modes(m_new, cols[None, :] < length[:, None])
-            agree = (h_top == 1) & (m_new[np.arange(rows.size), first] == mh[rows])
-            okr = has_m[rows] & (visits[u] > start_step) & (slope >= slope_threshold) & agree
             lr = label_rate[u]
+            # the cheap conditions first; the slope and the history's majority only where the
+            # decision still depends on them (none on a prompt's first start_step + 1 visits)
+            okr = has_m[rows] & (visits[u] > start_step)
             if min_pass_rate is not None:
                 okr &= p[rows] >= min_pass_rate
             if margin is not None:
                 okr &= np.isfinite(lr) & (p[rows] - lr >= margin)
+            slope, share = np.zeros(rows.size), np.zeros(rows.size)
+            cand = np.flatnonzero(okr)
+            if cand.size:
+                slope[cand] = ols_slopes(r_new[cand], length[cand])
+                cand = cand[slope[cand] >= slope_threshold]
+                hist, n, want = m_new[cand], length[cand], mh[rows][cand]
+                valid = cols < n[:, None]
+                same = np.count_nonzero((hist == want[:, None]) & valid, axis=1)
+                agree = 2 * same > n                   # a strict majority is the unique mode
+                unsure = np.flatnonzero(~agree)
+                if unsure.size:
+                    first, _, n_top = row_modes(hist[unsure], valid[unsure])
+                    agree[unsure] = (n_top == 1) & (hist[unsure, first] == want[unsure])
+                okr[:] = False
+                okr[cand[agree]] = True
+                share[cand] = same / n                 # where mh is the unique mode: its share
             ok[rows] = okr
             ev["visit"][rows], ev["slope"][rows] = visits[u], slope
-            ev["share"][rows], ev["label_rate"][rows] = h_count / length, lr
+            ev["share"][rows], ev["label_rate"][rows] = share, lr
             rate[u], maj[u], visits[u] = r_new, m_new, visits[u] + 1
             if record_label_rate:      # verified against the dataset label: its pass rate
                 label_rate[u[~okr]] = batch.pass_rate[rows[~okr]]
@@ -196,3 +211,15 @@ def _rounds(inv: np.ndarray, distinct: bool = False):
         return
     for r in range(int(rank.max()) + 1):
         yield np.flatnonzero(rank == r)
+
+
+def _unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(ids, return_inverse=True)` of int64[B] ids from one stable argsort (np.unique
+    goes through several more passes; B = 512 ids per step)."""
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    head = np.ones(s.shape[0], bool)
+    head[1:] = s[1:] != s[:-1]
+    inv = np.empty(s.shape[0], np.int64)
+    inv[order] = np.cumsum(head) - 1
+    return s[head], inv
