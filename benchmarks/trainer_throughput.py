@@ -136,7 +136,8 @@ PHASES = {
                ("loss forward", "rollout.py", "completion_logprobs", "_update"),
                ("backward", "__init__.py", "backward", None), ("optimizer step", "optimizer.py", "wrapper", None),
                ("grad clipping", "clip_grad.py", "clip_grad_norm_", None),
-               ("train()/eval() switches", "module.py", "train", None)],
+               ("train()/eval() switches", "module.py", "train", None),
+               ("train()/eval() switches", "train/model.py", "__call__", None)],      # ModeSwitch
     "trl": [("generation", "grpo_trainer.py", "_generate", None),
             ("reward (scoring)", "grpo_trainer.py", "_calculate_rewards", None),
             ("loss forward", "grpo_trainer.py", "_get_per_token_logps_and_entropies", None),
