@@ -95,7 +95,8 @@ method and attribute relied on (`TRL_PRIVATE_METHODS`, `TRL_PRIVATE_ATTRIBUTES`)
 when the trainer is built; on several ranks a digest of the Scheduler copies is all-gathered
 before every generation batch, and the state file is read by the main process and broadcast. The feature
 pass calls `_compute_loss` with `_get_per_token_logps_and_entropies` shadowed on the instance
-(unfused head) and undoes the metrics `_compute_loss` logs.
+(unfused head; for lm_head features, the head alone on the hidden states generation computed)
+and undoes the metrics `_compute_loss` logs.
 """
 
 from __future__ import annotations
@@ -465,7 +466,9 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         zero_lag: propose each chunk at generation time (after the previous feedback).
         loss_weights: multiply advantages by `scheduler.loss_weights`.
         grad_features: per-rollout gradient features for `Feedback.grads`: "auto" (when a
-            policy reads them: diem, dvc), "on" or "off". Cost: one extra forward of the
+            policy reads them: diem, dvc), "on" or "off". Cost: for lm_head alone with
+            Hugging Face generation, the head and its backward on the completion positions,
+            from the hidden states generation computed; otherwise one extra forward of the
             generation batch (without a graph below the hooked layers) per generation.
         grad_params: the layers they cover: "lm_head" | "last_block" | "all".
         grad_dim: upper bound on the feature dimension d (seeded by `args.seed`).
