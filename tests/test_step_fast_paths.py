@@ -205,3 +205,25 @@ def test_epiplexity_unfitted_fast_path_equals_the_full_formula():
     delta = 0.1 * np.mean([10.0, 5.0])
     expected = 100.0 * 10.0 ** -1.0 * -np.expm1(-1.0 * np.log1p(delta / 10.0))
     assert v.tolist() == pytest.approx([expected] * 3, rel=1e-15)
+
+
+@pytest.mark.parametrize("steps", [1, 15, 16, 17, 40])
+def test_prompts_seen_counted_from_the_queue_equals_the_history(steps):
+    # the queued steps' first visits are counted when the queue is written; every read of
+    # prompts_seen equals the number of prompts with attempts > 0, with repeated ids in a
+    # batch and across queued steps, ragged steps (group sizes 0..G) and a load in between
+    pool = Pool(["a"] * 9 + ["b"] * 6)                  # 15 prompts: repeats are common
+    s = Scheduler(pool, "uniform", seed=4)
+    rng = np.random.default_rng(steps)
+    for t in range(steps):
+        ids = s.propose(6)
+        sizes = None if t % 4 else rng.integers(0, 4, size=6)
+        s.observe(Feedback(ids, rng.random((6, 3)), step=t, group_sizes=sizes))
+        if t % 7 == 3:
+            assert s.metrics()["prompts_seen"] == np.count_nonzero(s.history.attempts)
+        if t == 9:
+            s.load_state_dict(s.state_dict())
+    assert s.metrics()["prompts_seen"] == np.count_nonzero(s.history.attempts)
+    fresh = Scheduler(pool, "uniform", seed=4)
+    fresh.load_state_dict(s.state_dict())
+    assert fresh.metrics()["prompts_seen"] == s.metrics()["prompts_seen"]

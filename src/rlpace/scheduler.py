@@ -62,7 +62,6 @@ from .policies._base import (ADVANTAGE, ALLOCATION, MIXTURE, REWARD, TARGET, Adm
                              _no_update, active_supervision_places)
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
-from .stats._sumtree import _unique as sorted_unique
 from .stats._window import window_init, window_mean, window_push
 from .types import Batch, Feedback, LossFeedback, Pool, _batch_and_counts
 
@@ -200,7 +199,7 @@ class Scheduler:
         self.states: dict[str, Any] = {kind: p.init(pool) for kind, p in self.method.policies().items()}
         self._supervision_log: collections.deque = collections.deque(maxlen=SUPERVISION_LOG_SIZE)
 
-    # ---- the domain success window (metrics) -------------------------------------------------
+    # ---- the metrics' bookkeeping, written every WINDOW_QUEUE steps ------------------------------
     @property
     def domain_window(self):
         """The `domain_success/*` window (`rlpace.stats.Window`): per domain, the success of its
@@ -208,7 +207,7 @@ class Scheduler:
         WINDOW_QUEUE of them at once (one push of their concatenation is the pushes in
         order, `window_push`); every read goes through here and writes the queue first."""
         if self._window_queue:
-            self._flush_window()
+            self._flush_queue()
         return self._window
 
     @domain_window.setter
@@ -216,16 +215,46 @@ class Scheduler:
         self._window = win
         self._window_queue: list = []
 
-    def _flush_window(self) -> None:
+    @property
+    def _prompts_seen(self) -> int:
+        """Distinct prompts observed (`prompts_seen`), kept in step with history.attempts: the
+        queued steps' prompts are counted when the queue is written (`_flush_queue`)."""
+        if self._window_queue:
+            self._flush_queue()
+        return self._seen
+
+    @_prompts_seen.setter
+    def _prompts_seen(self, n: int) -> None:
+        self._seen = n
+
+    def _flush_queue(self) -> None:
+        """Write the queued steps: their window pushes in order, and their prompts that the
+        history had never seen before the first of them (attempts now = the rollouts the
+        queued steps added: every queued group has G ≥ 1 rollouts)."""
         queue, self._window_queue = self._window_queue, []
         i = 0
         while i < len(queue):                 # runs of one group size (ragged steps mix them)
             j = i + 1
             while j < len(queue) and queue[j][1].shape[1] == queue[i][1].shape[1]:
                 j += 1
-            arms, values = zip(*queue[i:j])
+            arms, values, _ = zip(*queue[i:j])
             window_push(self._window, np.concatenate(arms), np.concatenate(values))
             i = j
+        ids = np.concatenate([q[2] for q in queue])
+        sizes = [q[1].shape[1] for q in queue]
+        if len(set(sizes)) == 1:
+            ids = np.sort(ids)
+            added = None
+        else:                                   # rollouts per occurrence differ (ragged parts)
+            added = np.repeat(np.array(sizes, dtype=np.int64), [q[2].shape[0] for q in queue])
+            order = np.argsort(ids, kind="stable")
+            ids, added = ids[order], added[order]
+        starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+        if added is None:
+            added = np.diff(np.append(starts, ids.shape[0])) * sizes[0]
+        else:
+            added = np.add.reduceat(added, starts)
+        self._seen += int(np.count_nonzero(self.history.attempts[ids[starts]] == added))
 
     # ---- the step ----------------------------------------------------------------------
     def _places(self) -> "_Places":
@@ -445,15 +474,14 @@ class Scheduler:
             decisions = target.apply(self.states[TARGET], self.pool, batch).decisions
         g = batch.rewards.shape[1]
         h = self.history
-        first = sorted_unique(batch.prompt_ids)      # np.unique costs 6× more for B = 512 (numpy 2.4)
-        self._prompts_seen += int(np.count_nonzero(h.attempts[first] == 0))    # O(B), not O(N)
         np.add.at(h.attempts, batch.prompt_ids, g)
         np.add.at(h.successes, batch.prompt_ids, wins)
         # max, not assignment: feedback that arrives late must not move recency backwards.
         np.maximum.at(h.last_step, batch.prompt_ids, batch.step)
-        self._window_queue.append((batch.domains, batch.success))        # [B] arms, [B, G] values
+        # [B] arms, [B, G] values for the window, [B] ids for prompts_seen (`_flush_queue`)
+        self._window_queue.append((batch.domains, batch.success, batch.prompt_ids))
         if len(self._window_queue) >= WINDOW_QUEUE:
-            self._flush_window()
+            self._flush_queue()
         self._log_decisions(batch, decisions)
         self._update_deferred(batch, self._places().kinds - defer)
         if not tally:           # one part of a ragged step: `_tally` counts the step once
