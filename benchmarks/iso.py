@@ -127,7 +127,7 @@ def overhead(args):
         st = pstats.Stats(prof).stats
         total = sum(v[3] for k, v in st.items() if k[2] == "step" and k[0].endswith("_iso.py"))
         phases = {"chain rule": "frame_gradients", "tangent projection": "project_tangent",
-                  "polar retraction": "polar", "W = U·Σ·Vᵀ": "_write_weights", "stacking frames": "_stack",
+                  "polar retraction": "_polar_many", "W = U·Σ·Vᵀ": "_write_weights", "stacking frames": "_stack",
                   "non-finite check": "_nonfinite_gradient"}
         out = {}
         for label, fn in phases.items():
@@ -392,7 +392,8 @@ def merge_one(args):
     torch.set_num_threads(args.threads)
     d = Path(args.dir)
     t0 = time.perf_counter()
-    merge_checkpoints(d / "base", [d / "e0", d / "e1"], args.out, method=args.method, progress=False)
+    merge_checkpoints(d / "base", [d / "e0", d / "e1"], args.out, method=args.method, threads=args.threads,
+                      progress=False)
     secs = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(secs, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)

@@ -409,3 +409,69 @@ def test_precision_auto_uses_float32_products_only_for_16_bit_outputs(ckpts, tmp
     assert not (tmp_path / "bad").exists()
     assert main(["merge", "--base", str(ckpts["sharded"]), "--experts", str(ckpts["e0"]), "--out",
                  str(tmp_path / "cli"), "--precision", "float64", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("method", ["iso", "ties"])
+def test_parallel_workers_write_the_same_checkpoint_bit_for_bit(ckpts, tmp_path, method):
+    """threads=3 (tensors merged three at a time, written to their planned byte ranges as they
+    finish) against threads=1 (one at a time, in name order): the same files, byte for byte,
+    and the same retention coefficients, on the sharded checkpoint (9 files)."""
+    outs = {}
+    for t in (1, 3):
+        s = merge_checkpoints(ckpts["sharded"], [ckpts["e0"], ckpts["e1"]], tmp_path / f"t{t}", method=method,
+                              out_dtype="bfloat16", threads=t, progress=False)
+        outs[t] = s
+    files = sorted(p.name for p in (tmp_path / "t1").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "t3").iterdir())
+    assert sum(f.endswith(".safetensors") for f in files) > 1
+    for f in files:
+        assert (tmp_path / "t1" / f).read_bytes() == (tmp_path / "t3" / f).read_bytes(), f
+    assert {k: outs[1][k] for k in ("frames", "mean", "delta", "copy")} == \
+        {k: outs[3][k] for k in ("frames", "mean", "delta", "copy")}
+
+
+def test_parallel_workers_report_the_first_bad_tensor_in_name_order(ckpts, tmp_path, capsys):
+    """Two poisoned tensors, four workers: the error names the first one in name order (what
+    the one-at-a-time loop reports), and nothing is written."""
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["e1"], bad)
+    f = next(bad.glob("*.safetensors"))
+    tensors = load_file(str(f))
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
+        tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    rc = main(["merge", "--base", str(ckpts["sharded"]), "--experts", str(ckpts["e0"]), str(bad), "--out",
+               str(tmp_path / "out"), "--threads", "4", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "'model.layers.0.mlp.down_proj.weight'" in err and "q_proj" not in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.tmp-merge"))
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_bad_thread_count_is_refused_before_writing(ckpts, tmp_path, threads):
+    with pytest.raises(InputError, match="threads must be a positive integer"):
+        merge_checkpoints(ckpts["sharded"], [ckpts["e0"]], tmp_path / "out", threads=threads, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_streamed_safetensors_accepts_tensors_in_any_order(tmp_path):
+    """Parallel workers finish in any order: written last-first, the file reads back as planned."""
+    from safetensors import safe_open
+
+    from rlpace.merge._checkpoint import _StreamingSafetensors
+    g = torch.Generator().manual_seed(1)
+    tensors = {f"t{i}": torch.randn(3 + i, 2, generator=g) for i in range(5)}
+    w = _StreamingSafetensors(tmp_path / "x.safetensors", [(n, "F32", tuple(t.shape)) for n, t in tensors.items()])
+    for n in reversed(list(tensors)):
+        w.write(n, tensors[n])
+    with pytest.raises(RuntimeError):              # a tensor written twice is refused
+        w.write("t0", tensors["t0"])
+    w.close()
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as h:
+        for n, t in tensors.items():
+            assert torch.equal(h.get_tensor(n), t), n
+    w = _StreamingSafetensors(tmp_path / "y.safetensors", [("a", "F32", (2,)), ("b", "F32", (2,))])
+    w.write("b", torch.zeros(2))
+    with pytest.raises(RuntimeError, match="1 planned tensors were not written"):
+        w.close()

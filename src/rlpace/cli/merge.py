@@ -43,6 +43,9 @@ def add_arguments(parser) -> None:
                         help="iso: auto (default) runs the large products in float32 for tensors written in "
                              "bf16/fp16 (within 1e-6 of float64, far below their rounding) and float64 otherwise; "
                              "float64: always")
+    parser.add_argument("--threads", type=int, default=None, metavar="T",
+                        help="merge up to T tensors at once on the CPU, one single-threaded worker each (same "
+                             "output; memory holds T tensors' inputs); default: one tensor at a time")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -56,7 +59,8 @@ def run(args) -> int:
 
     s = merge_checkpoints(args.base, args.experts, args.out, method=args.method, device=args.device,
                           out_dtype=args.out_dtype, rho_keep=args.rho_keep, scale=args.scale,
-                          density=args.density, precision=args.precision, progress=not args.no_progress)
+                          density=args.density, precision=args.precision, threads=args.threads,
+                          progress=not args.no_progress)
     print(f"rlpace merge: {s['tensors']} tensors ({s['frames']} frame-merged, {s['mean']} task-vector mean, "
           f"{s['delta']} {args.method if s['delta'] else 'delta'}, {s['copy']} copied) in {s['seconds']:.1f} s "
           f"-> {s['out']}")

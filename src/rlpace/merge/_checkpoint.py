@@ -119,7 +119,7 @@ def _rule(method: str, shape, dtype: str) -> str:
 
 def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = "cpu", out_dtype: str | None = None,
                       rho_keep: float = RHO_KEEP, scale: float = 1.0, density: float = 0.2,
-                      precision: str = "auto", progress: bool = True) -> dict:
+                      precision: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
     """Merge the `experts` (HF checkpoint directories fine-tuned from `base`) into `out`.
 
     Args:
@@ -133,6 +133,10 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         precision: ISO's large products: "auto" (float32 for tensors written in bf16 / fp16,
             whose rounding is far above the float32 products' ~1e-7 relative error; float64
             for float32 / float64 output) or "float64" (always).
+        threads: None (default) merges one tensor at a time with torch's own thread setting;
+            T ≥ 1 merges up to T tensors at once, each in its own single-threaded worker (CPU
+            only; each tensor's arithmetic is unchanged, so the output equals threads=1's). Memory
+            then holds the inputs and output of up to T tensors.
         progress: a tqdm bar over tensors.
 
     Writes `out/` with the base's file layout (one file, or the same shards and an index whose
@@ -157,6 +161,8 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         raise InputError(f"density must be in (0, 1]; got {density}.")
     if precision not in ("auto", "float64"):
         raise InputError(f"precision must be 'auto' or 'float64'; got {precision!r}.")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InputError(f"threads must be a positive integer (or None: one tensor at a time); got {threads!r}.")
     experts = [Path(e) for e in experts]
     if not experts:
         raise InputError("give at least one expert directory (--experts DIR [DIR ...]).")
@@ -203,46 +209,84 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
     tmp = out.with_name(out.name + ".tmp-merge")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    by_file: dict[str, list[str]] = {}
+    for n in names:
+        by_file.setdefault(Path(base_layout[n][0]).name, []).append(n)
+    writers = {}
+    workers = 1 if device != "cpu" or threads is None else threads
+    torch_threads = torch.get_num_threads()
     try:
-        writer = None
-        by_file: dict[str, list[str]] = {}
-        for n in names:
-            by_file.setdefault(Path(base_layout[n][0]).name, []).append(n)
-        coeffs, counts, sizes, dtypes_written = [], {"frames": 0, "mean": 0, "delta": 0, "copy": 0}, {}, set()
-        bar = tqdm(total=len(names), desc=f"merge ({method})", unit="tensor", disable=not progress)
+        # every file's header is planned from the base before anything is merged, so each merged
+        # tensor goes to its own byte range as soon as it exists, in whatever order tensors finish:
+        # memory holds the inputs and output of the tensors in flight, not a shard and its copy
         for fname in sorted(by_file):
-            # each tensor is written as soon as it is merged: memory holds one tensor's inputs and
-            # output, not a whole shard (or a single-file model) and its serialised copy
-            writer = _StreamingSafetensors(tmp / fname, [(n, _written_dtype(base_layout[n][1], out_dtype),
-                                                          base_layout[n][2]) for n in by_file[fname]])
-            for n in by_file[fname]:
-                w0 = _load(base_layout, n, device)
-                kind = kinds[n]
-                ws = [] if kind == "copy" else [_load(lay, n, device) for lay in layouts]
-                for lay, w in zip([base_layout, *layouts], [w0, *ws]):
-                    _refuse_non_finite(w, n, lay[n][0])
-                out_dt = DTYPES[out_dtype] if out_dtype else w0.dtype
-                if kind == "copy":
-                    merged = w0
-                elif method == "task_arithmetic":
-                    merged = _chunked(lambda a, bs: task_arithmetic(a, bs, scale=scale), w0, ws, out_dt)
-                elif method == "ties":
-                    merged = _ties_chunked(w0, ws, density, scale, out_dt)
-                elif kind == "mean":
-                    merged = task_vector_mean(w0, ws)
-                else:
-                    merged, c = _iso_stack(w0, ws, rho_keep, out_dt, _blas_dtype(precision, out_dt))
-                    coeffs.append([n, c])
-                counts[kind] += 1
-                dt = DTYPES[out_dtype] if out_dtype and merged.is_floating_point() else w0.dtype
-                merged = merged.to(dt).cpu().contiguous()
-                dtypes_written.add(str(merged.dtype).replace("torch.", ""))
-                sizes[n] = merged.numel() * merged.element_size()
-                writer.write(n, merged)
-                del merged, w0, ws
+            writers[fname] = _StreamingSafetensors(tmp / fname, [(n, _written_dtype(base_layout[n][1], out_dtype),
+                                                                  base_layout[n][2]) for n in by_file[fname]])
+        file_of = {n: fname for fname, ns in by_file.items() for n in ns}
+
+        def merge_one(n):
+            w0 = _load(base_layout, n, device)
+            kind = kinds[n]
+            ws = [] if kind == "copy" else [_load(lay, n, device) for lay in layouts]
+            for lay, w in zip([base_layout, *layouts], [w0, *ws]):
+                _refuse_non_finite(w, n, lay[n][0])
+            out_dt = DTYPES[out_dtype] if out_dtype else w0.dtype
+            c = None
+            if kind == "copy":
+                merged = w0
+            elif method == "task_arithmetic":
+                merged = _chunked(lambda a, bs: task_arithmetic(a, bs, scale=scale), w0, ws, out_dt)
+            elif method == "ties":
+                merged = _ties_chunked(w0, ws, density, scale, out_dt)
+            elif kind == "mean":
+                merged = task_vector_mean(w0, ws)
+            else:
+                merged, c = _iso_stack(w0, ws, rho_keep, out_dt, _blas_dtype(precision, out_dt))
+            dt = DTYPES[out_dtype] if out_dtype and merged.is_floating_point() else w0.dtype
+            merged = merged.to(dt).cpu().contiguous()
+            writers[file_of[n]].write(n, merged)
+            return kind, c, merged.numel() * merged.element_size(), str(merged.dtype).replace("torch.", "")
+
+        if threads is not None:
+            torch.set_num_threads(1)
+        results = {}
+        bar = tqdm(total=len(names), desc=f"merge ({method})", unit="tensor", disable=not progress)
+        if workers == 1:
+            for n in names:
+                results[n] = merge_one(n)
                 bar.update(1)
-            writer.close()
+        else:
+            # one tensor per worker thread, each single-threaded (torch ops release the GIL): the
+            # eigendecompositions that dominate an ISO merge use a second core poorly inside one
+            # call, and TIES's per-chunk ops cost more to split than they save
+            from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+            with ThreadPoolExecutor(workers) as pool:
+                futures = {pool.submit(merge_one, n): n for n in names}
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    bar.update(len(done))
+                    if any(f.exception() is not None for f in done):
+                        for f in pending:
+                            f.cancel()
+                        wait(pending)
+                        break
+            # the first failing tensor in name order, as the sequential loop would report
+            failed = [f for f in futures if not f.cancelled() and f.exception() is not None]
+            if failed:
+                raise min(failed, key=lambda f: names.index(futures[f])).exception()
+            results = {futures[f]: f.result() for f in futures}
         bar.close()
+        for w in writers.values():
+            w.close()
+        counts = {"frames": 0, "mean": 0, "delta": 0, "copy": 0}
+        coeffs, sizes, dtypes_written = [], {}, set()
+        for n in names:
+            kind, c, sizes[n], written = results[n]
+            counts[kind] += 1
+            dtypes_written.add(written)
+            if c is not None:
+                coeffs.append([n, c])
         _write_side_files(base, tmp, base_cfg, by_file, sizes, out_dtype, dtypes_written)
         (tmp / "retention_coefficients.json").write_text(json.dumps(
             {"method": method, "rho_keep": rho_keep if method == "iso" else None,
@@ -251,10 +295,12 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             out.rmdir()               # checked empty above
         os.replace(tmp, out)
     except BaseException:
-        if writer is not None:
-            writer.abandon()
+        for w in writers.values():
+            w.abandon()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        torch.set_num_threads(torch_threads)
     return {"method": method, "tensors": len(names), **counts, "seconds": time.perf_counter() - t0,
             "out": str(out)}
 
@@ -359,34 +405,42 @@ def _written_dtype(base_dtype: str, out_dtype: str | None) -> str:
 
 
 class _StreamingSafetensors:
-    """A safetensors file written tensor by tensor: the header (names, dtypes, shapes, byte
-    offsets) is known before any tensor is merged, so each tensor's bytes go to disk as soon
-    as it exists. The format: an 8-byte little-endian header length, the JSON header padded
-    with spaces to a multiple of 8, then the tensors' bytes back to back in header order
-    (what `safetensors.torch.save_file` writes; read back by `safe_open`, tested)."""
+    """A safetensors file written tensor by tensor, in any order: the header (names, dtypes,
+    shapes, byte offsets) is known before any tensor is merged, so each tensor's bytes go to
+    their own range of the file as soon as the tensor exists (`os.pwrite`, safe from several
+    threads). The format: an 8-byte little-endian header length, the JSON header padded with
+    spaces to a multiple of 8, then the tensors' bytes back to back in header order (what
+    `safetensors.torch.save_file` writes; read back by `safe_open`, tested)."""
 
     def __init__(self, path, entries):
         sizes = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "F16": 2, "BF16": 2,
                  "I32": 4, "F32": 4, "I64": 8, "F64": 8}
         header, offset = {"__metadata__": {"format": "pt"}}, 0
+        self._plan = {}
         for name, dtype, shape in entries:
             end = offset + sizes[dtype] * int(math.prod(shape))
             header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
+            self._plan[name] = (dtype, tuple(shape), offset)
             offset = end
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._plan = [(name, dtype, tuple(shape)) for name, dtype, shape in entries]
-        self._next = 0
+        self._start = 8 + len(raw)
+        self._written: set = set()
         self._f = open(path, "wb")
         self._f.write(len(raw).to_bytes(8, "little") + raw)
+        self._f.truncate(self._start + offset)
+        self._f.flush()
 
     def write(self, name: str, t: torch.Tensor) -> None:
-        want = self._plan[self._next]
-        if (name, _ST_DTYPES.get(t.dtype), tuple(t.shape)) != want:
+        want = self._plan.get(name)
+        if want is None or name in self._written or (_ST_DTYPES.get(t.dtype), tuple(t.shape)) != want[:2]:
             raise RuntimeError(f"merged tensor {name!r} is {t.dtype} {tuple(t.shape)}, the planned header says "
-                               f"{want}; nothing is kept.")
-        self._f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-        self._next += 1
+                               f"{want} (or it was written already); nothing is kept.")
+        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().data
+        pos, done = self._start + want[2], 0
+        while done < len(data):                   # pwrite may write less than asked
+            done += os.pwrite(self._f.fileno(), data[done:], pos + done)
+        self._written.add(name)
 
     def abandon(self) -> None:
         """Close the file without the completeness check (the caller removes it)."""
@@ -394,8 +448,8 @@ class _StreamingSafetensors:
 
     def close(self) -> None:
         self._f.close()
-        if self._next != len(self._plan):
-            raise RuntimeError(f"{len(self._plan) - self._next} planned tensors were not written.")
+        if len(self._written) != len(self._plan):
+            raise RuntimeError(f"{len(self._plan) - len(self._written)} planned tensors were not written.")
 
 
 def _write_side_files(base, tmp, cfg, by_file, sizes, out_dtype, dtypes_written):

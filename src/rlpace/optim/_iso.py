@@ -60,16 +60,58 @@ def polar(x: torch.Tensor) -> torch.Tensor:
     delta = float(torch.linalg.matrix_norm(a - eye).max())
     if delta <= NEWTON_MAX:
         iterations = 0 if delta == 0 else max(1, math.ceil(math.log2(math.log(1e-16) / math.log(delta))))
-        y, z = a, eye.expand_as(a)
-        for _ in range(iterations):
-            t = 1.5 * eye - 0.5 * (z @ y)
-            y, z = y @ t, t @ z                # y → A^(1/2), z → A^(-1/2)
-        return (xd @ z).to(x.dtype)
+        return (xd @ _inverse_sqrt_newton_schulz(a, eye, iterations)).to(x.dtype)
     lam, vec = torch.linalg.eigh((a + a.mT) / 2)
     if bool((lam[..., 0] <= GRAM_MIN_RATIO[dt] * lam[..., -1]).any()):
         u, _, vh = torch.linalg.svd(xd, full_matrices=False)
         return (u @ vh).to(x.dtype)
     return (xd @ ((vec * lam.rsqrt().unsqueeze(-2)) @ vec.mT)).to(x.dtype)
+
+
+def _inverse_sqrt_newton_schulz(a: torch.Tensor, eye: torch.Tensor, iterations: int) -> torch.Tensor:
+    """A^(-1/2) [..., q, q] by the coupled Newton–Schulz iteration y → A^(1/2), z → A^(-1/2)
+    from y = A, z = I: t = (3I − z·y)/2, y ← y·t, z ← t·z. The products with z = I in the
+    first iteration and y·t in the last are skipped (the first two are exact in floating
+    point, the last is unused): 3k − 3 products for k ≥ 2 iterations instead of 3k."""
+    if iterations == 0:
+        return eye.expand_as(a)
+    t = 1.5 * eye - 0.5 * a
+    y, z = (a @ t if iterations > 1 else None), t
+    for k in range(1, iterations):
+        t = 1.5 * eye - 0.5 * (z @ y)
+        if k < iterations - 1:
+            y = y @ t
+        z = t @ z
+    return z
+
+
+def _polar_many(xs: list) -> list:
+    """[polar(x) for x in xs], each x [B, m, q], with one Newton–Schulz run for all the x of
+    one q (and dtype, device): their q × q Gram matrices are stacked, so the iteration is a
+    few batched q × q products for every frame of a step, and one host sync decides the route.
+    Where any of them is too far from the manifold for Newton–Schulz (δ > 0.1), each x goes
+    through `polar`'s own routes."""
+    out = [None] * len(xs)
+    by_q: dict = {}
+    for j, x in enumerate(xs):
+        by_q.setdefault((x.shape[-1], x.dtype, x.device), []).append(j)
+    for (q, dt, dev), js in by_q.items():
+        if dt not in (torch.float32, torch.float64):
+            for j in js:
+                out[j] = polar(xs[j])
+            continue
+        a = torch.cat([xs[j].mT @ xs[j] for j in js])                  # [N, q, q]
+        eye = torch.eye(q, dtype=dt, device=dev)
+        delta = float(torch.linalg.matrix_norm(a - eye).max())
+        if delta > NEWTON_MAX:
+            for j in js:
+                out[j] = polar(xs[j])
+            continue
+        iterations = 0 if delta == 0 else max(1, math.ceil(math.log2(math.log(1e-16) / math.log(delta))))
+        z = _inverse_sqrt_newton_schulz(a, eye, iterations)
+        for j, zj in zip(js, torch.split(z, [xs[j].shape[0] for j in js])):
+            out[j] = xs[j] @ zj
+    return out
 
 
 def project_tangent(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -169,8 +211,8 @@ class IsoSpectral(torch.optim.Optimizer):
                 u, s, vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
                 self.managed.append(name)
                 self._weights.append(p)
-                self._u.append(u.to(frame_dtype).contiguous().requires_grad_(False))
-                self._v.append(vh.T.to(frame_dtype).contiguous().requires_grad_(False))
+                self._u.append(u.to(frame_dtype))
+                self._v.append(vh.T.to(frame_dtype))
                 self._sigma.append(s.to(frame_dtype))
             else:
                 others.append(p)
@@ -187,6 +229,15 @@ class IsoSpectral(torch.optim.Optimizer):
         for i, w in enumerate(self._weights):
             shapes.setdefault((tuple(w.shape), w.dtype, w.device), []).append(i)
         self._by_shape = list(shapes.values())        # indices of the managed weights, by shape
+        # the frames of one shape live in one stacked tensor (U: [B, m, q], V: [B, n, q], Σ₀:
+        # [B, q]); each matrix's frames, the base optimizer's parameters, are views of it, so
+        # every product of the step runs batched with no stacking and no copying back
+        self._stacks = []
+        for idx in self._by_shape:
+            stack = tuple(torch.stack([xs[i] for i in idx]) for xs in (self._u, self._v, self._sigma))
+            for j, i in enumerate(idx):
+                self._u[i], self._v[i], self._sigma[i] = (x[j] for x in stack)
+            self._stacks.append(stack)
         frames = [x for pair in zip(self._u, self._v) for x in pair]
         self.base = _make_base(base, frames, others, base_kwargs, aux_kwargs)
         groups = list(self.base.param_groups)
@@ -212,35 +263,43 @@ class IsoSpectral(torch.optim.Optimizer):
                           f"skipped so far: IsoSpectral.skipped_steps).", RuntimeWarning, stacklevel=2)
             return loss
         # matrices of one shape go through each product together (torch.linalg batches)
-        live = []
-        for idx in self._by_shape:
-            for i in idx:
+        live = []                                  # (shape group, positions in it with a gradient)
+        for k, idx in enumerate(self._by_shape):
+            pos = [j for j, i in enumerate(idx) if self._weights[i].grad is not None]
+            for j, i in enumerate(idx):
                 if self._weights[i].grad is None:
                     self._u[i].grad = self._v[i].grad = None
-            idx = [i for i in idx if self._weights[i].grad is not None]
-            if not idx:
+            if not pos:
                 continue
-            live.append(idx)
-            u, v, s = self._stack(idx)
-            g = torch.stack([self._weights[i].grad for i in idx])
+            live.append((k, pos))
+            u, v, s = self._stack(k, pos)
+            g = torch.stack([self._weights[idx[j]].grad for j in pos])
             gu, gv = frame_gradients(g, u, s.unsqueeze(-2), v)
             if self.project:
                 gu, gv = project_tangent(u, gu), project_tangent(v, gv)
-            for j, i in enumerate(idx):
-                self._u[i].grad, self._v[i].grad = gu[j], gv[j]
+            for j, gu_j, gv_j in zip(pos, gu, gv):
+                self._u[idx[j]].grad, self._v[idx[j]].grad = gu_j, gv_j
         self.base.step()
-        for idx in live:
-            u, v, _ = self._stack(idx)
-            pu, pv = polar(u), polar(v)
-            for j, i in enumerate(idx):
-                self._u[i].copy_(pu[j])
-                self._v[i].copy_(pv[j])
-        self._write_weights([i for idx in live for i in idx])
+        # one retraction for every frame of the step: U and V of every shape share q × q Gram
+        # matrices wherever their q agree (all of them, when every matrix has one short side)
+        retracted = _polar_many([x for k, pos in live for x in self._stack(k, pos)[:2]])
+        for (k, pos), pu, pv in zip(live, retracted[0::2], retracted[1::2]):
+            stack = self._stacks[k]
+            if len(pos) == len(self._by_shape[k]):
+                stack[0].copy_(pu)
+                stack[1].copy_(pv)
+            else:
+                stack[0][pos], stack[1][pos] = pu, pv
+        self._write_weights([k for k, _ in live])
         return loss
 
-    def _stack(self, idx):
-        return (torch.stack([self._u[i] for i in idx]), torch.stack([self._v[i] for i in idx]),
-                torch.stack([self._sigma[i] for i in idx]))
+    def _stack(self, k, pos=None):
+        """(U, V, Σ₀) of shape group k: the stacked tensors themselves, or copies of the rows
+        `pos` when only some of the group's matrices have a gradient."""
+        stack = self._stacks[k]
+        if pos is None or len(pos) == len(self._by_shape[k]):
+            return stack
+        return tuple(x[pos] for x in stack)
 
     def _nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose gradient holds a NaN or an inf, else None.
@@ -265,16 +324,14 @@ class IsoSpectral(torch.optim.Optimizer):
                 w.grad.zero_()
 
     @torch.no_grad()
-    def _write_weights(self, which=None):
-        """W ← U·diag(Σ₀)·Vᵀ for the managed weights `which` (default all), batched by shape."""
-        which = None if which is None else set(which)
-        for idx in self._by_shape:
-            idx = [i for i in idx if which is None or i in which]
-            if idx:
-                u, v, s = self._stack(idx)
-                w = (u * s.unsqueeze(-2)) @ v.mT
-                for j, i in enumerate(idx):
-                    self._weights[i].copy_(w[j].to(self._weights[i].dtype))
+    def _write_weights(self, groups=None):
+        """W ← U·diag(Σ₀)·Vᵀ for the managed weights of the shape `groups` (default all),
+        batched by shape."""
+        for k in range(len(self._by_shape)) if groups is None else groups:
+            u, v, s = self._stacks[k]
+            w = ((u * s.unsqueeze(-2)) @ v.mT).to(self._weights[self._by_shape[k][0]].dtype)
+            for i, w_i in zip(self._by_shape[k], w):
+                self._weights[i].copy_(w_i)
 
     def frames(self) -> dict:
         """{name: (U float64[m, q], Σ₀ float64[q], V float64[n, q])} of every managed weight."""
@@ -317,10 +374,13 @@ def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.
         if not isinstance(opt, torch.optim.Optimizer):
             raise InputError(f"base(param_groups) must return a torch.optim.Optimizer; got {type(opt).__name__}.")
         return opt
+    # foreach: AdamW's update as one multi-tensor kernel per op instead of a Python loop over
+    # the frames and parameters (torch leaves it off on CPU); the same numbers bit for bit
     if base == "adamw":
-        return torch.optim.AdamW([{"params": frames}, {"params": others}], **kw)
+        return torch.optim.AdamW([{"params": frames}, {"params": others}], **{"foreach": True, **kw})
     if base == "muon":
         aux = dict(aux if aux is not None else {k: kw[k] for k in ("lr", "weight_decay") if k in kw})
+        aux.setdefault("foreach", True)
         parts = [torch.optim.Muon(frames, **kw)] if frames else []
         if others:
             parts.append(torch.optim.AdamW(others, **aux))
