@@ -10,6 +10,10 @@ of two tie rules, as the public codes have them:
 * `ties="abstain"` (OLR's and TraPO's `_get_freq_list_count_freq`): no majority unless the
   largest count is unique.
 
+`unique_majority` votes one group; the policies vote every group of a batch at once with
+`batch_votes` (the answers factorised once, `answer_codes`, and each row's mode from one
+bincount or one row sort, `row_modes`): the same winners and counts, no loop over groups.
+
 Persistent per-prompt state stores answers as stable 64-bit hashes (`answer_hash`, blake2b of
 the stripped UTF-8 string): numeric, so state stays plain npz; 0 is reserved for "no unique
 majority".
@@ -37,7 +41,7 @@ import numpy as np
 
 __all__ = ["clean_answer", "unique_majority", "answer_hash", "agreement_rewards", "ols_slope",
            "require_answers", "NO_MAJORITY", "answer_codes", "group_majorities", "row_modes",
-           "ols_slopes", "answer_hashes"]
+           "ols_slopes", "answer_hashes", "batch_votes"]
 
 NO_MAJORITY = 0     # hash of "no unique majority" ('__NoMajorityAnswer__' in OLR / TraPO)
 
