@@ -279,6 +279,33 @@ class VerlFeedback:
             self.allocated.pop(str(u), None)
         return alloc
 
+    def allocation_state(self) -> list:
+        """The allocations of submitted prompts not yet observed, as plain lists (one entry per
+        submission): what `data.pt` carries beside the Scheduler's state. verl's async V1 modes
+        checkpoint TransferQueue, and a resumed run finds there the prompts generated ahead of
+        training (finished, or re-issued with the `__rollout_n__` written at submission); without
+        their allocations it would observe them as even groups of whatever size they have."""
+        out, seen = [], set()
+        for a in self.allocated.values():
+            if id(a) in seen:
+                continue
+            seen.add(id(a))
+            sel = np.array([self.allocated.get(str(u)) is a for u in a.uids], bool)
+            out.append({"uids": [str(u) for u in a.uids[sel]],
+                        "prompt_ids": [x.item() if hasattr(x, "item") else x for x in a.prompt_ids[sel]],
+                        "positions": a.positions[sel].tolist(), "counts": a.counts[sel].tolist()})
+        return out
+
+    def restore_allocation(self, state) -> None:
+        """Take `allocation_state()`'s lists back (a resumed run; None or [] = none pending)."""
+        from ._verl_allocation import Allocation
+        self.allocated = {}
+        for e in state or ():
+            a = Allocation(np.asarray(e["uids"], dtype=object), np.asarray(e["prompt_ids"], dtype=object),
+                           np.asarray(e["positions"], dtype=np.int64), np.asarray(e["counts"], dtype=np.int64))
+            for u in a.uids:
+                self.allocated[str(u)] = a
+
     def feedbacks(self, rows, step: int, finished=None) -> list:
         """[(Feedback, rows int64[B, G])] of engine rows; one ragged Feedback (`group_sizes`, row
         index −1 on padding) when they were allocated. `finished`: V1's finished uids (only those

@@ -129,7 +129,9 @@ class RlpaceDataset(RLHFDataset):
     the sampler's indices and returns the rows of `propose(len(indices))`. The validation
     dataset (built from `data.val_files` with the same class) is left as verl's. State:
     `state_dict()` holds the Scheduler's, so torchdata writes it into `data.pt`; since the
-    proposals depend on that state only, a restored loader replays the next batches.
+    proposals depend on that state only, a restored loader replays the next batches. With an
+    allocation place it also holds the N_i of prompts submitted but not yet observed (verl's
+    async V1 modes restore those prompts from their TransferQueue checkpoint).
     """
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
@@ -170,6 +172,8 @@ class RlpaceDataset(RLHFDataset):
             out["rlpace_record_lines"] = self.rlpace.record_lines
         if self.rlpace.v1_buffer is not None:       # V1: the groups its buffer decided, not yet trained
             out["rlpace_v1_buffer"] = self.rlpace.v1_buffer.rlpace_state()
+        if self.rlpace.allocated:                   # V1 async: allocations of prompts generated ahead
+            out["rlpace_allocated"] = self.rlpace.allocation_state()
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -178,6 +182,7 @@ class RlpaceDataset(RLHFDataset):
             if self.rlpace.record is not None and "rlpace_record_lines" in state:
                 self.rlpace.restore_record(int(state["rlpace_record_lines"]))
             self.rlpace.v1_restored = state.get("rlpace_v1_buffer")
+            self.rlpace.restore_allocation(state.get("rlpace_allocated"))
 
 
 class RlpaceTrainerMixin:
