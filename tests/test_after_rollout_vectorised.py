@@ -438,6 +438,14 @@ def test_feedback_answers_fast_check_keeps_values_types_and_errors():
         with pytest.raises(ValueError, match=where):
             Feedback([0], np.zeros((1, 2)), answers=bad, step=0)
     assert Feedback([], np.zeros((0, 3)), answers=[], step=0).answers.shape == (0, 3)
+    given = np.array([["1", None], [" 2", "x"]], dtype=object)              # an object array: copied
+    fb = Feedback([0, 1], np.zeros((2, 2)), answers=given, step=0)
+    given[0, 0] = "changed"
+    assert fb.answers.tolist() == [["1", None], [" 2", "x"]] and not fb.answers.flags.writeable
+    mixed = Feedback([0], np.zeros((1, 2)), answers=np.array([["a", np.str_("b")]], dtype=object), step=0)
+    assert [type(a) for a in mixed.answers.ravel()] == [str, str]
+    with pytest.raises(ValueError, match=r"answers\[0\]\[1\] is int"):
+        Feedback([0], np.zeros((1, 2)), answers=np.array([["a", 1]], dtype=object), step=0)
 
 
 # ---- admission and reweighting: sorts replaced by partitions and row argmaxes ------------------------

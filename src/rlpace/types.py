@@ -651,6 +651,9 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         rows = None
     elif isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "OU":
+        if (values.shape == shape and values.dtype.kind == "O"
+                and set(map(type, values.ravel().tolist())) <= {str, type(None)}):
+            return values.copy()    # already object[B, G] of str / None: one C-level check, a copy
         rows = values.tolist()      # one C-level pass (iterating the rows of an array is slow)
     else:
         try:
