@@ -293,9 +293,71 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
     return {"grid_s": t_grid, "cpu_s": cpu, "estimate_s": est, "failed": list(failed)}
 
 
+def _plain_heldout_accuracy(model, tokenizer, taskset, *, max_new_tokens, chat=False, batch=512) -> dict:
+    """The held-out evaluation without its memo (as before it had one): encode, greedy decode,
+    score, at every call."""
+    import torch
+
+    from rlpace.train.rollout import decode_completions, encode_prompts, generate
+    items = list(taskset.heldout)
+    scores = np.zeros(len(items), dtype=np.float32)
+    prompts = encode_prompts(tokenizer, [it.prompt for it in items], chat)
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, len(items), batch):
+            ro = generate(model, prompts[s:s + batch], max_new_tokens=max_new_tokens, greedy=True,
+                          eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            scores[s:s + batch] = taskset.score(items[s:s + batch], decode_completions(tokenizer, ro))
+    out = {d: float(scores[[it.domain == d for it in items]].mean()) for d in taskset.domains}
+    out["mean"] = float(np.mean(list(out.values())))
+    return out
+
+
+def bench_eval(suites: list[str], runs: int = 3) -> dict:
+    """Held-out evaluation's CPU seconds in one process, as `runs` trainer runs of one (suite,
+    seed) call it: 11 evaluations each (steps 0, 10, ..., 100), a weight changed between
+    them as training would; with the memo (`rlpace.train.evaluate`: the step-0 greedy decoding
+    of the shared base once per process, the prompts encoded once per run) and without it."""
+    import copy
+
+    import torch
+
+    import rlpace.train.evaluate as ev
+    from rlpace.train import TrainConfig
+    from rlpace.train.recipes.grpo import _build_data, base_policy
+    from rlpace.train.model import load_policy
+    torch.set_num_threads(1)
+    out = {}
+    for suite in suites:
+        cfg = TrainConfig(tasks=suite, seed=0, progress=False)
+        full, tasks, *_ = _build_data(cfg)
+        base, tok0 = load_policy(base_policy(cfg, full), "cpu")
+        row = {}
+        for memo in (False, True):
+            ev._COMPLETIONS.clear()
+            fn = ev.heldout_accuracy if memo else _plain_heldout_accuracy
+            c0 = time.process_time()
+            accs = []
+            for _ in range(runs):
+                model, tok = copy.deepcopy(base), copy.deepcopy(tok0)      # a run's fresh load
+                for k in range(11):
+                    accs.append(fn(model, tok, tasks, max_new_tokens=cfg.max_new_tokens,
+                                   chat=cfg.chat, batch=cfg.eval_batch)["mean"])
+                    with torch.no_grad():                                  # "training" between evaluations
+                        model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape,
+                                                              generator=torch.Generator().manual_seed(k)) * 1e-3)
+            row[memo] = (time.process_time() - c0, accs)
+        same = row[False][1] == row[True][1]
+        print(f"{suite:14s} evaluation CPU per run: {row[False][0] / runs:6.2f} s without the memo, "
+              f"{row[True][0] / runs:6.2f} s with it ({runs} runs of one seed, 11 evaluations each; "
+              f"same accuracies: {same})")
+        out[suite] = (row[False][0] / runs, row[True][0] / runs, same)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("sim", "embedded", "registry"), default=None,
+    ap.add_argument("--only", choices=("sim", "embedded", "registry", "eval"), default=None,
                     help="registry: every registered policy × --suites, one seed, --registry-steps steps, "
                          "and the 8-seed estimate (not run by default)")
     ap.add_argument("--suites", default="embedded,ladder,mostly_solved", help="--only registry: trainer suites")
@@ -324,6 +386,8 @@ def main() -> None:
         bench_registry(root / "registry", args.workers, [x for x in args.suites.split(",") if x],
                        args.registry_steps or TrainConfig().steps, args.registry_seeds,
                        run=not args.registry_analyze)
+    if args.only == "eval":
+        bench_eval([x for x in args.suites.split(",") if x])
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -1,6 +1,21 @@
-"""Held-out evaluation: greedy accuracy per distribution."""
+"""Held-out evaluation: greedy accuracy per distribution.
+
+Two memos keep a process that runs many trainer runs (a `rlpace compare` worker) from
+repeating work whose result it already has, without changing any result:
+
+* the held-out prompts' token ids, per tokenizer: encoded once, not at every evaluation;
+* the greedy completions of a small model (≤ `_MEMO_MAX_PARAMS` parameters) keyed by a digest
+  of its exact weights, config and the prompts: every policy of a (suite, seed) starts from the
+  same base policy, so their step-0 evaluations are one greedy decoding, done once per process.
+  Greedy decoding is a function of the weights and the prompts; the digest changes with any
+  weight (it is taken at every call), so a trained model never hits an older entry.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -8,6 +23,40 @@ import torch
 from .rollout import decode_completions, encode_prompts, generate
 
 __all__ = ["heldout_accuracy"]
+
+_MEMO_MAX_PARAMS = 10_000_000     # larger models (a real LLM): hashing the weights at each call would cost seconds
+_MEMO_SIZE = 64                   # (suite, seed) bases a worker keeps completions of; each a few hundred strings
+_COMPLETIONS: OrderedDict = OrderedDict()            # digest -> list[str], least recently used first
+_ENCODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> {(chat, prompts): ids}
+
+
+def _encoded(tokenizer, prompts: tuple, chat: bool) -> list:
+    """Token ids of `prompts` (`encode_prompts`), once per tokenizer and prompt list."""
+    try:
+        per_tok = _ENCODED.setdefault(tokenizer, {})
+    except TypeError:                                # a tokenizer that takes no weak reference
+        return encode_prompts(tokenizer, list(prompts), chat)
+    key = (chat, prompts)
+    if key not in per_tok:
+        per_tok.clear()                              # one held-out set per tokenizer at a time
+        per_tok[key] = encode_prompts(tokenizer, list(prompts), chat)
+    return per_tok[key]
+
+
+def _digest(model, prompts: tuple, settings: tuple) -> str | None:
+    """sha256 of the model's class, config and every parameter and buffer, the prompts and the
+    decoding settings; None for a model too large to hash at every evaluation."""
+    if sum(p.numel() for p in model.parameters()) > _MEMO_MAX_PARAMS:
+        return None
+    h = hashlib.sha256(repr((type(model).__name__, settings, torch.get_num_threads())).encode())
+    cfg = getattr(model, "config", None)
+    h.update((cfg.to_json_string() if hasattr(cfg, "to_json_string") else repr(cfg)).encode())
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        h.update(f"{name}{t.dtype}{tuple(t.shape)}{t.device}".encode())
+        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update("\x00".join(prompts).encode())
+    return h.hexdigest()
 
 
 @torch.no_grad()
@@ -17,15 +66,28 @@ def heldout_accuracy(model, tokenizer, taskset, *, max_new_tokens: int, chat: bo
     plus "mean": the unweighted mean over domains that have items (DUMP reports the
     average over distributions, not over items)."""
     items = list(taskset.heldout)
+    texts = tuple(it.prompt for it in items)
+    key = _digest(model, texts, (max_new_tokens, chat, batch, tokenizer.eos_token_id, tokenizer.pad_token_id))
+    completions = _COMPLETIONS.get(key) if key is not None else None
+    if completions is None:
+        prompts = _encoded(tokenizer, texts, chat)
+        was_training = model.training
+        model.eval()
+        completions = []
+        for s in range(0, len(items), batch):
+            ro = generate(model, prompts[s:s + batch], max_new_tokens=max_new_tokens, greedy=True,
+                          eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            completions += decode_completions(tokenizer, ro)
+        model.train(was_training)
+        if key is not None:
+            _COMPLETIONS[key] = completions
+            while len(_COMPLETIONS) > _MEMO_SIZE:
+                _COMPLETIONS.popitem(last=False)
+    else:
+        _COMPLETIONS.move_to_end(key)
     scores = np.zeros(len(items), dtype=np.float32)
-    prompts = encode_prompts(tokenizer, [it.prompt for it in items], chat)
-    was_training = model.training
-    model.eval()
     for s in range(0, len(items), batch):
-        ro = generate(model, prompts[s:s + batch], max_new_tokens=max_new_tokens, greedy=True,
-                      eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-        scores[s:s + batch] = taskset.score(items[s:s + batch], decode_completions(tokenizer, ro))
-    model.train(was_training)
+        scores[s:s + batch] = taskset.score(items[s:s + batch], completions[s:s + batch])
     out = {}
     for d in taskset.domains:
         m = np.array([it.domain == d for it in items], dtype=bool)
