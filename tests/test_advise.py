@@ -464,7 +464,7 @@ def test_mixture_weighs_the_step_laws_by_simulated_pilots_and_spans_both(tmp_pat
     (Δ's simulated distribution under each law), the draws are split half and half when both
     keep weight ≥ TAIL, and every interval is the hull of the two laws' own 5–95 % intervals."""
     from rlpace.advise import advise
-    from rlpace.advise._laws import TAIL, calibrated_weight, stratified_draws
+    from rlpace.advise._laws import TAIL, calibrated_weight, draw_interval, stratified_draws
     pilot, _, w = _sc_fit(tmp_path)
     fb, fs = fit_learner(pilot, w.pool, step_norm="batch"), fit_learner(pilot, w.pool, step_norm="signal")
     adv = advise(pilot, w.pool, budget_rollouts=80 * 64 * 8, policies=["dump"], draws=5, from_start=True,
@@ -484,9 +484,8 @@ def test_mixture_weighs_the_step_laws_by_simulated_pilots_and_spans_both(tmp_pat
         r = p.ratios
         assert r.shape == (5,)
         if n_alt:
-            main, alt = r[:5 - n_alt], r[5 - n_alt:]
-            assert p.low == pytest.approx(min(np.quantile(main, 0.05), np.quantile(alt, 0.05)), abs=1e-12)
-            assert p.high == pytest.approx(max(np.quantile(main, 0.95), np.quantile(alt, 0.95)), abs=1e-12)
+            (lm, hm), (la, ha) = draw_interval(r[:5 - n_alt]), draw_interval(r[5 - n_alt:])
+            assert (p.low, p.high) == (pytest.approx(min(lm, la), abs=1e-12), pytest.approx(max(hm, ha), abs=1e-12))
 
 
 
@@ -505,22 +504,46 @@ def test_calibrated_weight_by_hand():
         calibrated_weight(1.0, np.array([1.0]), np.array([0.0, 1.0]))
 
 
+def test_draw_interval_is_the_normal_prediction_interval_by_hand():
+    """One more draw's 90 % interval from n draws, on the log scale: mean ± t(0.95, n − 1)·sd·√(1 + 1/n)."""
+    from rlpace.advise._laws import draw_interval
+    # log draws −1, 0, 1: mean 0, sd 1, t(0.95, 2) = 2.919986, √(4/3): half-width 3.371709
+    lo, hi = draw_interval(np.exp(np.array([-1.0, 0.0, 1.0])))
+    assert (np.log(lo), np.log(hi)) == (pytest.approx(-2.919986 * np.sqrt(4 / 3), abs=1e-5),
+                                        pytest.approx(2.919986 * np.sqrt(4 / 3), abs=1e-5))
+    # log draws 0, 0.2, 0.4, 0.6: mean 0.3, sd 0.258199, t(0.95, 3) = 2.353363, √(5/4)
+    h = 2.353363 * 0.2581989 * np.sqrt(1.25)
+    lo, hi = draw_interval(np.exp(np.array([0.0, 0.2, 0.4, 0.6])))
+    assert (lo, hi) == (pytest.approx(np.exp(0.3 - h), rel=1e-5), pytest.approx(np.exp(0.3 + h), rel=1e-5))
+    # wider than the empirical 5th–95th percentiles of the same draws, which the earlier code reported
+    assert lo < np.exp(np.quantile([0.0, 0.2, 0.4, 0.6], 0.05)) and hi > np.exp(np.quantile([0.0, 0.2, 0.4, 0.6], 0.95))
+    assert draw_interval(np.array([0.7])) == (0.7, 0.7)
+
+
 def test_two_law_summary_is_the_hand_computed_mixture():
     """Four draws of each law, the second law's weight ¼: each of its draws weighs 1/16, each
     of the first law's 3/16. Sorted: 0.4 0.5 0.6 0.7 (second law) 0.8 0.9 1.0 1.1; midpoints
     of the cumulative weight 1/32, 3/32, 5/32, 7/32, 11/32, 17/32, 23/32, 29/32. Median: 0.8 +
-    0.1·(16/32 − 11/32)/(6/32) = 0.8833; interval: the hull of the laws' own 5–95 % intervals,
-    [min(0.415, 0.815), max(0.685, 1.085)]; P(ratio < 0.9) = 4/16 + 3/16 = 0.4375."""
+    0.1·(16/32 − 11/32)/(6/32) = 0.8833; interval: the hull of the laws' own 90 % intervals,
+    [min(low₁, low₂), max(high₁, high₂)]; P(ratio < 0.9) = 4/16 + 3/16 = 0.4375."""
+    from scipy.stats import t
     from rlpace.advise._laws import mixture_summary, stratified_draws
+
+    def by_hand(x):                                      # the normal prediction interval on log x
+        lx = np.log(x)
+        h = t.ppf(0.95, lx.size - 1) * lx.std(ddof=1) * np.sqrt(1 + 1 / lx.size)
+        return np.exp(lx.mean() - h), np.exp(lx.mean() + h)
     r = np.array([1.0, 0.9, 1.1, 0.8, 0.5, 0.6, 0.7, 0.4])
     alt = np.arange(8) >= 4
     mid, lo, hi, ps = mixture_summary(r, alt, 0.25)
+    (l1, h1), (l2, h2) = by_hand(r[:4]), by_hand(r[4:])
     assert mid == pytest.approx(0.8 + 0.1 * 5 / 6)
-    assert (lo, hi) == (pytest.approx(0.415), pytest.approx(1.085))
+    assert (lo, hi) == (pytest.approx(min(l1, l2)), pytest.approx(max(h1, h2)))
+    assert (lo, hi) == (pytest.approx(l2), pytest.approx(h1))   # the second law's low end, the first's high
     assert ps == pytest.approx(0.4375)
-    # one law only: numpy's median and percentiles, as before
-    assert mixture_summary(r[:4], np.zeros(4, bool), 0.3) == (pytest.approx(0.95), pytest.approx(0.815),
-                                                               pytest.approx(1.085), 0.25)
+    # one law only: numpy's median and that law's own interval
+    assert mixture_summary(r[:4], np.zeros(4, bool), 0.3) == (pytest.approx(0.95), pytest.approx(l1),
+                                                               pytest.approx(h1), 0.25)
     assert [stratified_draws(8, w) for w in (0.0, 0.049, 0.05, 0.5)] == [0, 0, 4, 4]
 
 
@@ -528,7 +551,7 @@ def test_predict_gives_the_hull_of_the_two_laws_intervals(tmp_path):
     """predict(alternative=(fit, n, weight)): every policy's interval is the hull of the two
     laws' own percentiles and its point the weighted median (the earlier code pooled the 8
     draws into one set of percentiles, which a 1-nat likelihood difference tipped)."""
-    from rlpace.advise._laws import mixture_summary
+    from rlpace.advise._laws import draw_interval, mixture_summary
     pilot, fb, w = _sc_fit(tmp_path)
     fs = fit_learner(pilot, w.pool, step_norm="signal")
     pr = predict(fb, w.pool, budget_rollouts=60 * 64 * 8, pilot_rollouts=0, policies=["dump"], draws=4,
@@ -538,8 +561,8 @@ def test_predict_gives_the_hull_of_the_two_laws_intervals(tmp_path):
         r = p.ratios
         expect = mixture_summary(r, np.array([False, False, True, True]), 0.3)
         assert (p.ratio, p.low, p.high, p.p_saving) == pytest.approx(expect, abs=1e-12)
-        assert p.low == pytest.approx(min(np.quantile(r[:2], 0.05), np.quantile(r[2:], 0.05)), abs=1e-12)
-        assert p.high == pytest.approx(max(np.quantile(r[:2], 0.95), np.quantile(r[2:], 0.95)), abs=1e-12)
+        (lm, hm), (la, ha) = draw_interval(r[:2]), draw_interval(r[2:])
+        assert (p.low, p.high) == (pytest.approx(min(lm, la), abs=1e-12), pytest.approx(max(hm, ha), abs=1e-12))
 
 
 def test_pilots_simulated_from_a_law_are_fitted_back_to_it(tmp_path):

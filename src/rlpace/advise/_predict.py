@@ -328,11 +328,10 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
 
     def summary(p, ratios):
         fd = np.median(final[p].mean(axis=1) - final["uniform"][:n_of[p]].mean(axis=1))
-        if w_alt is None:
-            mid, lo, hi, ps = (float(np.median(ratios)), float(np.quantile(ratios, 0.05)),
-                               float(np.quantile(ratios, 0.95)), float(np.mean(ratios < 0.9)))
-        else:                                            # two step laws: weighted median, hull of both
-            mid, lo, hi, ps = mixture_summary(ratios, np.arange(ratios.size) >= draws - n_alt, w_alt)
+        # the median and a 90 % prediction interval for one more draw (`_laws.draw_interval`); with
+        # two step laws the weighted median and the hull of both laws' intervals
+        alt_mask = np.arange(ratios.size) >= draws - n_alt if w_alt is not None else np.zeros(ratios.size, bool)
+        mid, lo, hi, ps = mixture_summary(ratios, alt_mask, 0.0 if w_alt is None else w_alt)
         return PolicyPrediction(p, mid, lo, hi, ps, float(hit[p].mean()), math.nan, float(fd), ratios,
                                 n_of[p] < draws)
 
