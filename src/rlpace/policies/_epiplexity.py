@@ -84,9 +84,7 @@ def epiplexity_values(state: EpiplexityState, horizon: float) -> np.ndarray:
     # 1 − (1 + Δ/t)^(−α) = −expm1(−α·log1p(Δ/t)): exact for small Δ/t
     v = np.where(ok, excess * -np.expm1(-alpha * np.log1p(delta / safe_t)), 0.0)
     v = np.clip(v, 0.0, LOSS_MAX)
-    if ok.any():
-        v = np.where(state.fitted, v, v[ok].max())
-    return v
+    return np.where(state.fitted, v, v[ok].max())   # some domain is fitted (returned above if none)
 
 
 def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0.1,
