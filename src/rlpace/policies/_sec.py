@@ -29,7 +29,7 @@ __all__ = ["sec", "arm_mean_abs_advantage"]
 def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean float64[K], present bool[K]): per arm, the mean over the batch's groups of the
     group's mean |A|; `present` marks arms with at least one group. |A| is clipped to
-    1e100 first (`clip_signal`), so the sums stay finite for any finite advantages."""
+    1e100 first (`abs_signal`), so the sums stay finite for any finite advantages."""
     arm = batch.domains if arms == "domain" else batch.clusters     # = pool.arm_codes(arms)[ids]
     count = np.bincount(arm, minlength=k)
     # the row sum / G is .mean(axis=1)'s own arithmetic (numpy divides the sum by the count)
