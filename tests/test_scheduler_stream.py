@@ -31,6 +31,9 @@ N, K, CLUSTERS, B, G, STEPS, D = 3000, 6, 24, 64, 8, 50, 8
 CHANGED = {
     "recommended": "MoPPS's candidates inside each arm are drawn for all arms at once (the same "
                    "law as one Generator.choice per arm, another stream)",
+    "diem": "its weights are solved on the d x d Gram matrix of the features instead of the "
+            "n x n one: equal to 1e-12 relative, not bit for bit (checked against the n x n "
+            "solve and an SVD in tests/test_after_rollout_vectorised.py)",
 }
 
 
