@@ -568,9 +568,7 @@ def _update(model, ref, opt, tok, sched, cfg: TrainConfig, step: int, batch: Tra
             torch.autograd.backward(roots, seeds)
             stats["loss"] += loss.item() / cfg.epochs
         if cfg.grad_clip > 0:
-            # foreach: one multi-tensor call per op on CPU too (torch's default there is the
-            # per-tensor loop); the same per-tensor norms, so the same clipped gradients
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True if dev == "cpu" else None)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
     tokens = np.zeros(valid.shape)                                                           # [Bt, G']
     tokens[valid] = c_mask.sum(1).double().numpy()
