@@ -90,12 +90,12 @@ def overhead(args):
         print(f"  {m} / {b}: train phase {tr:.2f}×, whole step {st:.2f}×")
 
     def make(name, model):
-        if name.endswith("+f32"):               # frames in float32 (IsoSpectral(frame_dtype=float32))
-            base = name[len("iso_"):-len("+f32")]
+        if name.endswith("+f64"):               # frames in float64 (build_optimizer's are float32 here)
+            base = name[len("iso_"):-len("+f64")]
             kw = dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0) if base == "adamw" else dict(
                 lr=1e-4, weight_decay=0.0, momentum=0.95, adjust_lr_fn="match_rms_adamw",
                 aux_kwargs=dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0))
-            return IsoSpectral(model, base, frame_dtype=torch.float32, **kw)
+            return IsoSpectral(model, base, frame_dtype=torch.float64, **kw)
         return build_optimizer(name, model, lr=1e-4)
 
     def opt_step_times(model, names, n=args.micro):
@@ -147,15 +147,15 @@ def overhead(args):
                                                         num_key_value_heads=2, vocab_size=64)}
     shapes = dict(zip(("tiny", "0.5b-layer"), shapes.items()))
     shapes = dict(shapes[k] for k in args.shapes.split(","))
-    names = opts + [f"{m}+f32" for m, _ in pairs]
+    names = opts + [f"{m}+f64" for m, _ in pairs]
     print(f"optimizer step alone (median {'thread CPU' if args.clock == 'cpu' else 'wall'} seconds, round-robin; "
-          f"+f32: frames in float32):")
+          f"iso_*: frames in float32, the built-in trainer's; +f64: in float64):")
     for label, kw in shapes.items():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **kw))
         times, built = opt_step_times(model, names)
         print(f"  {label}: " + ", ".join(f"{o} {t:.4f}" for o, t in times.items()))
-        print("    " + ", ".join(f"{m}{f} / {b} {times[m + f] / times[b]:.1f}×" for m, b in pairs for f in ("", "+f32")))
+        print("    " + ", ".join(f"{m}{f} / {b} {times[m + f] / times[b]:.1f}×" for m, b in pairs for f in ("", "+f64")))
         for m, _ in pairs:
             shares, per = breakdown(built[m])
             groups = ", ".join(f"{len(idx)}× {tuple(built[m]._weights[idx[0]].shape)}" for idx in built[m]._by_shape)

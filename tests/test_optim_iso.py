@@ -427,3 +427,56 @@ def test_float32_frames_keep_the_spectrum_to_float32_rounding(base, kw):
         assert float((u.T @ u - eye).abs().max()) < 2e-6 and float((v.T @ v - eye).abs().max()) < 2e-6
     with pytest.raises(ValueError, match="frame_dtype"):
         IsoSpectral(net, base, frame_dtype=torch.float16, **kw)
+
+
+def test_batched_step_equals_a_per_matrix_numpy_sgd_step_with_some_gradients_missing():
+    """Stacked frames and one retraction for all frames of one q: a model whose managed
+    matrices come in three shapes (two of them twice) and share q = 4 or 3, one matrix without
+    a gradient. Each matrix with a gradient moves exactly as the per-matrix numpy SGD step
+    (projection, SVD polar factor); the one without keeps its weight and frames bit for bit."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 4, bias=False),
+                              torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 4, bias=False),
+                              torch.nn.Linear(4, 3, bias=False)).double()
+    lr = 0.05
+    opt = IsoSpectral(net, lambda groups: torch.optim.SGD(groups, lr=lr))
+    assert [len(idx) for idx in opt._by_shape] == [2, 2, 1]
+    w0 = [m.weight.detach().numpy().copy() for m in net]
+    frozen = {n: tuple(x.clone() for x in f) for n, f in opt.frames().items() if n == "2.weight"}
+    net(torch.randn(8, 4, dtype=torch.float64)).square().sum().backward()
+    net[2].weight.grad = None                      # e.g. a layer outside this step's graph
+    grads = [None if m.weight.grad is None else m.weight.grad.numpy().copy() for m in net]
+    opt.step()
+
+    def proj(xm, z):
+        m = xm.T @ z
+        return z - xm @ (m + m.T) / 2
+
+    def pol(a):
+        p, _, qt = np.linalg.svd(a, full_matrices=False)
+        return p @ qt
+
+    for k, (w, g) in enumerate(zip(w0, grads)):
+        got = net[k].weight.detach().numpy()
+        if g is None:
+            assert np.array_equal(got, w)
+            u, s, v = opt.frames()["2.weight"]
+            assert all(torch.equal(a, b) for a, b in zip((u, s, v), frozen["2.weight"]))
+            continue
+        uu, ss, vt = np.linalg.svd(w, full_matrices=False)
+        vv = vt.T
+        u1 = pol(uu - lr * proj(uu, g @ vv * ss))
+        v1 = pol(vv - lr * proj(vv, g.T @ uu * ss))
+        assert np.abs(got - (u1 * ss) @ v1.T).max() < 1e-12, k
+        assert np.abs(got - w).max() > 1e-4, k     # it moved
+
+
+def test_the_trainer_keeps_frames_in_the_models_dtype_below_float64():
+    """build_optimizer: float32 frames for a float32 (or bf16) model, float64 for a float64 one."""
+    from rlpace.optim._build import build_optimizer as build
+    for dtype, want in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                        (torch.float64, torch.float64)):
+        net = mlp(dtype)
+        for name in ("iso_adamw", "iso_muon"):
+            opt = build(name, net, lr=1e-3)
+            assert {u.dtype for u, _, _ in opt.frames().values()} == {want}, (dtype, name)
