@@ -4,7 +4,14 @@ seeds), on the simulator and on the embedded suite (built-in trainer), and where
     .venv/bin/python benchmarks/compare_matrix.py                      # sim full + embedded estimate
     .venv/bin/python benchmarks/compare_matrix.py --only sim
     .venv/bin/python benchmarks/compare_matrix.py --only embedded --embedded-seeds 8   # full (≈ 1 h+)
-    .venv/bin/python benchmarks/compare_matrix.py --only registry      # whole registry × 3 suites, estimate
+    .venv/bin/python benchmarks/compare_matrix.py --only registry --out /tmp/slice   # registry × 3 suites × 1 seed
+    .venv/bin/python benchmarks/compare_matrix.py --only registry --registry-analyze --out /tmp/slice  # stopped early
+    .venv/bin/python benchmarks/compare_matrix.py --only eval          # held-out evaluation, memo vs none
+
+Registry: `rlpace compare`'s runner over every registered policy (the oracle_* tools left
+out) × embedded, ladder, mostly_solved × --registry-seeds seeds at the trainer's 100 steps,
+in persistent worker processes; the 8-seed matrix is estimated from each run's process CPU
+time (see `bench_registry`).
 
 Simulator: the whole 13 × 8 matrix at the `rlpace compare` defaults (sim:ladder, 200
 steps, B = 128, G = 16), `--workers` processes, then the report (analysis + figures + HTML).
@@ -172,6 +179,22 @@ def _cpu_timed_run(spec, work_dir: str | None = None) -> dict:
 _WORKER: dict = {}
 
 
+def _startup_cpu(suite: str) -> float:
+    """Process CPU seconds of a fresh process's imports and first model load (what a worker's
+    first run pays once), in one fresh process."""
+    import subprocess
+    import sys
+    code = ("import time, torch; from rlpace.train import TrainConfig; "
+            "from rlpace.train.recipes.grpo import base_policy, _build_data; "
+            "from rlpace.train.model import load_policy; "
+            f"c = TrainConfig(tasks={suite!r}, seed=0, progress=False); "
+            "load_policy(base_policy(c, _build_data(c)[0]), 'cpu'); print(time.process_time())")
+    vals = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout.split()[-1])
+            for _ in range(1)]
+    return vals[0]
+
+
 def _base_builds(suites: list[str], seeds: int) -> tuple[dict, list]:
     """({(suite, seed): build seconds} of the cached base policies of the trainer's default
     config, [(suite, seed) not cached yet]), as `rlpace compare` would look them up."""
@@ -246,6 +269,8 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
     print(f"{'suite':14s} {'policy':26s} {'cpu s':>7s} {'wall s':>7s} {'loop s':>7s} {'eval s':>7s}")
     cpu_by_suite: dict = {x: 0.0 for x in suites}
     n_by_suite: dict = {x: 0 for x in suites}
+    warm_by_suite: dict = {x: 0 for x in suites}
+    startup = None
     eval_share, firsts = [], []
     for spec in grid.runs():
         r = recs.get(spec.run_id)
@@ -253,11 +278,15 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
             continue
         b = r["bench"]
         ph = _split_run(out / "work" / spec.run_id)
-        cpu_by_suite[spec.suite] += b["cpu_seconds"]
         n_by_suite[spec.suite] += 1
         eval_share.append(ph["eval"] / max(b["wall_seconds"], 1e-9))
-        if b["first_in_worker"]:
-            firsts.append(b["worker_cpu_before"])
+        run_cpu = b["cpu_seconds"]
+        if b["first_in_worker"]:         # its CPU includes the worker's imports: less a fresh process's
+            startup = startup if startup is not None else _startup_cpu(suites[0])
+            firsts.append(f"{spec.run_id} {run_cpu:.1f} s")
+            run_cpu = max(run_cpu - startup, 0.0)
+        cpu_by_suite[spec.suite] += run_cpu
+        warm_by_suite[spec.suite] += 1
         print(f"{spec.suite:14s} {spec.label:26s} {b['cpu_seconds']:7.1f} {b['wall_seconds']:7.1f} "
               f"{ph['loop']:7.1f} {ph['eval']:7.1f}")
     for rid, err in failed.items():
@@ -266,7 +295,7 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
     done = sum(n_by_suite.values())
     # Per suite: the mean measured run × every policy (a random subset of the policies when the
     # slice was stopped early; the whole registry once it is complete).
-    cpu = sum(cpu_by_suite[x] / n_by_suite[x] * len(pols) for x in suites if n_by_suite[x])
+    cpu = sum(cpu_by_suite[x] / warm_by_suite[x] * len(pols) for x in suites if warm_by_suite[x])
     if any(n_by_suite[x] < len(pols) for x in suites):
         print(f"PARTIAL slice: {', '.join(f'{x} {n_by_suite[x]}/{len(pols)}' for x in suites)} policies "
               f"measured; each suite's Σ is its mean run × {len(pols)}")
@@ -275,9 +304,11 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
     build_missing = len(missing) * (np.mean(list(built.values())) if built else 0.0)
     est_cpu = scale * cpu
     est = est_cpu / workers
-    print(f"per suite: " + ", ".join(f"{x} {cpu_by_suite[x]:.0f} CPU s over {n_by_suite[x]} runs "
-                                      f"({cpu_by_suite[x] / max(1, n_by_suite[x]):.1f} s/run)" for x in suites))
-    print(f"worker start-up (imports before the first run, CPU s): {', '.join(f'{v:.1f}' for v in firsts)}")
+    print(f"per suite: " + ", ".join(f"{x} {cpu_by_suite[x]:.0f} CPU s over {warm_by_suite[x]} runs "
+                                      f"({cpu_by_suite[x] / max(1, warm_by_suite[x]):.1f} s/run)" for x in suites))
+    if firsts:
+        print(f"first run of a worker, less the {startup:.1f} CPU s of a fresh process's imports and first "
+              f"model load (once per worker in the matrix): {', '.join(firsts)}")
     print(f"held-out evaluation: median {100 * np.median(eval_share) if eval_share else float('nan'):.0f}% "
           f"of a run's wall time")
     print(f"measured: {done} of {len(grid.runs())} runs, Σ CPU {sum(cpu_by_suite.values()):.0f} s "
@@ -338,14 +369,14 @@ def bench_eval(suites: list[str], runs: int = 3) -> dict:
             fn = ev.heldout_accuracy if memo else _plain_heldout_accuracy
             c0 = time.process_time()
             accs = []
-            for _ in range(runs):
+            for r in range(runs):         # each run trains its own way after step 0: its own weights
                 model, tok = copy.deepcopy(base), copy.deepcopy(tok0)      # a run's fresh load
                 for k in range(11):
                     accs.append(fn(model, tok, tasks, max_new_tokens=cfg.max_new_tokens,
                                    chat=cfg.chat, batch=cfg.eval_batch)["mean"])
                     with torch.no_grad():                                  # "training" between evaluations
                         model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape,
-                                                              generator=torch.Generator().manual_seed(k)) * 1e-3)
+                                                              generator=torch.Generator().manual_seed(1000 * r + k)) * 1e-3)
             row[memo] = (time.process_time() - c0, accs)
         same = row[False][1] == row[True][1]
         print(f"{suite:14s} evaluation CPU per run: {row[False][0] / runs:6.2f} s without the memo, "
