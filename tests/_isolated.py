@@ -81,6 +81,45 @@ def recording_tq_worker(sched):
     return observed, worker
 
 
+def run_to_completion_manager(worker):
+    """Inside a Ray/TransferQueue test script: verl's AgentLoopManagerTQ with one `worker`
+    (`recording_tq_worker`'s), running every submitted batch to completion; `defer = True`
+    leaves the prompts pending instead (a checkpoint taken before they run)."""
+    import asyncio
+
+    class Manager:
+        defer = False
+        def generate_sequences(self, batch):
+            if self.defer:
+                return
+            async def go():
+                await worker.generate_sequences(batch)
+                while worker.background_tasks:
+                    await asyncio.gather(*list(worker.background_tasks))
+            asyncio.run(go())
+    return Manager()
+
+
+def zero_log_prob_actor():
+    """Inside a Ray/TransferQueue test script: an actor whose `compute_log_prob` writes log-probs
+    0 and entropies 1 (5 tokens per key) into the TransferQueue; keeping π_old on the CPU
+    (separate_async) is a no-op."""
+    import torch
+    from tensordict import TensorDict
+    import transfer_queue as tq
+
+    class Actor:
+        def save_model_to_cpu(self, n):
+            pass
+        def compute_log_prob(self, batch):
+            n = len(batch.keys)
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
+                "log_probs": torch.nested.as_nested_tensor([torch.zeros(5)] * n, layout=torch.jagged),
+                "entropy": torch.nested.as_nested_tensor([torch.ones(5)] * n, layout=torch.jagged)}, batch_size=n))
+            return batch
+    return Actor()
+
+
 V1_TRAINER_CONFIG = {       # the config verl's _compute_old_log_prob / _compute_advantage read
     "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
                   "norm_adv_by_std_in_grpo": True},

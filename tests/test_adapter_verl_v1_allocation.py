@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent('''
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from _isolated import recording_tq_worker
+    from _isolated import V1_TRAINER_CONFIG, recording_tq_worker, run_to_completion_manager, zero_log_prob_actor
 
     SHARES = np.array(%s)
     def apply(state, pool, ids, budget):
@@ -71,35 +71,12 @@ SCRIPT = textwrap.dedent('''
                                              global_steps=kw["global_steps"], index=kw["index"], data_source="math")
     worker._run_agent_loop = model_call
 
-    class Manager:                    # verl's AgentLoopManagerTQ with one worker, run to completion
-        def generate_sequences(self, batch):
-            async def go():
-                await worker.generate_sequences(batch)
-                while worker.background_tasks:
-                    await asyncio.gather(*list(worker.background_tasks))
-            asyncio.run(go())
-
-    class Actor:
-        def save_model_to_cpu(self, n):           # separate_async keeps π_old on the CPU (a no-op here)
-            pass
-        def compute_log_prob(self, batch):
-            n = len(batch.keys)
-            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({
-                "log_probs": torch.nested.as_nested_tensor([torch.zeros(5)] * n, layout=torch.jagged),
-                "entropy": torch.nested.as_nested_tensor([torch.ones(5)] * n, layout=torch.jagged)}, batch_size=n))
-            return batch
-
     t = object.__new__({"sync": _verl_v1_trainer.RlpacePPOTrainerSync,
                         "colocate_async": _verl_v1_trainer.RlpacePPOTrainerColocateAsync,
                         "separate_async": _verl_v1_trainer.RlpacePPOTrainerSeparateAsync}[trainer_mode])
-    t.config = OmegaConf.create({
-        "data": {"train_batch_size": 4},
-        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True},
-        "actor_rollout_ref": {"rollout": {"n": 3, "temperature": 1.0, "calculate_log_probs": False},
-                              "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None}}})
+    t.config = OmegaConf.create({"data": {"train_batch_size": 4}, **V1_TRAINER_CONFIG})
     t.trainer_mode, t.local_trigger_step = trainer_mode, 0
-    t.agent_loop_manager, t.actor_rollout_wg = Manager(), Actor()
+    t.agent_loop_manager, t.actor_rollout_wg = run_to_completion_manager(worker), zero_log_prob_actor()
     spec = _RecordSpec(record, (0.0, 1.0), 0.5) if record != "-" else None
     t.train_dataset = type("Dataset", (), {"rlpace": VerlFeedback(sched, reward_key="acc", record=spec)})
     buffer = _verl_v1.RlpaceReplayBuffer if trainer_mode == "sync" else _verl_v1.RlpaceReplayBufferAsync

@@ -36,6 +36,18 @@ def train(net, opt, steps, start=0, dtype=torch.float64):
         opt.step()
 
 
+def _tangent(xm, z):
+    """z projected on the tangent space of the Stiefel manifold at the frame xm (numpy reference)."""
+    m = xm.T @ z
+    return z - xm @ (m + m.T) / 2
+
+
+def _polar(a):
+    """The orthogonal polar factor of a, from its SVD (numpy reference)."""
+    p, _, qt = np.linalg.svd(a, full_matrices=False)
+    return p @ qt
+
+
 @pytest.mark.parametrize("base,kw", [("adamw", dict(lr=3e-2)),
                                      ("muon", dict(lr=3e-2, adjust_lr_fn="match_rms_adamw"))])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -97,16 +109,8 @@ def test_one_step_equals_a_hand_written_riemannian_sgd_step():
     uu, ss, vt = np.linalg.svd(w0, full_matrices=False)
     vv = vt.T
 
-    def proj(xm, z):
-        m = xm.T @ z
-        return z - xm @ (m + m.T) / 2
-
-    def pol(a):
-        p, _, qt = np.linalg.svd(a, full_matrices=False)
-        return p @ qt
-
-    u1 = pol(uu - lr * proj(uu, g @ vv * ss))
-    v1 = pol(vv - lr * proj(vv, g.T @ uu * ss))
+    u1 = _polar(uu - lr * _tangent(uu, g @ vv * ss))
+    v1 = _polar(vv - lr * _tangent(vv, g.T @ uu * ss))
     assert np.abs(net.weight.detach().numpy() - (u1 * ss) @ v1.T).max() < 1e-12
 
 
@@ -448,14 +452,6 @@ def test_batched_step_equals_a_per_matrix_numpy_sgd_step_with_some_gradients_mis
     grads = [None if m.weight.grad is None else m.weight.grad.numpy().copy() for m in net]
     opt.step()
 
-    def proj(xm, z):
-        m = xm.T @ z
-        return z - xm @ (m + m.T) / 2
-
-    def pol(a):
-        p, _, qt = np.linalg.svd(a, full_matrices=False)
-        return p @ qt
-
     for k, (w, g) in enumerate(zip(w0, grads)):
         got = net[k].weight.detach().numpy()
         if g is None:
@@ -465,8 +461,8 @@ def test_batched_step_equals_a_per_matrix_numpy_sgd_step_with_some_gradients_mis
             continue
         uu, ss, vt = np.linalg.svd(w, full_matrices=False)
         vv = vt.T
-        u1 = pol(uu - lr * proj(uu, g @ vv * ss))
-        v1 = pol(vv - lr * proj(vv, g.T @ uu * ss))
+        u1 = _polar(uu - lr * _tangent(uu, g @ vv * ss))
+        v1 = _polar(vv - lr * _tangent(vv, g.T @ uu * ss))
         assert np.abs(got - (u1 * ss) @ v1.T).max() < 1e-12, k
         assert np.abs(got - w).max() > 1e-4, k     # it moved
 
