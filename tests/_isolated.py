@@ -120,6 +120,22 @@ def zero_log_prob_actor():
     return Actor()
 
 
+def sampled_advantages(t, step: int, batch_size: int) -> dict:
+    """Inside a Ray/TransferQueue test script: one V1 training step's data path on trainer `t` —
+    the replay buffer's sample, verl's `_compute_old_log_prob` and `_compute_advantage` — and
+    {"keys", "advantages" (the first token's), "scores" (rm_scores' last token)} read back from
+    the TransferQueue, keys sorted."""
+    import transfer_queue as tq
+    meta, _ = t.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=batch_size)
+    metrics = {}
+    meta = t._compute_old_log_prob(meta, metrics)
+    meta = t._compute_advantage(meta, metrics)
+    keys = sorted(meta.keys)
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "rm_scores"])
+    return {"keys": keys, "advantages": [float(a[0]) for a in got["advantages"].unbind()],
+            "scores": [float(a[-1]) for a in got["rm_scores"].unbind()]}
+
+
 V1_TRAINER_CONFIG = {       # the config verl's _compute_old_log_prob / _compute_advantage read
     "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
                   "norm_adv_by_std_in_grpo": True},

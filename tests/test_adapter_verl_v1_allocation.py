@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent('''
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from _isolated import V1_TRAINER_CONFIG, recording_tq_worker, run_to_completion_manager, zero_log_prob_actor
+    from _isolated import V1_TRAINER_CONFIG, recording_tq_worker, run_to_completion_manager, sampled_advantages, zero_log_prob_actor
 
     SHARES = np.array(%s)
     def apply(state, pool, ids, budget):
@@ -93,14 +93,7 @@ SCRIPT = textwrap.dedent('''
                                    "data_source": np.array(["math"] * 4, dtype=object)})
         tu.assign_non_tensor_data(batch, "global_steps", step)
         t._submit_batch_to_rollout(batch)
-        meta, _ = t.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=4)
-        metrics = {}
-        meta = t._compute_old_log_prob(meta, metrics)
-        meta = t._compute_advantage(meta, metrics)
-        keys = sorted(meta.keys)
-        got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "rm_scores"])
-        steps.append({"keys": keys, "advantages": [float(a[0]) for a in got["advantages"].unbind()],
-                      "scores": [float(a[-1]) for a in got["rm_scores"].unbind()]})
+        steps.append(sampled_advantages(t, step, 4))
     print("RESULT " + json.dumps({
         "steps": steps, "observed": [[fb.step, pool.ids[fb.prompt_ids].tolist(), fb.rewards.tolist(),
                                       None if fb.group_sizes is None else fb.group_sizes.tolist()] for fb in observed],

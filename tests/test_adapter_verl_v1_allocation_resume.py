@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent('''
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from _isolated import V1_TRAINER_CONFIG, recording_tq_worker, run_to_completion_manager, zero_log_prob_actor
+    from _isolated import V1_TRAINER_CONFIG, recording_tq_worker, run_to_completion_manager, sampled_advantages, zero_log_prob_actor
 
     pool = Pool(["math"] * 8, ids=list(range(100, 108)))
     sched = Scheduler(pool, "knapsack", min_n=1, max_n=8, min_count=2, seed=0)
@@ -107,14 +107,7 @@ SCRIPT = textwrap.dedent('''
         submit(1, BATCHES[1])
     for step in range(first, 4):
         t.global_steps = step
-        meta, _ = t.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=4)
-        metrics = {}
-        meta = t._compute_old_log_prob(meta, metrics)
-        meta = t._compute_advantage(meta, metrics)
-        keys = sorted(meta.keys)
-        got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "rm_scores"])
-        steps.append({"step": step, "keys": keys, "advantages": [float(a[0]) for a in got["advantages"].unbind()],
-                      "scores": [float(a[-1]) for a in got["rm_scores"].unbind()]})
+        steps.append({"step": step, **sampled_advantages(t, step, 4)})
         if step == 1:
             submit(2, BATCHES[2])          # async prefetch: the next batch generates while this one trains
         elif step == 2:                    # in two fetches of 2 (as verl's refills): one finished, one
@@ -126,7 +119,7 @@ SCRIPT = textwrap.dedent('''
             torch.save(t.train_dataset.state_dict(), os.path.join(ckpt, "data.pt"))
             tq.save_checkpoint(os.path.join(ckpt, "transfer_queue"), metadata={"global_steps": step})
             break
-        tq.kv_clear(keys=meta.keys, partition_id="train")      # trained: gone, as at the end of verl's fit step
+        tq.kv_clear(keys=steps[-1]["keys"], partition_id="train")      # trained: gone, as at the end of verl's fit step
     print("RESULT " + json.dumps({
         "steps": steps, "state": plain(sched.state_dict()), "ahead": ahead, "reissued": reissued,
         "observed": [[fb.step, pool.ids[fb.prompt_ids].tolist(), fb.rewards.tolist(),
