@@ -42,12 +42,7 @@ def uniform_within_arm() -> DataPolicy:
     def apply(state, pool, n, probs, arms, rng):
         order, offsets = pool.members(arms)
         sizes, full = pool.arm_sizes(arms)
-        if full and isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.shape == sizes.shape:
-            # every arm has prompts: `arm_distribution` is probs / probs.sum() (the same numbers)
-            total = probs.sum()
-            p = probs / total if total > 0 else sizes / sizes.sum()
-        else:
-            p = arm_distribution(sizes, probs)
+        p = arm_distribution(sizes, probs, full=full)
         # The arms' draws, then the positions' draws: two halves of one rng.random(2n) are
         # the numbers two calls rng.random(n) would give, in the same order.
         u = rng.random(2 * n)
@@ -58,15 +53,20 @@ def uniform_within_arm() -> DataPolicy:
                       follows_mixture=True)
 
 
-def arm_distribution(sizes: np.ndarray, probs) -> np.ndarray:
+def arm_distribution(sizes: np.ndarray, probs, full: bool = False) -> np.ndarray:
     """float64[K] the mixture's `probs` restricted to the arms that have prompts (`sizes` > 0)
     and renormalised; when it puts no mass on a non-empty arm, every arm in proportion to its
     size. What `uniform_within_arm` draws each slot's arm from and `split_by_arm` splits over.
+    `full=True` (the caller knows every arm has prompts, `Pool.arm_sizes`) skips the
+    restriction when `probs` is already a float64[K] array: the same numbers.
 
     >>> arm_distribution(np.array([2, 0, 2]), [0.2, 0.6, 0.2]).tolist()
     [0.5, 0.0, 0.5]
     """
-    p = np.where(sizes > 0, probs, 0.0)
+    if full and isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.shape == sizes.shape:
+        p = probs
+    else:
+        p = np.where(sizes > 0, probs, 0.0)
     total = p.sum()
     return p / total if total > 0 else sizes / sizes.sum()
 
