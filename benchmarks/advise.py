@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -141,7 +142,15 @@ def _model_line(adv) -> str:
             + f"; shared transfer ω {adv.fit.params.omega:.3f}; model error sd(log rate) "
             + (f"{d.sd_log_rate:.2f}" + (f" ({d.reason})" if d.reason else "") if d is not None else "off")
             + f"; held-out eval {pr.heldout_eval}" + (f" (pilot evals: {adv.evals.get('choice')}, "
-                                                     f"{adv.evals.get('evals')} evals)" if adv.evals else ""))
+                                                     f"{adv.evals.get('evals')} evals)" if adv.evals else "")
+            + f"; intervals for a {getattr(pr, 'measurement_seeds', None) or pr.seeds}-seed measurement "
+              f"({pr.seeds} seed(s) per draw" + _seed_sd(pr) + ")")
+
+
+def _seed_sd(pr) -> str:
+    """', one seed's sd of the log ratio √v̂ a–b over the candidates' when read within draws."""
+    v = [p.seed_var for p in pr.policies if math.isfinite(getattr(p, "seed_var", math.nan))]
+    return f"; one seed's sd of log ratio {np.sqrt(min(v)):.3f}–{np.sqrt(max(v)):.3f}" if v else ""
 
 
 def _rows(suite, adv, measured: dict, oracle: str | None = None) -> list[dict]:
@@ -197,7 +206,7 @@ def trainer_part(args) -> tuple[list, dict]:
         # known before any measurement
         adv = advise(pilot, pool, budget_rollouts=ns.steps * 16 * 8, policies=TRAINER_POLICIES, draws=args.draws,
                      seeds=args.seeds, from_start=True, step_norm=args.step_norm, oracle=orc, heldout_eval="greedy",
-                     model_error=not args.no_model_error)
+                     model_error=not args.no_model_error, measurement_seeds=_measurement_seeds(args, 8))
         print(f"\n## trainer {suite}: pilot {len(pilot.steps)} steps ({t_pilot:.0f} s), fit + prediction "
               f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f}, transfer {adv.fit.params.tau:.2f}, "
               f"step_norm {adv.fit.step_norm} (log lik {adv.fit.log_lik:.1f} vs {adv.fit.log_lik_other:.1f})",
@@ -210,6 +219,15 @@ def trainer_part(args) -> tuple[list, dict]:
         rows += r
         verdicts[suite] = (adv.recommended, r[0]["pred"], MEASURED.get(suite, {}).get("oracle"))
     return rows, verdicts
+
+
+def _measurement_seeds(args, table_seeds: int) -> int | None:
+    """The seeds of the measurement each interval must hold: the table's (8 on the trainer,
+    --truth-seeds on the simulator) unless --measurement-seeds says otherwise; None (the
+    interval for a --seeds-seed measurement) with one seed per draw, where the seed spread
+    cannot be read within the draws."""
+    m = table_seeds if args.measurement_seeds is None else args.measurement_seeds
+    return None if m <= 0 or (args.seeds < 2 and m != args.seeds) else m
 
 
 def _finite(v):
@@ -260,7 +278,7 @@ def sim_part(args) -> tuple[list, dict]:
         pilot = read_pilot(path)
         adv = advise(pilot, world.pool, budget_rollouts=steps * b * g, policies=SIM_POLICIES, draws=args.draws,
                      seeds=args.seeds, from_start=True, step_norm=args.step_norm,
-                     model_error=not args.no_model_error)
+                     model_error=not args.no_model_error, measurement_seeds=_measurement_seeds(args, args.truth_seeds))
         t_pred = time.perf_counter() - t0
         # the truth: every policy on the true world, S seeds, paired with uniform
         t1 = time.perf_counter()
@@ -334,7 +352,11 @@ def main(argv=None) -> int:
                     help="comma list of cases: ladder, homogeneous, solved_majority, ladder+ (forgetting), "
                          "uniform_spread (default: all)")
     ap.add_argument("--draws", type=int, default=8)
-    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=2,
+                    help="simulated runs per draw (≥ 2: the seed spread is read within the draws)")
+    ap.add_argument("--measurement-seeds", type=int, default=None,
+                    help="the intervals hold a measurement over this many seeds (default: the table's, 8 on the "
+                         "trainer, --truth-seeds on the simulator; 0 = --seeds)")
     ap.add_argument("--truth-seeds", type=int, default=4)
     ap.add_argument("--exact-oracle", action="store_true",
                     help="trainer part: predict the exact-rate oracle, not the tables' measured one")

@@ -603,3 +603,90 @@ def test_policies_the_simulator_cannot_feed_are_not_ranked(tmp_path):
     assert adv.sentence.startswith("no expected saving: headroom") or "no candidate the simulator can model" in adv.sentence
     assert "not modelled" in adv.table()
     assert adv.to_json()["policies"][0]["not_modelled"] == "held-out loss curves"
+
+
+def test_measurement_interval_by_hand():
+    """The interval for an M-seed measurement from draws of S seeds each: on the log scale,
+    mean ± t(0.95, n − 1)·√(max(s² − v̂/S, 0) + v̂/M + s²/n); M = S is the plain interval."""
+    from rlpace.advise._laws import draw_interval, pooled_seed_var, seed_terms
+    # terms of one draw: costs (1, 3) against uniform's (2, 2): 1/2 − 1, 3/2 − 1
+    assert seed_terms(np.array([[1.0, 3.0]]), np.array([[2.0, 2.0]])).tolist() == [[-0.5, 0.5]]
+    # two draws of two seeds: (0.25 + 0.25 + 0.01 + 0.01) / (2 · 1) = 0.26
+    assert pooled_seed_var(np.array([[-0.5, 0.5], [0.1, -0.1]])) == pytest.approx(0.26)
+    assert pooled_seed_var(np.array([[0.3], [0.1]])) == 0.0          # one seed: nothing to separate
+    # log draws −1, 0, 1: s² = 1, n = 3; v̂ = 1.6, S = 2: τ̂² = 1 − 0.8 = 0.2; M = 8: v̂/M = 0.2
+    x = np.exp(np.array([-1.0, 0.0, 1.0]))
+    lo, hi = draw_interval(x, seed_var=1.6, seeds=2, measurement_seeds=8)
+    h = 2.919986 * np.sqrt(0.2 + 0.2 + 1 / 3)
+    assert (np.log(lo), np.log(hi)) == (pytest.approx(-h, abs=1e-5), pytest.approx(h, abs=1e-5))
+    # v̂/S above s²: τ̂² floors at 0; v̂ = 4, S = 2, M = 8: 0 + 0.5 + 1/3
+    lo, hi = draw_interval(x, seed_var=4.0, seeds=2, measurement_seeds=8)
+    assert np.log(hi) == pytest.approx(2.919986 * np.sqrt(0.5 + 1 / 3), abs=1e-5)
+    assert draw_interval(x, seed_var=1.6, seeds=2, measurement_seeds=2) == draw_interval(x)
+
+
+def test_predicted_interval_holds_an_eight_seed_measurement_of_a_known_learner(tmp_path):
+    """On the true learner (no fit noise), `measurement_seeds=8` makes the 90 % interval the one
+    for what an 8-seed paired measurement reads: the seed variance v̂ read within the draws
+    matches a direct simulation's (independent loop, a fresh world per seed, as each predicted
+    seed draws one), every direct 8-seed measurement lies inside, and the interval is narrower
+    than the plain one, which holds a measurement over the draws' own 3 seeds."""
+    import dataclasses
+
+    from scipy.stats import t
+    path, w = _pilot(tmp_path, steps=20, b=64, g=8)
+    fit = fit_learner(read_pilot(path), w.pool)
+    k = len(SC.domains)
+    inv = np.argsort(w.pool_order)
+    truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
+    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))
+    steps, b, g, draws, seeds = 80, 64, 8, 4, 3
+    kw = dict(budget_rollouts=steps * b * g, pilot_rollouts=0, policies=["dump"], draws=draws, seeds=seeds,
+              from_start=True)
+    m8 = predict(fit, w.pool, measurement_seeds=8, **kw).policies[0]
+    plain = predict(fit, w.pool, **kw).policies[0]
+    np.testing.assert_array_equal(m8.ratios, plain.ratios)              # same draws, same runs
+    # the interval by hand from the draws and v̂
+    x = np.log(m8.ratios)
+    s2 = x.var(ddof=1)
+    h = t.ppf(0.95, draws - 1) * np.sqrt(max(s2 - m8.seed_var / seeds, 0.0) + m8.seed_var / 8 + s2 / draws)
+    assert (m8.low, m8.high) == (pytest.approx(np.exp(x.mean() - h)), pytest.approx(np.exp(x.mean() + h)))
+    assert m8.high - m8.low < plain.high - plain.low
+    # direct: 5 measurements of 8 seeds, each seed on its own world of the scenario
+    cu, cd = [], []
+    for s in range(40):
+        sc = dataclasses.replace(SC, pool_seed=100 + s)
+        u = simulate(sc, "uniform", steps=steps, seed=1000 + s, batch_size=b, group_size=g, eval_every=steps // 25)
+        d = simulate(sc, "dump", steps=steps, seed=1000 + s, batch_size=b, group_size=g, eval_every=steps // 25)
+        tgt = gain_target(u.mean_accuracy[0], u.mean_accuracy[-1])
+        cu.append(cost_to_reach(u.eval_rollouts, u.mean_accuracy, tgt)[0])
+        cd.append(cost_to_reach(d.eval_rollouts, d.mean_accuracy, tgt)[0])
+    cu, cd = np.array(cu), np.array(cd)
+    e = cd / cd.mean() - cu / cu.mean()                                  # one seed's paired term
+    v_direct = e.var(ddof=1)
+    assert 0.4 < m8.seed_var / v_direct < 2.5, (m8.seed_var, v_direct)  # v̂ has 8 degrees of freedom
+    r8 = cd.reshape(5, 8).mean(axis=1) / cu.reshape(5, 8).mean(axis=1)
+    assert ((m8.low <= r8) & (r8 <= m8.high)).all(), (m8.low, m8.high, r8)
+
+
+def test_measurement_seeds_needs_two_seeds_per_draw(tmp_path):
+    _, fit, w = _sc_fit(tmp_path)
+    with pytest.raises(InputError, match="seeds"):
+        predict(fit, w.pool, budget_rollouts=60 * 64 * 8, pilot_rollouts=0, policies=["dump"], draws=2, seeds=1,
+                from_start=True, measurement_seeds=8)
+    with pytest.raises(InputError, match="measurement_seeds"):
+        predict(fit, w.pool, budget_rollouts=60 * 64 * 8, pilot_rollouts=0, policies=["dump"], draws=2, seeds=2,
+                from_start=True, measurement_seeds=0)
+
+
+
+def test_cli_measurement_seeds_without_seeds_is_one_line_exit_2(tmp_path, capsys):
+    path, w = _pilot(tmp_path, steps=12, b=32, g=4)
+    out = tmp_path / "out"
+    argv = ["advise", "--pilot", str(path), "--pool", str(_pool_file(tmp_path, w)), "--out", str(out),
+            "--policies", "dump", "--budget-rollouts", "99999", "--measurement-seeds", "8"]
+    rc, err = _cli(argv, capsys)
+    assert rc == 2 and len(err) == 1 and "--seeds 2" in err[0]
+    rc, err = _cli(argv[:-1] + ["-1"], capsys)
+    assert rc == 2 and len(err) == 1 and "--measurement-seeds" in err[0]
+    assert not out.exists()

@@ -71,7 +71,8 @@ class Advice(NamedTuple):
             return {"policy": p.policy, "ratio": p.ratio, "ratio_90": [p.low, p.high], "p_saving_gt_10pct": p.p_saving,
                     "reached": p.reached, "captured_share": None if not math.isfinite(p.captured) else p.captured,
                     "final_diff_vs_uniform": p.final_diff, "ratio_per_draw": p.ratios.tolist(),
-                    "screened_out": p.screened_out, "not_modelled": getattr(p, "not_modelled", "") or None}
+                    "screened_out": p.screened_out, "not_modelled": getattr(p, "not_modelled", "") or None,
+                    "seed_var_log_ratio": p.seed_var if math.isfinite(p.seed_var) else None}
         import scipy
         return {"recommended": self.recommended, "sentence": self.sentence,
                 "usage": usage_lines(self.recommended or "uniform"),
@@ -80,7 +81,8 @@ class Advice(NamedTuple):
                 "uniform": {"base": pr.base, "final": pr.uniform_final},
                 "budget_rollouts": pr.budget_rollouts, "pilot_rollouts": pr.pilot_rollouts,
                 "simulated_steps": pr.steps, "batch_size": pr.batch_size, "group_size": pr.group_size,
-                "draws": pr.draws, "seeds": pr.seeds, "seconds": pr.seconds, "pilot": self.pilot,
+                "draws": pr.draws, "seeds": pr.seeds, "measurement_seeds": pr.measurement_seeds or pr.seeds,
+                "seconds": pr.seconds, "pilot": self.pilot,
                 "fit": self.fit.to_json(), "screen_draws": pr.screen,
                 "model_error": None if self.discrepancy is None else self.discrepancy.to_json(),
                 "heldout_eval": pr.heldout_eval, "heldout_eval_check": self.evals,
@@ -165,7 +167,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
            progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None,
-           law_replicates: int = 8) -> Advice:
+           law_replicates: int = 8, measurement_seeds: int | None = None) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
@@ -175,7 +177,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     below `_laws.TAIL` is dropped, otherwise half the draws each and the interval spans both,
     `_laws.mixture_summary`).
     `model_error`: carry the model's error read from the pilot (`rate_discrepancy`) into the
-    draws, besides the fit's uncertainty. `screen`: `predict`'s.
+    draws, besides the fit's uncertainty. `screen`, `measurement_seeds` (the intervals hold
+    an M-seed paired measurement; needs seeds ≥ 2): `predict`'s.
 
     Example:
         >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
@@ -189,6 +192,9 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     check_pilot(pilot, pool, int(budget_rollouts))
     if heldout_eval not in ("auto", *EVAL_MODES):
         raise InputError(f"--heldout-eval must be auto, sampled or greedy; got {heldout_eval!r}.")
+    if measurement_seeds is not None and measurement_seeds != seeds and seeds < 2:
+        raise InputError(f"--measurement-seeds {measurement_seeds} needs --seeds 2 or more (the seed spread is read "
+                         f"within each draw's seeds); got --seeds {seeds}.")
     alt = None
     if step_norm == "mixture":
         # the two step normalisations fit a uniform pilot about equally well (docs/advise.md):
@@ -212,7 +218,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
                  draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs,
                  progress=progress, screen=screen, rate_sd=0.0 if disc is None else disc.sd_log_rate,
-                 heldout_eval=mode, alternative=None if alt is None else alt[:3], **(oracle or {}))
+                 heldout_eval=mode, alternative=None if alt is None else alt[:3], measurement_seeds=measurement_seeds,
+                 **(oracle or {}))
     ranked = [p for p in pr.policies if not p.not_modelled]
     best = ranked[0] if ranked else None
     o = pr.oracle

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import InputError
 
 __all__ = ["TAIL", "LawWeight", "calibrated_weight", "law_weight", "simulate_pilot", "mixture_summary",
-           "stratified_draws", "draw_interval"]
+           "stratified_draws", "draw_interval", "seed_terms", "pooled_seed_var"]
 
 #: one tail of the 90 % interval: a law with less weight than this cannot move its ends
 TAIL = 0.05
@@ -151,7 +151,8 @@ def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
     return float(np.interp(q, mid, xs))
 
 
-def draw_interval(ratios: np.ndarray, level: float = 0.9) -> tuple[float, float]:
+def draw_interval(ratios: np.ndarray, level: float = 0.9, *, seed_var: float = 0.0, seeds: int = 1,
+                  measurement_seeds: int | None = None) -> tuple[float, float]:
     """The `level` prediction interval for one more draw, from n draws `ratios` float64[n]:
     on the log scale, mean ± t_{(1+level)/2, n−1} · sd · √(1 + 1/n) (a normal prediction
     interval: the spread of a new draw plus the uncertainty of the mean, Student's t for the
@@ -159,24 +160,45 @@ def draw_interval(ratios: np.ndarray, level: float = 0.9) -> tuple[float, float]
     draw far less often than 90 % (the range of n draws holds the next one with probability
     (n − 1)/(n + 1): 60 % for n = 4). One draw: that draw, both ends.
 
+    A draw's ratio is itself a measurement: the ratio of mean costs over its S = `seeds`
+    seeded runs, log r = log ρ(θ) + ē + O(1/S), where ρ(θ) is the drawn learner's expected
+    ratio and ē the mean over the seeds of the paired seed term e = c_p/μ_p − c_u/μ_u (delta
+    method), Var ē = v/S. So the draws' variance is s² ≈ τ² + v/S (τ² the learners' spread).
+    With `measurement_seeds` M ≠ S and `seed_var` v̂ (the pooled within-draw estimate of v)
+    the interval is the one for what an M-seed paired measurement would read:
+    mean ± t · √(τ̂² + v̂/M + s²/n), τ̂² = max(s² − v̂/S, 0) (one-way random effects, method of
+    moments). M = S (or v̂ = 0) gives the plain interval above.
+
     >>> [round(v, 4) for v in draw_interval(np.exp(np.array([-1.0, 0.0, 1.0])))]   # m 0, sd 1, t(2) 2.92
     [0.0343, 29.1283]
+    >>> [round(v, 4) for v in draw_interval(np.exp(np.array([-1.0, 0.0, 1.0])), seed_var=1.6, seeds=2,
+    ...                                      measurement_seeds=8)]     # τ̂² 0.2, v̂/M 0.2, s²/n 1/3
+    [0.082, 12.1889]
     """
     from scipy.stats import t
     x = np.log(np.maximum(np.asarray(ratios, np.float64), 1e-12))
     n = x.size
     if n < 2:
         return float(np.exp(x[0])), float(np.exp(x[0]))
-    h = float(t.ppf(0.5 + level / 2, n - 1)) * float(x.std(ddof=1)) * math.sqrt(1.0 + 1.0 / n)
+    s2 = float(x.var(ddof=1))
+    var = s2 * (1.0 + 1.0 / n)
+    if measurement_seeds is not None and int(measurement_seeds) != int(seeds) and seed_var > 0:
+        var = max(s2 - seed_var / int(seeds), 0.0) + seed_var / int(measurement_seeds) + s2 / n
+    h = float(t.ppf(0.5 + level / 2, n - 1)) * math.sqrt(var)
     return float(np.exp(x.mean() - h)), float(np.exp(x.mean() + h))
 
 
-def mixture_summary(ratios: np.ndarray, law: np.ndarray, weight_alt: float) -> tuple[float, float, float, float]:
+def mixture_summary(ratios: np.ndarray, law: np.ndarray, weight_alt: float, *, seed_terms: np.ndarray | None = None,
+                    measurement_seeds: int | None = None) -> tuple[float, float, float, float]:
     """(point, low, high, P(ratio < 0.9)) over draws `ratios` float64[D] of which `law`
     bool[D] marks the alternative law's. With draws of one law only: numpy's median, the
     90 % `draw_interval`, the share below 0.9. With both: each draw weighted by its law's
     weight over its law's draws; the weighted median; the interval the hull of each law's own
     90 % `draw_interval`; the weighted share below 0.9.
+
+    `seed_terms` float64[D, S]: each draw's paired seed terms e (`seed_terms`); with
+    `measurement_seeds` M each law's interval is the one for an M-seed measurement, its v̂
+    pooled over that law's draws (`draw_interval`). The point and P(ratio < 0.9) stay per draw.
 
     >>> r = np.array([1.0, 0.9, 1.1, 0.8, 0.5, 0.6, 0.7, 0.4]); alt = np.arange(8) >= 4
     >>> [round(v, 4) for v in mixture_summary(r, alt, 0.25)]
@@ -184,9 +206,41 @@ def mixture_summary(ratios: np.ndarray, law: np.ndarray, weight_alt: float) -> t
     """
     r = np.asarray(ratios, np.float64)
     alt = np.asarray(law, bool)
+
+    def interval(mask):
+        if seed_terms is None or measurement_seeds is None:
+            return draw_interval(r[mask])
+        e = np.asarray(seed_terms, np.float64)[mask]
+        return draw_interval(r[mask], seed_var=pooled_seed_var(e), seeds=e.shape[1], measurement_seeds=measurement_seeds)
     if not alt.any() or alt.all():
-        lo, hi = draw_interval(r)
+        lo, hi = interval(np.ones(r.size, bool))
         return float(np.median(r)), lo, hi, float(np.mean(r < 0.9))
     w = np.where(alt, weight_alt / alt.sum(), (1.0 - weight_alt) / (~alt).sum())
-    (la, ha), (lm, hm) = draw_interval(r[alt]), draw_interval(r[~alt])
+    (la, ha), (lm, hm) = interval(alt), interval(~alt)
     return _weighted_quantile(r, w, 0.5), min(la, lm), max(ha, hm), float(w[r < 0.9].sum() / w.sum())
+
+
+def seed_terms(cost: np.ndarray, uniform_cost: np.ndarray) -> np.ndarray:
+    """float64[D, S] paired seed terms e_js = c_js/c̄_j − u_js/ū_j of a policy's costs `cost`
+    and uniform's `uniform_cost` (float64[D, S], draw × seed; c̄_j, ū_j the draw's means):
+    log(c̄_j/ū_j) − log ρ_j ≈ mean_s e_js to first order (`draw_interval`).
+
+    >>> seed_terms(np.array([[1.0, 3.0]]), np.array([[2.0, 2.0]])).tolist()
+    [[-0.5, 0.5]]
+    """
+    c, u = np.asarray(cost, np.float64), np.asarray(uniform_cost, np.float64)
+    return c / np.maximum(c.mean(axis=1, keepdims=True), 1e-12) - u / np.maximum(u.mean(axis=1, keepdims=True), 1e-12)
+
+
+def pooled_seed_var(terms: np.ndarray) -> float:
+    """v̂ = Σ_j Σ_s e_js² / (D·(S − 1)): the within-draw variance of one seed's term, pooled
+    over the D draws (each draw's terms sum to zero: S − 1 degrees of freedom each); 0 when
+    S < 2 (nothing to separate).
+
+    >>> pooled_seed_var(np.array([[-0.5, 0.5], [0.1, -0.1]]))
+    0.26
+    """
+    e = np.asarray(terms, np.float64)
+    if e.ndim != 2 or e.shape[1] < 2 or e.shape[0] < 1:
+        return 0.0
+    return float(np.sum(e ** 2) / (e.shape[0] * (e.shape[1] - 1)))

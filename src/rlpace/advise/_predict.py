@@ -10,11 +10,19 @@ the simulator's skill starts at 0 there). Every curve starts at the pilot's star
 
 Per draw: target = base + 0.8·(uniform's final − base); each policy's cost to reach it
 (linear interpolation; a run that never gets there costs its budget and is marked) and its
-ratio to uniform's (mean over the draw's seeds, the headroom tables' estimator). Per policy:
-the ratio at the MAP draw pooled with the others (median over draws), a 90 % interval
-(5th–95th percentile over draws: the fit's uncertainty, the second family's draws
-(`alternative`), the model error's per-domain rates (`rate_sd`) and the seeds' spread), and
-P(saving > 10 %) = share of draws with ratio < 0.9. Headroom = the better oracle per draw;
+ratio to uniform's (mean cost over the draw's seeds over uniform's mean, the headroom tables'
+estimator). Per policy: the ratio at the MAP draw pooled with the others (median over draws),
+a 90 % prediction interval for one more draw (`_laws.draw_interval`: the fit's uncertainty,
+the second family's draws (`alternative`), the model error's per-domain rates (`rate_sd`) and
+the seeds' spread), and P(saving > 10 %) = share of draws with ratio < 0.9.
+
+What the interval is for: a draw's ratio over `seeds` seeds is exactly what a `seeds`-seed
+paired measurement on that learner reads, so the interval over draws is one for a
+`seeds`-seed measurement — with one seed per draw, wider than an 8-seed table's, whose seed
+noise averages over 8 runs. `measurement_seeds=M` (seeds ≥ 2) makes it the interval for an
+M-seed measurement: the seed term's variance v̂ is read within the draws (`_laws.seed_terms`,
+`pooled_seed_var`) and the draws' variance s² ≈ τ² + v/S is re-split as τ̂² + v̂/M
+(`_laws.draw_interval`). Headroom = the better oracle per draw;
 captured share = (1 − ratio)/(1 − oracle ratio) at the medians. The held-out accuracy is
 the mean pass rate or, with `heldout_eval="greedy"`, the share of prompts whose most likely
 answer is right. With many candidates the dominated ones stop after the screening draws
@@ -34,7 +42,7 @@ from ..errors import InputError
 from ..evaluation import captured_share, cost_to_reach, gain_target
 from ..sim import Scenario, World, simulate
 from ..types import Pool
-from ._laws import mixture_summary
+from ._laws import mixture_summary, pooled_seed_var, seed_terms
 from ._fit import (HELDOUT, EVAL_MODES, LearnerFit, LearnerParams, draw_params, eval_accuracy, greedy_from_sampled,
                    heldout_difficulties, prompt_difficulties, transfer_matrix)
 
@@ -63,6 +71,7 @@ class PolicyPrediction(NamedTuple):
     ratios: np.ndarray       # float64[D] per draw (the screening draws only for a dropped candidate)
     screened_out: bool = False   # dropped after the screening draws (`predict(screen=...)`)
     not_modelled: str = ""   # the signals it reads that the simulator does not produce ("": modelled)
+    seed_var: float = math.nan   # v̂: one seed's variance of the log ratio, read within draws (`measurement_seeds`)
 
 
 class Prediction(NamedTuple):
@@ -84,6 +93,7 @@ class Prediction(NamedTuple):
     alternative_draws: int = 0   # draws from the alternative family (`predict(alternative=...)`)
     rate_sd: float = 0.0      # the model-error spread the draws carry (`rate_discrepancy`)
     heldout_eval: str = "sampled"
+    measurement_seeds: int | None = None   # the interval is for a measurement over this many seeds (None: `seeds`)
 
 
 #: what the simulator feeds a policy besides rollout rewards (`DataPolicy.reads`)
@@ -211,7 +221,8 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
             policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
             from_start: bool = False, fraction: float = 0.8, jobs: int = 1, oracle_every: int | None = None,
             oracle_rollouts: int = 16, oracle_exact: bool = True, progress=None, screen: int | None = None,
-            rate_sd: float = 0.0, heldout_eval: str = "sampled", alternative: tuple | None = None) -> Prediction:
+            rate_sd: float = 0.0, heldout_eval: str = "sampled", alternative: tuple | None = None,
+            measurement_seeds: int | None = None) -> Prediction:
     """Simulate uniform, the oracles and `policies` on `draws` learners from the fit.
 
     Args:
@@ -245,6 +256,10 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
             rule out. With `weight` (its calibrated weight, `_laws.law_weight`) and n ≥ 1 the
             summaries are `_laws.mixture_summary`'s: the weighted median and the hull of the
             two laws' own 5–95 % intervals; without it every draw counts alike.
+        measurement_seeds: the seeds of the measurement the 90 % intervals should hold
+            (a headroom table's 8): the seed spread is read within the draws and scaled
+            to M seeds (module docstring); needs seeds ≥ 2 when it differs from `seeds`.
+            None: the interval for a `seeds`-seed measurement.
 
     Returns:
         A `Prediction`. Cost: (3 + len(policies)) · screen · seeds simulator runs, then (3 +
@@ -265,6 +280,14 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         raise InputError(f"heldout_eval must be one of {EVAL_MODES}; got {heldout_eval!r}.")
     if not (math.isfinite(rate_sd) and rate_sd >= 0):
         raise InputError(f"rate_sd must be a finite number ≥ 0; got {rate_sd!r}.")
+    if measurement_seeds is not None:
+        if isinstance(measurement_seeds, bool) or int(measurement_seeds) != measurement_seeds or measurement_seeds < 1:
+            raise InputError(f"measurement_seeds must be a positive integer (the measurement's seed count); "
+                             f"got {measurement_seeds!r}.")
+        measurement_seeds = int(measurement_seeds)
+        if measurement_seeds != seeds and seeds < 2:
+            raise InputError(f"measurement_seeds={measurement_seeds} needs seeds ≥ 2 per draw (the seed spread is "
+                             f"read within the draws); got seeds={seeds}. Pass seeds=2 or more.")
     if screen is None:
         screen = 2 if len(policies) > 8 and draws > 3 else 0
     screen = int(screen) if 0 < int(screen) < draws else 0
@@ -331,9 +354,12 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         # the median and a 90 % prediction interval for one more draw (`_laws.draw_interval`); with
         # two step laws the weighted median and the hull of both laws' intervals
         alt_mask = np.arange(ratios.size) >= draws - n_alt if w_alt is not None else np.zeros(ratios.size, bool)
-        mid, lo, hi, ps = mixture_summary(ratios, alt_mask, 0.0 if w_alt is None else w_alt)
+        terms = None if measurement_seeds is None else seed_terms(cost[p], cost["uniform"][:n_of[p]])
+        mid, lo, hi, ps = mixture_summary(ratios, alt_mask, 0.0 if w_alt is None else w_alt, seed_terms=terms,
+                                          measurement_seeds=measurement_seeds)
+        v = math.nan if terms is None else pooled_seed_var(terms)
         return PolicyPrediction(p, mid, lo, hi, ps, float(hit[p].mean()), math.nan, float(fd), ratios,
-                                n_of[p] < draws)
+                                n_of[p] < draws, seed_var=v)
 
     u_cost = np.maximum(cost["uniform"].mean(axis=1), 1e-9)
     ratio = {p: cost[p].mean(axis=1) / u_cost[:n_of[p]] for p in run_names}           # [D] per draw
@@ -352,4 +378,4 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
     each = {o: summary(o, ratio[o]) for o in head[1:]}      # ORACLES, and ALLOCATION_ORACLE when run
     return Prediction(preds, oracle, each, float(np.median(final["uniform"])), float(np.median(base_acc)), curves,
                       int(budget_rollouts), int(pilot_rollouts), steps, b, g, draws, seeds,
-                      time.perf_counter() - t0, screen, n_alt, float(rate_sd), heldout_eval)
+                      time.perf_counter() - t0, screen, n_alt, float(rate_sd), heldout_eval, measurement_seeds)

@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
                    help="comma list of candidates (default: recommended, every proposal and admission policy)")
     p.add_argument("--draws", type=int, default=8, help="learners drawn from the fit's posterior (first: the MAP)")
     p.add_argument("--seeds", type=int, default=1, help="simulated runs per draw")
+    p.add_argument("--measurement-seeds", type=int, default=0, metavar="M",
+                   help="make each 90 %% interval the one for a measurement over M seeds (e.g. the 8 of a "
+                        "headroom table; needs --seeds 2 or more); default: for a --seeds-seed measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes (one draw each at a time; default 2, or 1 on one core)")
@@ -68,8 +71,10 @@ def run(args) -> int:
         if unknown:
             raise InputError(f"--policies: unknown {unknown}; see `rlpace policies`.")
     say = lambda s: print(f"rlpace advise: {s}", file=sys.stderr, flush=True)     # noqa: E731
+    if args.measurement_seeds < 0:
+        raise InputError(f"--measurement-seeds must be ≥ 1 (or 0: off); got {args.measurement_seeds}.")
     kw = dict(policies=pols, draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs, progress=say,
-              heldout_eval=args.heldout_eval)
+              heldout_eval=args.heldout_eval, measurement_seeds=args.measurement_seeds or None)
     if args.heldout_eval == "auto" and (args.overrides or args.from_run):
         kw["heldout_eval"] = "greedy"                # the built-in trainer evaluates greedily
     state = None
