@@ -225,12 +225,37 @@ MOSTLY_SOLVED_LAST_MISTAKES = {**{d: 0.05 for d in MOSTLY_SOLVED_LAST_ROLES["sol
                                "last7": 0.7, "last9": 0.9,
                                **{d: 1.0 for d in MOSTLY_SOLVED_LAST_ROLES["unlearnable"]}}
 
+# ---- suites from the other families (validation of `rlpace advise`) -------------------------
+# Two structures none of the suites above has, from families other than `rev` and `sort`. They
+# were built to test predictions on setups the predictor was not developed on, not to show
+# headroom: their shares below were fixed before any scheduling run.
+
+#: Eight families side by side, learned in parallel: one size of each of `add`, `mul`, `cnt`,
+#: `idx`, `next`, `max`, `sumd`, `last`, every one at the same warm-up mistake share (0.75), so
+#: the domains differ only in what the family asks — a one-token lookup (`last`, `max`, `idx`,
+#: `next`, `cnt`) or a multi-token computation with carries (`add2`, `mul2`, `sumd3`). No domain
+#: unlocks another (no ladder); each has ≥ 1000 distinct prompts (`mul2` 720), equal pool shares.
+FAMILIES_PARALLEL_SUITE = "add2,mul2,sumd3,cnt6,idx6,next6,max6,last6"
+FAMILIES_PARALLEL_MISTAKES = {d: 0.75 for d in FAMILIES_PARALLEL_SUITE.split(",")}
+
+#: Many small domains: the seven smallest prompt spaces of seven families (`add1` 100 prompts,
+#: `mul1` 80, `max2` 100, `sumd2` 100, `last2` 100, `cnt1` 100, `idx2` 180) beside one large
+#: domain of each of three of them (`add3`, `max6`, `last6`, ≥ 1000 prompts). The held-out
+#: items are drawn first, so with 64 held-out per domain a small domain keeps 16–116 training
+#: prompts (a few % of the pool each) and is seen many times over the budget: the regime where
+#: a repeated small domain can be memorised rather than learned. Warm-up mistake share 0.75 on
+#: the small domains and on the large ones alike.
+SMALL_DOMAINS_SUITE = "add1,mul1,max2,sumd2,last2,cnt1,idx2,add3,max6,last6"
+SMALL_DOMAINS_MISTAKES = {d: 0.75 for d in SMALL_DOMAINS_SUITE.split(",")}
+
 #: Named embedded suites: name -> (distributions, default warm-up mistake shares).
 SUITES = {"embedded": (DEFAULT_SUITE, DEFAULT_MISTAKES),
           "ladder": (LADDER_SUITE, LADDER_MISTAKES),
           "mostly_solved": (MOSTLY_SOLVED_SUITE, MOSTLY_SOLVED_MISTAKES),
           "mostly_solved_last": (MOSTLY_SOLVED_LAST_SUITE, MOSTLY_SOLVED_LAST_MISTAKES),
-          "sort_ladder": (SORT_LADDER_SUITE, SORT_LADDER_MISTAKES)}
+          "sort_ladder": (SORT_LADDER_SUITE, SORT_LADDER_MISTAKES),
+          "families_parallel": (FAMILIES_PARALLEL_SUITE, FAMILIES_PARALLEL_MISTAKES),
+          "small_domains": (SMALL_DOMAINS_SUITE, SMALL_DOMAINS_MISTAKES)}
 
 
 _NAME = re.compile(r"^([a-z]+)(\d+)$")

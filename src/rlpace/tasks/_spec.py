@@ -17,7 +17,8 @@ __all__ = ["make_taskset", "SPEC_HELP"]
 
 SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostly_solved' (the "
              "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'sort_ladder' or "
-             "'mostly_solved_last' (their earlier versions), "
+             "'mostly_solved_last' (their earlier versions), 'families_parallel' (eight families side by side, "
+             "learned in parallel) or 'small_domains' (seven small prompt spaces beside three large ones), "
              "'embedded:add1,rev3,...', "
              "'grid:<family>' (every size of an embedded family, one distribution each: the parameter grid of "
              "criticality_grid), 'grid:rg:NAME:FIELD=v1,v2,...[;key=value]' (a reasoning-gym dataset, one "
@@ -97,6 +98,6 @@ def make_taskset(spec: str = "embedded", *, train_per_domain: int = 256,
                           f"is not measured (reported as NaN). Write the held-out prompts there in the "
                           f"same schema (verl's test.parquet).", UserWarning, stacklevel=2)
         return ts
-    raise InputError(f"unknown task set {spec[:80]!r}: give a suite name (embedded, ladder, mostly_solved), "
-                     f"embedded:<names>, grid:..., rg:..., or a verl .parquet / .jsonl file; "
-                     f"`rlpace train --help` lists every form (field tasks).")
+    raise InputError(f"unknown task set {spec[:80]!r}: a suite ({', '.join(SUITES)}), "
+                     f"embedded:<names>, grid:..., rg:..., or a .parquet / .jsonl file; "
+                     f"`rlpace train --help` lists every form.")

@@ -72,7 +72,8 @@ class TrainConfig:
                                         "gradient) | none")
     grad_ref_every: int = _f(10, "steps between held-out reference gradients (grad_reference=heldout)")
     # ---- tasks
-    tasks: str = _f("embedded", "task set: 'embedded', 'ladder', 'mostly_solved', 'embedded:add2,rev5,...', "
+    tasks: str = _f("embedded", "task set: a named suite ('embedded', 'ladder', 'mostly_solved', 'families_parallel', "
+                                "'small_domains', ...: rlpace.tasks.SUITES), 'embedded:add2,rev5,...', "
                                 "'generated:<family>' (an epiplexity-guided generator over the family's sizes), "
                                 "'grid:<family>' or 'grid:rg:NAME:FIELD=v1,v2,...[;k=v]' (a parameter grid for "
                                 "criticality_grid: fresh items of the proposed cells), 'knights_knaves', "
