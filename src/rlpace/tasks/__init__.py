@@ -6,7 +6,8 @@
   reversal at seven lengths, unlocked one after another) and `mostly_solved` (62% solved,
   23% unlearnable, a learnable minority of reversal lengths learned in order);
   `sort_ladder` and `mostly_solved_last` are their earlier versions, with less headroom
-  (kept so that their figures reproduce); see `SUITES`.
+  (kept so that their figures reproduce); `families_parallel` (eight other families side by
+  side) and `small_domains` (small prompt spaces beside large ones); see `SUITES`.
 * `reasoning_gym_suite`, `knights_knaves_suite` — reasoning-gym datasets as distributions,
   graded by their own `score_answer` (DUMP's Knights-and-Knaves 3…14 setup).
 * `math_score` — math-verify grading for math answers.

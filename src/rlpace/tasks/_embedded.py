@@ -37,6 +37,18 @@ Two named suites give data scheduling *headroom* (an oracle saves rollouts on th
 `sort_ladder` and `mostly_solved_last` are the earlier versions of the two, with less
 headroom, kept so that the figures measured on them reproduce.
 
+Two more suites come from the families the ones above do not use (neither reversal nor
+sorting), with structures none of them has; they are there to check `rlpace advise` on setups
+it was not developed on, and their shares were fixed before any scheduling run:
+
+* `families_parallel` — eight families at one size each (add2, mul2, sumd3, cnt6, idx6,
+  next6, max6, last6), all at the warm-up mistake share 0.75: the domains differ only in how
+  learnable their family is and are learned side by side, none unlocking another;
+* `small_domains` — the seven smallest prompt spaces of seven families (add1, mul1, max2,
+  sumd2, last2, cnt1, idx2: 80–180 prompts, so 16–116 training prompts each after 64
+  held-out) beside three large domains (add3, max6, last6), all at 0.75: small domains that
+  a scheduler can revisit until they are memorised.
+
 Each carries its own warm-up mistake shares (`parse_mistakes("default", name)`).
 
 Items are drawn without repetition per distribution; held-out items are drawn first and
@@ -61,7 +73,8 @@ __all__ = ["FAMILIES", "DEFAULT_SUITE", "DEFAULT_MISTAKES", "embedded_suite", "p
            "sample_items", "parse_mistakes", "SUITES", "LADDER_SUITE", "LADDER_MISTAKES", "SORT_LADDER_SUITE",
            "SORT_LADDER_MISTAKES",
            "MOSTLY_SOLVED_SUITE", "MOSTLY_SOLVED_MISTAKES", "MOSTLY_SOLVED_ROLES", "MOSTLY_SOLVED_LAST_SUITE",
-           "MOSTLY_SOLVED_LAST_MISTAKES", "MOSTLY_SOLVED_LAST_ROLES"]
+           "MOSTLY_SOLVED_LAST_MISTAKES", "MOSTLY_SOLVED_LAST_ROLES", "FAMILIES_PARALLEL_SUITE",
+           "FAMILIES_PARALLEL_MISTAKES", "SMALL_DOMAINS_SUITE", "SMALL_DOMAINS_MISTAKES"]
 
 LETTERS = "abcdefghij"
 
