@@ -275,7 +275,7 @@ def markdown(rows: list[dict], fraction: float) -> str:
 #: How a suite starts: a part of a comma list that starts none of these continues the suite
 #: before it ('embedded:add1,rev3' is one suite; 'sim:ladder,embedded' two).
 _SUITE_STARTS = ("sim:", "embedded", "grid:", "rg:", "knights_knaves", "ladder", "mostly_solved",
-                 "sort_ladder", "generated:", "/", "./", "~")
+                 "sort_ladder", "families_parallel", "small_domains", "generated:", "/", "./", "~")
 
 
 def split_suites(text: str | None) -> list[str]:

@@ -109,6 +109,8 @@ def test_the_name_is_accepted_wherever_a_trainer_suite_is(name):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import headroom
     assert headroom.trainer_available(name) == ""                               # headroom.py --suites <name>
+    # after a suite with commas it starts a suite of its own
+    assert headroom.split_suites(f"embedded:add1,rev3,{name},ladder") == ["embedded:add1,rev3", name, "ladder"]
 
 
 @pytest.mark.parametrize("bad", ["families-parallel", "small_domain"])
