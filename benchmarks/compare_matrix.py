@@ -35,6 +35,7 @@ with other jobs: figures are contended and noisy — report them with the comman
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -365,8 +366,8 @@ def bench_eval(suites: list[str], runs: int = 3) -> dict:
         base, tok0 = load_policy(base_policy(cfg, full), "cpu")
         row = {}
         for memo in (False, True):
-            ev._COMPLETIONS.clear()
-            fn = ev.heldout_accuracy if memo else _plain_heldout_accuracy
+            fn = (functools.partial(ev.heldout_accuracy, memo=ev.GreedyMemo()) if memo
+                  else _plain_heldout_accuracy)
             c0 = time.process_time()
             accs = []
             for r in range(runs):         # each run trains its own way after step 0: its own weights

@@ -8,6 +8,7 @@ functions, so a worker only loads what its suite needs.
 from __future__ import annotations
 
 from ..errors import InputError
+import functools
 import json
 import re
 import shutil
@@ -123,6 +124,14 @@ def _family(dist: str) -> str:
     return m.group(1) if m else dist
 
 
+@functools.cache
+def _worker_eval_memo():
+    """This process's greedy held-out completions by weights (`GreedyMemo`): the runs of one
+    (suite, seed) in a worker start from one base and share its step-0 evaluation."""
+    from ..train.evaluate import GreedyMemo
+    return GreedyMemo()
+
+
 def run_embedded(spec: RunSpec, work_dir: str | None = None) -> dict:
     """Run the built-in GRPO recipe (`rlpace.train.train`) on the embedded task suite and
     convert its per-step log (metrics.jsonl) into a run record.
@@ -147,7 +156,7 @@ def run_embedded(spec: RunSpec, work_dir: str | None = None) -> dict:
     cfg = from_overrides({**fields, **opts}, base=TrainConfig())
     check_config(cfg)
     t0 = time.perf_counter()
-    train(cfg)
+    train(cfg, eval_memo=_worker_eval_memo())
     seconds = time.perf_counter() - t0
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines() if line.strip()]
     dists = sorted({k[len("eval/"):] for r in rows for k in r

@@ -71,7 +71,7 @@ from ...tasks._grid import GRID_PREFIX, grid_cells, grid_pool
 from ...types import Feedback, group_advantages
 from ..checkpoint import check_resumable, load_checkpoint, restore_domain_tokens, save_checkpoint
 from ..config import TrainConfig
-from ..evaluate import heldout_accuracy
+from ..evaluate import GreedyMemo, heldout_accuracy
 from ..generated import FreshItems, cell_pool
 from ..gradfeatures import GradFeatures, heldout_reference, needs_grad_features
 from ..gradsignal import GradSignal
@@ -177,8 +177,12 @@ def base_policy(cfg: TrainConfig, tasks, progress: bool | None = None):
         seed=cfg.seed, cache_dir=cfg.cache_dir or None, progress=cfg.progress if progress is None else progress)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run the recipe; returns the summary (also written to `out/summary.json`)."""
+def train(cfg: TrainConfig, *, eval_memo: GreedyMemo | None = None) -> dict:
+    """Run the recipe; returns the summary (also written to `out/summary.json`).
+
+    `eval_memo`: greedy held-out completions shared with other runs of this process (the
+    `rlpace compare` runner passes one, so the runs of one base share their step-0
+    evaluation); None (a plain run) never hashes the weights."""
     from tqdm.auto import tqdm
 
     # ---- 0. check everything that can fail, before any work -----------------------------
@@ -224,7 +228,7 @@ def train(cfg: TrainConfig) -> dict:
 
     def evaluate(rec):
         acc = heldout_accuracy(model, tok, tasks, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
-                               batch=cfg.eval_batch)
+                               batch=cfg.eval_batch, memo=eval_memo)
         rec.update({f"eval/{k}": v for k, v in acc.items()})
         return acc
 
