@@ -71,6 +71,30 @@ __all__ = ["Scheduler", "StepResult", "STATE_VERSION", "COUNT_MAX", "count_limit
 # and meta/hyperparameters are recorded and checked; values are validated on load.
 STATE_VERSION = 2
 _STREAM_PROPOSE = 0x5EED
+
+
+def _uint32_words(n: int) -> list:
+    """The 32-bit words, least significant first, that numpy's `SeedSequence` splits a
+    non-negative int entropy value into (one word for 0)."""
+    words = [n & 0xFFFFFFFF]
+    n >>= 32
+    while n:
+        words.append(n & 0xFFFFFFFF)
+        n >>= 32
+    return words
+
+
+def _propose_rng(seed: int, step: int) -> np.random.Generator:
+    """`np.random.default_rng([seed, step, _STREAM_PROPOSE])`: the same generator, seeded from
+    the same entropy given as one uint32 array (the words `SeedSequence` would split the list
+    into, in order), which skips default_rng's argument checks and SeedSequence's Python loop
+    over the list's ints (~8 μs of a ~12 μs construction). `seed` and `step` are non-negative
+    (checked in `Scheduler.__init__` and counted by `propose`)."""
+    entropy = np.array(_uint32_words(seed) + _uint32_words(step) + _STREAM_WORDS, dtype=np.uint32)
+    return np.random.Generator(np.random.PCG64(entropy))
+
+
+_STREAM_WORDS = _uint32_words(_STREAM_PROPOSE)
 #: Hyperparameters added to a registered policy after states were first saved, with the value
 #: that reproduces the behaviour from before: a state that does not record one was saved with
 #: that value (and loads only into a Scheduler built with it).
@@ -295,9 +319,8 @@ class Scheduler:
         if self.method.mixture is not None:
             probs = self.method.mixture.apply(self.states[MIXTURE], self.pool)
             arms = self.method.mixture.arms
-        # = np.random.default_rng([seed, step, stream]), without its argument checks.
         step = int(self.counters.proposals)
-        rng = np.random.Generator(np.random.PCG64([self.seed, step, _STREAM_PROPOSE]))
+        rng = _propose_rng(self.seed, step)     # = np.random.default_rng([seed, step, stream])
         ids = np.asarray(self.method.selection.apply(self.states["selection"], self.pool, n, probs,
                                                      arms, rng), dtype=np.int64)
         # one reduction: a negative id read as uint64 is ≥ 2**63, so the max catches both ends

@@ -49,10 +49,12 @@ a mixture away from zero.
 from __future__ import annotations
 
 from ..errors import InputError
+import math
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
+from ._checks import shifted
 from ._protocols import (PolicyCheckState, PolicyDecisions, PolicyInit, PolicyMetrics, PolicyUpdate,
                          PolicyUpdateLosses, check_signatures)
 
@@ -405,6 +407,23 @@ def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
     """Max-subtracted softmax(scores / temperature), float64."""
     z = np.asarray(np.asarray(scores, dtype=np.float64) / temperature)   # new: the rest works in place
     z -= z.max()
+    np.exp(z, out=z)
+    z /= z.sum()
+    return z
+
+
+def shifted_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """`softmax(shifted(scores), temperature)` bit for bit, in four numpy calls instead of
+    ten: once the maximum is subtracted the largest entry is exactly 0 (top − top), so is its
+    quotient by the temperature, and softmax's own `z -= z.max()` subtracts 0.0, which
+    changes no float (−0.0 included). Taken only when the maximum is finite (an inf or NaN
+    maximum goes through the two functions, with their results)."""
+    s = np.asarray(scores, dtype=np.float64)
+    top = s.max()
+    if not math.isfinite(top):
+        return softmax(shifted(s), temperature)
+    z = s - top                                  # = shifted(s): a new array
+    z /= temperature
     np.exp(z, out=z)
     z /= z.sum()
     return z

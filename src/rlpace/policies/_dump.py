@@ -33,8 +33,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
-from ._base import MIXTURE, DataPolicy, softmax, with_floor
-from ._checks import abs_signal, check_choice, check_int, check_real, shifted
+from ._base import MIXTURE, DataPolicy, shifted_softmax, with_floor
+from ._checks import abs_signal, check_choice, check_int, check_real
 
 
 class DumpState(NamedTuple):
@@ -112,7 +112,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         if base == "pool":        # tilt the pool's shares: p ∝ s·exp(score/T); an empty arm gets 0
             with np.errstate(divide="ignore"):
                 score = score + temperature * np.log(pool.arm_share(arms))
-        return softmax(shifted(score), temperature)
+        return shifted_softmax(score, temperature)
 
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}

@@ -50,8 +50,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._base import MIXTURE, DataPolicy, softmax
-from ._checks import abs_signal, check_choice, check_int, check_real, shifted
+from ._base import MIXTURE, DataPolicy, shifted_softmax
+from ._checks import abs_signal, check_choice, check_int, check_real
 from ._state_checks import check_range
 
 __all__ = ["dvc", "exp3s_parameters", "exp3s_probs", "exp3s_update", "dvc_values"]
@@ -178,7 +178,7 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         arm = batch.domains if arms == "domain" else batch.clusters    # [B] (gathered once per step)
         x = dvc_values(batch, signal)                                    # [B] in [0, 1]
         cnt = np.bincount(arm, minlength=k).astype(np.float64)
-        tot = np.bincount(arm, weights=x, minlength=k)
+        tot = np.bincount(arm, weights=x, minlength=k)       # 0.0 where an arm has no group
         present = cnt > 0
         slot = int(state.cursor)
         state.sums[slot] = tot
@@ -187,7 +187,7 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         state.t[()] = int(state.t) + 1                   # item write: ~10× cheaper than += on 0-d
         if bandit == "exp3s":
             gamma, alpha = exp3s_parameters(k, horizon, switches)
-            gains = np.where(present, tot / np.maximum(cnt, 1.0), 0.0)
+            gains = tot / np.maximum(cnt, 1.0)                   # absent arms: 0.0 / 1 = 0
             state.log_w[:] = exp3s_update(state.log_w, state.prob, gains, present, b, gamma, alpha)
             state.prob[:] = exp3s_probs(state.log_w, gamma)
         else:
@@ -200,7 +200,7 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         horizon_now = max(2, min(int(state.t), tau))
         pad = np.sqrt(_XI * math.log(horizon_now) / np.maximum(n, 1.0))
         index = np.where(n > 0, mean + pad, 1.0 + math.sqrt(_XI * math.log(horizon_now)))
-        return softmax(shifted(index), temperature)
+        return shifted_softmax(index, temperature)
 
     def apply(state, pool, *_):
         return state.prob.copy()

@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._base import MIXTURE, DataPolicy, softmax
-from ._checks import check_choice, check_real, shifted
+from ._base import MIXTURE, DataPolicy, shifted_softmax
+from ._checks import check_choice, check_real
 from ._sec import arm_mean_abs_advantage
 
 __all__ = ["exp3"]
@@ -72,14 +72,18 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
             return state
         k = state.prob.shape[0]
         r, present = arm_mean_abs_advantage(pool, batch, arms, k)
-        state.reward[present] += (r[present] / scale) / state.prob[present]
+        # R̂_i += (r_i / scale) / π_i where present (divide and add skip the others: no 0 / 0
+        # warning for an absent arm of a restored π_i = 0)
+        gain = r / scale
+        np.divide(gain, state.prob, out=gain, where=present)
+        np.add(state.reward, gain, out=state.reward, where=present)
         # r ≤ 1e100 (clipped), but a tiny `scale` or π could still push R̂ past the float
         # range: cap it where exp(ε·R̂) has long saturated anyway (module docstring).
         np.minimum(state.reward, _REWARD_CAP, out=state.reward)
         state.t[()] = int(state.t) + 1                   # item write: ~10× cheaper than += on 0-d
         eps_prev = float(state.eps)
         eps = min(1.0 / k, float(np.sqrt(np.log(k) / (k * int(state.t)))))
-        w = softmax(shifted(state.reward * eps_prev), 1.0) * (1.0 - k * eps) + eps
+        w = shifted_softmax(state.reward * eps_prev, 1.0) * (1.0 - k * eps) + eps
         state.prob[:] = w / w.sum()
         state.eps[...] = eps
         return state

@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._base import MIXTURE, DataPolicy, softmax
-from ._checks import abs_signal, check_choice, check_real, shifted
+from ._base import MIXTURE, DataPolicy, shifted_softmax
+from ._checks import abs_signal, check_choice, check_real
 
 __all__ = ["sec", "arm_mean_abs_advantage"]
 
@@ -35,8 +35,8 @@ def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, 
     # the row sum / G is .mean(axis=1)'s own arithmetic (numpy divides the sum by the count)
     adv = batch.advantages
     total = np.bincount(arm, weights=abs_signal(adv).sum(axis=1) / adv.shape[1], minlength=k)
-    present = count > 0
-    return np.where(present, total / np.maximum(count, 1), 0.0), present
+    # an arm without groups has total 0.0 (bincount's start), and 0.0 / 1 is the 0 it gets
+    return total / np.maximum(count, 1), count > 0
 
 
 class SecState(NamedTuple):
@@ -75,11 +75,12 @@ def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> D
         if batch.prompt_ids.size == 0:
             return state
         r, present = arm_mean_abs_advantage(pool, batch, arms, state.q.shape[0])
-        state.q[present] = alpha * r[present] + (1.0 - alpha) * state.q[present]
+        # over every arm, written where present: the same values as indexing both sides by it
+        np.copyto(state.q, alpha * r + (1.0 - alpha) * state.q, where=present)
         return state
 
     def apply(state, pool, *_):
-        return softmax(shifted(state.q), temperature)
+        return shifted_softmax(state.q, temperature)
 
     def metrics(state, pool):
         return {"sec/q_max": float(state.q.max()), "sec/q_min": float(state.q.min())}
