@@ -96,6 +96,7 @@ def test_mopps_keeps_candidates_closest_to_target():
     s.alpha[:] = 1000.0
     s.beta[:] = 1.0                                            # γ̂ ≈ 1 for most prompts
     s.beta[:10] = 1000.0                                       # γ̂ ≈ 0.5 for prompts 0..9
+    s = s._replace(moved=None)           # α, β written by hand: the mask is derived from them
     # ratio·n = 80 > 50 = pool: every prompt is a candidate, so the 5 kept are from 0..9.
     ids = p.apply(s, pool, 5, None, None, np.random.default_rng(0))
     assert len(set(ids.tolist())) == 5 and ids.max() < 10

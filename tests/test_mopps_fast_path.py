@@ -1,5 +1,5 @@
 """MoPPS's selection reads α and β only for the candidates whose posterior left the prior
-(`MovedIndex`): the proposals must be those of the plain rule — every candidate's (α, β)
+(the state's `moved` mask): the proposals must be those of the plain rule — every candidate's (α, β)
 read, a Beta draw for each, the nearest to the target kept — on the same random stream,
 and stay so across checkpoints, shared method objects and forgetting (decay < 1)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from rlpace import Feedback, Pool, Scheduler
 from rlpace.policies import make_method
-from rlpace.policies._mopps import (MovedIndex, _beta_draw, _candidates, _candidates_by_arm, _distinct_draw,
+from rlpace.policies._mopps import (_beta_draw, _candidates, _candidates_by_arm, _distinct_draw,
                                     _nearest_in_each_arm)
 from rlpace.policies._uniform import split_by_arm
 
@@ -58,6 +58,7 @@ def test_selection_equals_the_plain_rule(with_mixture, seen_share):
     seen = rng.random(n_pool) < seen_share
     state.alpha[seen] = rng.integers(1, 9, size=int(seen.sum())).astype(float)
     state.beta[seen] = rng.integers(1, 9, size=int(seen.sum())).astype(float)
+    state.moved[seen] = True                 # written here by hand: the mask marks them too
     probs = np.array([0.1, 0.4, 0.05, 0.25, 0.2]) if with_mixture else None
     arms = "domain" if with_mixture else None
     for step in range(6):
@@ -67,23 +68,76 @@ def test_selection_equals_the_plain_rule(with_mixture, seen_share):
         np.testing.assert_array_equal(got, want)
 
 
-def test_moved_index_follows_updates_decay_and_new_arrays():
-    """With λ = 0.5 a prompt can come back to the prior (here α, β = 1, 1 exactly): its flag
-    stays set and its values are read; arrays it was not built for get a fresh mask."""
-    idx = MovedIndex(1.0, 1.0)
-    alpha, beta = np.ones(10), np.ones(10)
-    assert not idx.flags(alpha, beta).any()
-    alpha[3] = 5.0                       # written without touch: the mask is stale ...
-    idx.touch(alpha, beta, np.array([3]))  # ... until the update marks it
-    assert np.flatnonzero(idx.flags(alpha, beta)).tolist() == [3]
-    order = np.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
-    assert np.flatnonzero(idx.flags(alpha, beta, order)).tolist() == [6]      # prompt 3 is member 6
-    alpha[3] = 1.0                       # back at the prior: still flagged, read, found flat
-    a, b, read = idx.read(alpha, beta, idx.flags(alpha, beta)[[3, 4]], lambda s: np.array([3, 4])[s])
-    assert a.tolist() == [1.0, 1.0] and b.tolist() == [1.0, 1.0] and read.tolist() == [0]
-    beta2 = beta.copy()
-    beta2[7] = 2.0                       # other arrays: rebuilt from their values
-    assert np.flatnonzero(idx.flags(alpha, beta2)).tolist() == [7]
+@pytest.mark.parametrize("name,kw", [("mopps", {"decay": 0.5}), ("recommended", {}),
+                                     ("recommended", {"decay": 0.5, "ratio": 4})])
+def test_moved_mask_follows_the_update_path(name, kw):
+    """α and β written through the public path (`Scheduler.observe`), λ = 0.5 included (a
+    prompt can come back to the prior): after every step the state's mask marks exactly the
+    prompts observed so far, so it covers every prompt off the prior computed from scratch, and
+    the next proposal (member-order views of the mask in the per-arm rule) is the plain rule's
+    on the state's α and β read in full."""
+    rng = np.random.default_rng(5)
+    pool = Pool(rng.integers(0, 4, size=6_000))
+    rates = rng.random(6_000)
+    sched = Scheduler(pool, name, seed=1, **kw)
+    policy = sched.method.selection
+    probs_of = (lambda: sched.method.mixture.apply(sched.states["mixture"], pool)) if sched.method.mixture else (lambda: None)
+    seen = np.zeros(6_000, dtype=bool)
+    for t in range(8):
+        state = sched.states["selection"]
+        probs = probs_of()
+        ratio = kw.get("ratio", 16)
+        got = policy.apply(state, pool, 200, probs, "domain" if probs is not None else None,
+                           np.random.default_rng([6, t]))
+        want = _plain_mopps_apply(state.alpha, state.beta, pool, 200, probs, np.random.default_rng([6, t]),
+                                  ratio=ratio)
+        np.testing.assert_array_equal(got, want)
+        ids = sched.propose(200)
+        r = (np.random.default_rng([9, t]).random((200, 4)) < rates[ids][:, None]).astype(float)
+        sched.observe(Feedback(ids, r, step=t))
+        seen[ids] = True
+        state = sched.states["selection"]
+        np.testing.assert_array_equal(state.moved, seen)
+        off = (state.alpha != 1.0) | (state.beta != 1.0)
+        assert not (off & ~state.moved).any()
+
+
+def test_a_stale_moved_mask_is_refused_on_load():
+    """A saved state whose α left the prior at a prompt its mask does not mark (an α/β write
+    that bypassed the update) would draw that prompt from the prior: the load refuses it, and
+    the Scheduler keeps its state."""
+    pool = Pool(np.arange(40) % 2)
+    sched = Scheduler(pool, "recommended", seed=0)
+    ids = sched.propose(8)
+    sched.observe(Feedback(ids, np.ones((8, 4)), step=0))
+    saved = sched.state_dict()
+    assert saved["policy/selection/moved"].sum() == np.unique(ids).size
+    unmarked = int(np.flatnonzero(~saved["policy/selection/moved"])[0])
+    edited = dict(saved)
+    edited["policy/selection/alpha"] = saved["policy/selection/alpha"].copy()
+    edited["policy/selection/alpha"][unmarked] = 3.0
+    fresh = Scheduler(pool, "recommended", seed=0)
+    with pytest.raises(ValueError, match="policy/selection/moved"):
+        fresh.load_state_dict(edited)
+    assert not fresh.states["selection"].moved.any()
+    fresh.load_state_dict(saved)                                    # the saved one loads, exactly
+    np.testing.assert_array_equal(fresh.states["selection"].moved, saved["policy/selection/moved"])
+
+
+def test_a_state_built_from_values_alone_derives_its_mask():
+    """MoppsState(α, β) without a mask: the mask is the exact one of the values, and the
+    proposals are the plain rule's."""
+    from rlpace.policies._mopps import MoppsState, moved_from_values
+    rng = np.random.default_rng(2)
+    pool = Pool(rng.integers(0, 3, size=3_000))
+    alpha, beta = np.ones(3_000), np.ones(3_000)
+    alpha[rng.random(3_000) < 0.05] = 4.0
+    assert moved_from_values(alpha, beta, 1.0, 1.0).sum() == (alpha != 1.0).sum()
+    policy = make_method("recommended").selection
+    probs = np.array([0.2, 0.5, 0.3])
+    got = policy.apply(MoppsState(alpha, beta), pool, 64, probs, "domain", np.random.default_rng(1))
+    want = _plain_mopps_apply(alpha, beta, pool, 64, probs, np.random.default_rng(1))
+    np.testing.assert_array_equal(got, want)
 
 
 def _run(sched, pool_rates, steps, start=0, b=128, g=8):

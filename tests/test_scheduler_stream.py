@@ -63,9 +63,16 @@ def _extras(reads, t):
     return out
 
 
-def stream_digest(name: str) -> str:
+#: State keys added since the fixture (the digest leaves them out, so the stream and every
+#: other state array must still match bit for bit): MoPPS's `moved` mask, saved with α and β
+#: since it became part of the state instead of an index kept beside it.
+ADDED_STATE = {"mopps": ("policy/selection/moved",), "recommended": ("policy/selection/moved",)}
+
+
+def stream_digest(name: str, leave_out: tuple = ()) -> str:
     """sha256 over 50 steps of `name` (seed 3): proposed ids, keep, loss and advantage
-    weights of every step, then every array of the final `state_dict`."""
+    weights of every step, then every array of the final `state_dict` but the keys in
+    `leave_out`."""
     pool, p = _pool_and_rates()
     sched = Scheduler(pool, name, seed=3, **({"mini_cluster_size": B // 4} if name == "ads" else {}))
     reads = frozenset().union(*(getattr(q, "reads", frozenset()) for q in sched.method.policies().values()))
@@ -85,6 +92,8 @@ def stream_digest(name: str) -> str:
         for arr in (ids, r.keep, r.weights, r.advantage_weights):
             h.update(np.ascontiguousarray(arr).tobytes())
     for key, val in sorted(sched.state_dict().items()):
+        if key in leave_out:
+            continue
         h.update(key.encode())
         h.update(np.ascontiguousarray(val).tobytes() if val.dtype.kind != "U" else str(val).encode())
     return h.hexdigest()
@@ -100,7 +109,7 @@ def _recorded() -> dict:
 def test_stream_equals_the_recorded_one(name):
     if name in CHANGED:
         pytest.skip(f"changed on purpose: {CHANGED[name]}")
-    assert stream_digest(name) == _recorded()[name], (
+    assert stream_digest(name, ADDED_STATE.get(name, ())) == _recorded()[name], (
         f"{name}: 50 steps of proposals, keep / weights or the final state differ from the code "
         f"the fixture was written from (see this module's docstring)")
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..types import _success_counts
 from ._base import SELECTION, DataPolicy
+from .._checks import bad
 from ._checks import check_int, check_real
 from ._uniform import split_by_arm
 from ..predict._logistic import PredictorState, check_predictor_state, predictor
@@ -43,6 +44,11 @@ __all__ = ["mopps", "beta_posterior_update"]
 class MoppsState(NamedTuple):
     alpha: np.ndarray  # float64[N] Beta α per prompt (prior α0)
     beta: np.ndarray   # float64[N] Beta β per prompt (prior β0)
+    #: bool[N] True for every prompt whose (α, β) may have left the prior (α0, β0): set by
+    #: `update` in the same call that writes α and β, saved and restored with them, and
+    #: checked on load (`check_state`: no prompt off the prior may be unmarked). None (a state
+    #: built by hand from α and β alone) means "derive it from the values".
+    moved: np.ndarray | None = None
     #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
 
@@ -53,81 +59,76 @@ class MoppsPriorState(NamedTuple):
     alpha: np.ndarray         # float64[N] Beta α per prompt (prior α0)
     beta: np.ndarray          # float64[N] Beta β per prompt (prior β0)
     predictor: PredictorState  # the pass-rate model over prompt features (rlpace.predict)
+    moved: np.ndarray | None = None  # bool[N] as `MoppsState.moved`
     #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
 
 
-class MovedIndex:
-    """Which prompts' Beta posteriors may have left the prior: bool[N] beside a state's (α, β)
-    arrays, never in them (nothing new to save or restore).
+def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha: float, prior_beta: float) -> np.ndarray:
+    """bool[N] the prompts whose (α, β) is not the prior: the exact `moved` mask of a state
+    built from its values (what `MoppsState.moved` must cover)."""
+    return (alpha != prior_alpha) | (beta != prior_beta)
 
-    Why: in a large pool almost every candidate is still at the prior, yet reading its α and β
-    costs two random reads of N-long arrays per candidate (≈ 16k per step for 512 slots at
-    ratio 16, most of a step at N = 10⁶). The mask is 8× smaller than the two arrays, and only
-    the candidates it marks are read from them; the others are at the prior by construction.
-    A copy of the mask in the order of `Pool.members(arms)` lets the per-arm selection look its
-    candidates up by their member positions (increasing addresses) and skip the member → prompt
-    lookup for all but the candidates it reads or keeps.
 
-    The mask belongs to one pair of arrays (held by weak reference): it is rebuilt in one O(N)
-    pass from the values whenever it is asked about other arrays (a new Scheduler, a
-    `load_state_dict`, a copied state), and `touch` marks the prompts an update wrote. It is a
-    superset — a marked prompt back at the prior (possible with decay < 1) is read and found
-    at the prior — so the values drawn from are always exactly α[ids], β[ids].
+class _MemberOrderViews:
+    """Copies of a state's `moved` mask in the order of `Pool.members(arms)`, so the per-arm
+    selection looks its candidates up by their member positions (increasing addresses) and
+    skips the member → prompt lookup for all but the candidates it reads or keeps.
+
+    Why the mask at all: in a large pool almost every candidate is still at the prior, yet
+    reading its α and β costs two random reads of N-long arrays per candidate (≈ 16k per step
+    for 512 slots at ratio 16, most of a step at N = 10⁶). The mask is 8× smaller than the two
+    arrays, and only the candidates it marks are read from them; the others are at the prior
+    by construction.
+
+    A view is a cache of one state's `moved` array (held by weak reference), built from it
+    when first asked and marked by `mark`, which `update` calls in the same place it marks
+    `moved` itself; a restored or copied state has another `moved` array and gets its own
+    views. The mask is a superset — a marked prompt back at the prior (possible with
+    decay < 1) is read and found at the prior — so the values drawn from are always exactly
+    α[ids], β[ids].
     """
 
-    def __init__(self, prior_alpha: float, prior_beta: float):
-        self.prior = (float(prior_alpha), float(prior_beta))
-        self._entries: dict = {}     # id(α) -> [weakref α, weakref β, bool[N], {arms: (order, rank, bool[N])}]
+    def __init__(self):
+        self._entries: dict = {}     # id(moved) -> [weakref moved, {id(order): (order, rank, view)}]
 
-    def _entry(self, alpha: np.ndarray, beta: np.ndarray, build: bool):
-        e = self._entries.get(id(alpha))
-        if e is not None and e[0]() is alpha and e[1]() is beta:
-            return e
-        if not build:
-            return None
-        for k in [k for k, v in self._entries.items() if v[0]() is None or v[1]() is None]:
-            del self._entries[k]     # states that no longer exist
-        moved = (alpha != self.prior[0]) | (beta != self.prior[1])
-        e = self._entries[id(alpha)] = [weakref.ref(alpha), weakref.ref(beta), moved, {}]
-        return e
-
-    def flags(self, alpha: np.ndarray, beta: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
-        """bool[N] the mask in pool order, or in the order of the permutation `order`
-        (`Pool.members(arms)`'s): flags[r] for the prompt order[r]."""
-        e = self._entry(alpha, beta, build=True)
-        if order is None:
-            return e[2]
-        by = e[3].get(id(order))
+    def view(self, moved: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """bool[N]: view[r] = moved[order[r]]."""
+        e = self._entries.get(id(moved))
+        if e is None or e[0]() is not moved:
+            for k in [k for k, v in self._entries.items() if v[0]() is None]:
+                del self._entries[k]     # states that no longer exist
+            e = self._entries[id(moved)] = [weakref.ref(moved), {}]
+        by = e[1].get(id(order))
         if by is None or by[0] is not order:
             rank = np.empty(order.shape[0], np.int32 if order.shape[0] < 2**31 else np.int64)
             rank[order] = np.arange(order.shape[0])
-            by = e[3][id(order)] = (order, rank, e[2][order])
+            by = e[1][id(order)] = (order, rank, moved[order])
         return by[2]
 
-    def touch(self, alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray) -> None:
-        """Mark the prompts `ids` (written by an update of these arrays)."""
-        e = self._entry(alpha, beta, build=False)
-        if e is not None:            # otherwise `flags` builds it from the values
-            e[2][ids] = True
-            for _, rank, by in e[3].values():
+    def mark(self, moved: np.ndarray, ids: np.ndarray) -> None:
+        """Mark the prompts `ids` in the views of `moved` (already marked in `moved`)."""
+        e = self._entries.get(id(moved))
+        if e is not None and e[0]() is moved:
+            for _, rank, by in e[1].values():
                 by[rank[ids]] = True
 
-    def read(self, alpha: np.ndarray, beta: np.ndarray, flagged: np.ndarray,
-             ids_of) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(α[ids], β[ids], moved) of m candidates, `flagged` bool[m] their flags and
-        `ids_of(sel)` the prompt ids of the candidates `sel` (an index array or slice): the
-        arrays are read only where the flag is set, `moved` (int64, increasing) — every other
-        candidate is at the prior; moved is None when most are flagged and all were read."""
-        moved = np.flatnonzero(flagged)
-        if 2 * moved.size > flagged.size:    # mostly moved (a small or well-explored pool)
-            ids = ids_of(slice(None))
-            return alpha[ids], beta[ids], None
-        a, b = np.full(flagged.shape[0], self.prior[0]), np.full(flagged.shape[0], self.prior[1])
-        at = ids_of(moved)
-        a[moved] = alpha[at]
-        b[moved] = beta[at]
-        return a, b, moved
+
+def _read_flagged(alpha: np.ndarray, beta: np.ndarray, prior: tuple[float, float], flagged: np.ndarray,
+                  ids_of) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(α[ids], β[ids], moved) of m candidates, `flagged` bool[m] their `moved` flags and
+    `ids_of(sel)` the prompt ids of the candidates `sel` (an index array or slice): the
+    arrays are read only where the flag is set, `moved` (int64, increasing) — every other
+    candidate is at the prior; moved is None when most are flagged and all were read."""
+    moved = np.flatnonzero(flagged)
+    if 2 * moved.size > flagged.size:    # mostly moved (a small or well-explored pool)
+        ids = ids_of(slice(None))
+        return alpha[ids], beta[ids], None
+    a, b = np.full(flagged.shape[0], prior[0]), np.full(flagged.shape[0], prior[1])
+    at = ids_of(moved)
+    a[moved] = alpha[at]
+    b[moved] = beta[at]
+    return a, b, moved
 
 
 def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
@@ -456,12 +457,13 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
                hint=" (weight of the predictor prior for unseen prompts; 0 = off)")
     check_int("mopps", "prior_stage_steps", prior_stage_steps, hint=" (updates per predictor stage)")
     pr = predictor(stage_steps=prior_stage_steps, owner="mopps") if prior_strength > 0 else None
-    moved = MovedIndex(prior_alpha, prior_beta)
+    prior = (float(prior_alpha), float(prior_beta))
+    views = _MemberOrderViews()
 
     def init(pool):
         n = len(pool)
-        a, b = np.full(n, float(prior_alpha)), np.full(n, float(prior_beta))
-        return MoppsState(a, b) if pr is None else MoppsPriorState(a, b, pr.init(pool))
+        a, b, moved = np.full(n, prior[0]), np.full(n, prior[1]), np.zeros(n, dtype=bool)
+        return MoppsState(a, b, moved) if pr is None else MoppsPriorState(a, b, pr.init(pool), moved)
 
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
@@ -470,7 +472,9 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         losses = batch.rewards.shape[1] - wins                     # n·(1 − s)
         beta_posterior_update(state.alpha, state.beta, batch.prompt_ids, wins, losses,
                               decay, prior_alpha, prior_beta)
-        moved.touch(state.alpha, state.beta, batch.prompt_ids)
+        if state.moved is not None:      # the same writes mark the prompts (and their views)
+            state.moved[batch.prompt_ids] = True
+            views.mark(state.moved, batch.prompt_ids)
         if pr is not None:
             g = float(batch.rewards.shape[1])
             b = batch.prompt_ids.shape[0]
@@ -481,9 +485,12 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
     def apply(state, pool, n, probs, arms, rng):
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        moved = state.moved
+        if moved is None:                                           # a state built by hand
+            moved = moved_from_values(state.alpha, state.beta, *prior)
         if probs is None:                                           # the paper's rule, pool-wide
             cand, counts = _candidates(rng, len(pool), n, ratio), None
-            flagged = moved.flags(state.alpha, state.beta)[cand]
+            flagged = moved[cand]
 
             def ids_of(sel):
                 return cand[sel]
@@ -491,11 +498,11 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
             counts, order, offsets = split_by_arm(pool, n, probs, arms, rng, "mopps")
             pos, arm = _candidates_by_arm(rng, offsets, counts, ratio)
             # candidates stay member positions (`pos`, increasing); prompt ids only where needed
-            flagged = moved.flags(state.alpha, state.beta, order)[pos]
+            flagged = (views.view(moved, order) if state.moved is not None else moved[order])[pos]
 
             def ids_of(sel):
                 return order[pos[sel]]
-        a, b, read = moved.read(state.alpha, state.beta, flagged, ids_of)
+        a, b, read = _read_flagged(state.alpha, state.beta, prior, flagged, ids_of)
         flat = None
         if read is not None and pr is None and prior_alpha == 1.0 and prior_beta == 1.0:
             flat = ~flagged                                         # at the prior Beta(1, 1)
@@ -518,8 +525,15 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         return ids_of(_nearest_in_each_arm(arm, dist, counts[counts > 0])).astype(np.int64)
 
     def check_state(state, pool):
+        if state.moved is not None:
+            # a restored mask must mark every prompt off the prior, or those prompts would be
+            # drawn from the prior: a stale mask is refused, not repaired
+            stale = moved_from_values(state.alpha, state.beta, *prior) & ~state.moved
+            if stale.any():
+                raise bad("policy/selection/moved", "leaves prompts whose (alpha, beta) left the prior "
+                          "unmarked", state.alpha, stale)
         if pr is not None:
             check_predictor_state(state.predictor, "predictor")
 
-    return DataPolicy(SELECTION, init, update, apply, name="mopps",
-                      check_state=check_state if pr is not None else None, follows_mixture=True)
+    return DataPolicy(SELECTION, init, update, apply, name="mopps", check_state=check_state,
+                      follows_mixture=True)
