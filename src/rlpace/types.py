@@ -947,6 +947,22 @@ class Feedback:
         return out
 
     @property
+    def answer_votes(self):
+        """`rlpace.policies._vote.AnswerVotes` over this record's `answers` (None without
+        answers): derived from them, factorised on first use and kept with this record (it is
+        immutable), so every voter reading this Feedback — the target place in
+        `Scheduler.targets`, the history in `observe` — votes its answers once. Another
+        Feedback, even over equal answers, has its own."""
+        if self.answers is None:
+            return None
+        votes = self.__dict__.get("_answer_votes")
+        if votes is None:
+            from .policies._vote import AnswerVotes     # policies import this module
+            votes = AnswerVotes(self.answers)
+            object.__setattr__(self, "_answer_votes", votes)
+        return votes
+
+    @property
     def batch_size(self) -> int:
         return int(self.prompt_ids.shape[0])
 
@@ -981,6 +997,7 @@ class Batch(NamedTuple):
     token_entropy: np.ndarray | None = None   # float64[B, G] mean token entropy (nats)
     self_certainty: np.ndarray | None = None  # float64[B, G] mean KL(U ‖ p_t)
     mean_logprob: np.ndarray | None = None    # float64[B, G] mean log π(y_t) of the sampled tokens
+    answer_votes: Any = None                  # AnswerVotes over `answers`, computed once (Feedback.answer_votes)
 
     @property
     def informative(self) -> np.ndarray:
@@ -992,10 +1009,16 @@ class Batch(NamedTuple):
         return _batch_and_counts(fb, pool, success_threshold)[0]
 
 
-def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
+def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: bool = False
                       ) -> tuple[Batch, np.ndarray, np.ndarray]:
     """(`Batch`, wins int64[B] successes per group, informative bool[B]) — what
     `Batch.from_feedback` and the Scheduler's history need, each computed once.
+
+    `lean=True` (`Scheduler.observe` of a method none of whose places reads the batch there:
+    `uniform`, `fixed_mixture`, `epiplexity`) leaves out what only policies read: the
+    clusters are None, and so are the advantages of a binary batch (non-binary ones are
+    still computed: the informative flags are read from them). Such a Batch never reaches a
+    policy.
 
     Exactly the values of the plain formulas (`success.sum(axis=1)`, `success.mean(axis=1)`,
     `group_advantages(rewards)`, `Batch.informative`), bit for bit, computed faster:
@@ -1007,11 +1030,13 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     r = fb.rewards
     success = r >= success_threshold
     b = r.shape[0]
-    domains, clusters = pool.domains[fb.prompt_ids], pool.clusters[fb.prompt_ids]
+    domains = pool.domains[fb.prompt_ids]
+    clusters = None if lean else pool.clusters[fb.prompt_ids]
     # read-only like the Feedback's arrays: the Scheduler queues success and domains for its
     # metrics window (`Scheduler.domain_window`), so no policy may write into them
     for a in (success, domains, clusters):
-        a.setflags(write=False)
+        if a is not None:
+            a.setflags(write=False)
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
         return _batch(fb, r, success, np.zeros(0), adv, domains, clusters), np.zeros(0, np.int64), np.zeros(0, bool)
@@ -1023,7 +1048,9 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float
     rate = wins / g                                   # = success.mean(axis=1), same division
     wins = wins.astype(np.int64)
     table = _binary_advantage_table(g) if binary else None
-    if table is not None:
+    if lean and binary:
+        adv = None                                    # no reader (docstring)
+    elif table is not None:
         # pairs[2k + s]: the advantage of a failure (s = 0) / success (s = 1) in a group with k
         # successes; one gather over [B, G] (np.where with broadcast [B, 1] rows costs 2.5×)
         adv = table[2].take(success + (2 * wins)[:, None])
@@ -1046,7 +1073,7 @@ def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clust
 
 def _supervision(fb: Feedback) -> dict:
     """The supervision fields a Batch carries over from its Feedback (None when absent)."""
-    return {"answers": fb.answers, "token_entropy": fb.token_entropy,
+    return {"answers": fb.answers, "answer_votes": fb.answer_votes, "token_entropy": fb.token_entropy,
             "self_certainty": fb.self_certainty, "mean_logprob": fb.mean_logprob}
 
 

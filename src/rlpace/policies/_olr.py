@@ -46,7 +46,7 @@ import numpy as np
 
 from ._base import TARGET, DataPolicy, Targets
 from ._checks import check_int, check_real
-from ._vote import batch_votes, ols_slopes, require_answers, row_modes
+from ._vote import ols_slopes, row_modes, votes_of
 
 
 class OlrState(NamedTuple):
@@ -99,9 +99,10 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         visit (rows are taken in rounds: first occurrences, then second ones, ...). With
         `record_label_rate` (observe), a row that keeps the dataset label records its pass
         rate before the prompt's next row in the batch reads it, as in a loop over rows."""
-        answers = require_answers(batch, "olr")
-        b, g = answers.shape
-        win, count, values, mh = batch_votes(answers, ties="abstain")
+        votes = votes_of(batch, "olr")                 # once per Feedback: targets, then observe
+        b, g = votes.answers.shape
+        win, count, mh = votes.majorities("abstain")
+        values = votes.values
         has_m = win >= 0
         p = np.where(has_m, count / g, 0.0)                             # majority pass rate
         ids = batch.prompt_ids

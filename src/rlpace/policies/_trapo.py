@@ -52,7 +52,7 @@ from ._base import ADMISSION, TARGET, Admission, DataPolicy, Method, Targets
 from ._compose import compose
 from ._checks import check_choice, check_int, check_real
 from ._olr import _rounds
-from ._vote import batch_votes, ols_slopes, require_answers
+from ._vote import ols_slopes, require_answers, votes_of
 
 _EPS = 1e-8
 
@@ -179,7 +179,9 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
         rows = np.flatnonzero(~kept)
         if rows.size == 0:
             return Targets(labels, decisions)
-        win, count, values, mh = batch_votes(answers, ties="abstain")     # every row: cached for observe
+        votes = votes_of(batch, "trapo")             # every row, once per Feedback: observe reads it too
+        win, count, mh = votes.majorities("abstain")
+        values = votes.values
         rows = rows[win[rows] >= 0]
         prom = np.zeros(b, bool)
         if promote and rows.size:      # the promotion `observe` will make on this visit, with its evidence
@@ -211,7 +213,9 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
         ids = batch.prompt_ids
         g = batch.rewards.shape[1]
         if batch.answers is not None:
-            win, count, values, mh = batch_votes(batch.answers, ties="abstain")
+            votes = votes_of(batch, "trapo")
+            win, count, mh = votes.majorities("abstain")
+            values = votes.values
         else:
             win, count, values, mh = np.full(b, -1), np.zeros(b, np.int64), [], np.zeros(b, np.int64)
         step = int(state.steps)

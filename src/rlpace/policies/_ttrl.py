@@ -32,7 +32,7 @@ import numpy as np
 
 from ._base import TARGET, DataPolicy, Targets
 from ._checks import check_int
-from ._vote import batch_votes, require_answers
+from ._vote import group_majorities, votes_of
 
 
 class TtrlState(NamedTuple):
@@ -63,8 +63,10 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
 
     def vote(pool, batch):
         """(rows int64[R] whose target TTRL sets, winner int64[R] code or −1, count int64[R],
-        values, voters): the majority of each of those rows, all at once (`batch_votes`)."""
-        answers = require_answers(batch, "ttrl")
+        values, voters): the majority of each of those rows, all at once, from the answers'
+        factorisation the Feedback holds (`votes_of`: once for targets and observe)."""
+        votes = votes_of(batch, "ttrl")
+        answers = votes.answers
         if vote_rollouts is not None and vote_rollouts > answers.shape[1]:
             # silently voting with fewer answers than asked would misreport TTRL's N
             raise InputError(f"ttrl vote_rollouts={vote_rollouts} but Feedback.answers holds "
@@ -78,11 +80,11 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
             rows = np.flatnonzero(~pool.labeled[batch.prompt_ids])
         if rows.size == 0:
             return rows, rows, rows, [], voters
-        part = answers if rows.size == b else answers[rows]      # the whole array is cached
-        if vote_rollouts is not None:
-            part = part[:, :vote_rollouts]
-        win, count, values, _ = batch_votes(part, ties="first")
-        return rows, win, count, values, voters
+        if rows.size == b and voters == answers.shape[1]:
+            win, count, _ = votes.majorities("first")
+        else:   # a sub-array of the codes: the same winners (first-seen ties read positions, not codes)
+            win, count = group_majorities(votes.codes[rows, :voters], ties="first")
+        return rows, win, count, votes.values, voters
 
     def apply(state, pool, batch):
         rows, win, count, values, voters = vote(pool, batch)

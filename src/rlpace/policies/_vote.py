@@ -10,9 +10,11 @@ of two tie rules, as the public codes have them:
 * `ties="abstain"` (OLR's and TraPO's `_get_freq_list_count_freq`): no majority unless the
   largest count is unique.
 
-`unique_majority` votes one group; the policies vote every group of a batch at once with
-`batch_votes` (the answers factorised once, `answer_codes`, and each row's mode from one
-bincount or one row sort, `row_modes`): the same winners and counts, no loop over groups.
+`unique_majority` votes one group; the policies vote every group of a batch at once
+(`AnswerVotes`: the answers factorised once, `answer_codes`, and each row's mode from one
+bincount or one row sort, `row_modes`): the same winners and counts, no loop over groups. The
+votes over a Feedback's answers are derived once and kept with that Feedback
+(`Feedback.answer_votes`, carried by every Batch built from it: `votes_of`).
 
 Persistent per-prompt state stores answers as stable 64-bit hashes (`answer_hash`, blake2b of
 the stripped UTF-8 string): numeric, so state stays plain npz; 0 is reserved for "no unique
@@ -33,7 +35,6 @@ from __future__ import annotations
 from ..errors import InputError
 import hashlib
 import itertools
-import weakref
 from collections import Counter
 from typing import Sequence
 
@@ -41,7 +42,7 @@ import numpy as np
 
 __all__ = ["clean_answer", "unique_majority", "answer_hash", "agreement_rewards", "ols_slope",
            "require_answers", "NO_MAJORITY", "answer_codes", "group_majorities", "row_modes",
-           "ols_slopes", "answer_hashes", "batch_votes"]
+           "ols_slopes", "answer_hashes", "batch_votes", "AnswerVotes", "votes_of"]
 
 NO_MAJORITY = 0     # hash of "no unique majority" ('__NoMajorityAnswer__' in OLR / TraPO)
 
@@ -207,51 +208,84 @@ def group_majorities(codes: np.ndarray, ties: str = "abstain") -> tuple[np.ndarr
     return win, count
 
 
-class _Votes:
-    """The votes over one read-only answers array: its codes and, per tie rule, the groups'
-    majorities with their hashes."""
+class AnswerVotes:
+    """The votes over one answers array object[B, G], each computed on first use and kept:
+    the factorisation (`codes`, `values`: `answer_codes`) and, per tie rule, every group's
+    majority with its hash (`majorities`).
 
-    __slots__ = ("ref", "codes", "values", "by_ties")
+    A `Feedback` holds the one over its own answers (`Feedback.answer_votes`) and every `Batch`
+    built from it carries that same object, so the target place (`Scheduler.targets`) and the
+    history update (`Scheduler.observe`) factorise the B·G answer strings — the costliest part
+    of a vote — once per Feedback, and two Feedbacks never share votes. The answers are
+    read-only there; nothing here writes into them.
+
+    >>> v = AnswerVotes(np.array([["4", " 5", "5"], [None, "1", "2"]], dtype=object))
+    >>> v.codes.tolist(), v.values
+    ([[0, 1, 1], [-1, 2, 3]], ['4', '5', '1', '2'])
+    >>> win, count, hashes = v.majorities("abstain")
+    >>> win.tolist(), count.tolist(), v.majorities("abstain")[0] is win
+    ([1, -1], [2, 1], True)
+    """
+
+    __slots__ = ("answers", "_codes", "_values", "_by_ties")
 
     def __init__(self, answers: np.ndarray):
-        self.ref = weakref.ref(answers)
-        self.codes, self.values = answer_codes(answers)
-        self.by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.answers = answers
+        self._codes: np.ndarray | None = None
+        self._values: list[str] = []
+        self._by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    @property
+    def codes(self) -> np.ndarray:
+        """int64[B, G] each answer's index into `values`; −1 where none was extracted."""
+        if self._codes is None:
+            codes, self._values = answer_codes(self.answers)
+            codes.setflags(write=False)         # shared by every reader of this Feedback
+            self._codes = codes
+        return self._codes
+
+    @property
+    def values(self) -> list[str]:
+        """The distinct cleaned answers, in first-seen order (`answer_codes`)."""
+        self.codes
+        return self._values
 
     def majorities(self, ties: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if ties not in self.by_ties:
+        """(winner int64[B] code into `values` or −1, count int64[B], hash int64[B]
+        `answer_hash` of the winner): `group_majorities` of every row, then the hashes."""
+        if ties not in self._by_ties:
             win, count = group_majorities(self.codes, ties)
-            self.by_ties[ties] = (win, count, answer_hashes(self.values, win))
-        return self.by_ties[ties]
-
-
-#: The last read-only answers array voted on (`batch_votes`). `Scheduler.targets` and
-#: `Scheduler.observe` each build a Batch over the same read-only `Feedback.answers`, and
-#: factorising its B·G Python strings is the costliest part of a vote. A cache only: the
-#: results are the same without it; writable arrays, which could change between calls, are
-#: never cached.
-_LAST_VOTES: list = [None]
+            out = (win, count, answer_hashes(self.values, win))
+            for a in out:
+                a.setflags(write=False)
+            self._by_ties[ties] = out
+        return self._by_ties[ties]
 
 
 def batch_votes(answers, ties: str = "abstain") -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """(winner int64[B], count int64[B], values list[str], hash int64[B]) over the groups of
     `answers` object[B, G]: row i's `unique_majority(answers[i], ties)` is
     (values[winner[i]] if winner[i] ≥ 0 else None, count[i]), and hash[i] its `answer_hash`.
+    Policies read the votes their Batch carries instead (`votes_of`): computed once per Feedback.
 
     >>> win, count, values, _ = batch_votes([["4", "5", "5"], [None, "1", "2"]], ties="abstain")
     >>> [values[w] if w >= 0 else None for w in win], count.tolist()
     (['5', None], [2, 1])
     """
-    if not isinstance(answers, np.ndarray) or answers.flags.writeable:
-        votes = _Votes.__new__(_Votes)
-        votes.codes, votes.values = answer_codes(answers)
-        votes.by_ties = {}
-    else:
-        votes = _LAST_VOTES[0]
-        if votes is None or votes.ref() is not answers:
-            votes = _LAST_VOTES[0] = _Votes(answers)
+    votes = AnswerVotes(answers)
     win, count, hashes = votes.majorities(ties)
     return win, count, votes.values, hashes
+
+
+def votes_of(batch, owner: str) -> AnswerVotes:
+    """The votes over `batch.answers` (a ValueError naming Feedback.answers when there are
+    none, `require_answers`): the ones its Feedback holds (`Batch.answer_votes`), or, for a
+    Batch built without them, a fresh `AnswerVotes` of its answers."""
+    answers = require_answers(batch, owner)
+    votes = getattr(batch, "answer_votes", None)
+    if votes is None or votes.answers is not answers:
+        votes = AnswerVotes(answers)
+    return votes
 
 
 def answer_hashes(values: Sequence[str], winners: np.ndarray) -> np.ndarray:

@@ -1,0 +1,121 @@
+"""Votes over a Feedback's answers: derived once from the record itself (`Feedback.answer_votes`),
+never kept in module state, and equal to a plain per-group loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from rlpace import Feedback, Pool, Scheduler
+from rlpace.policies import _vote
+
+POOL_ANSWERS = ["7", " 7", "7 ", "8", "", "  ", None, "x", "10", "1"]
+
+
+def _random_answers(rng, b, g):
+    return [[POOL_ANSWERS[k] for k in rng.integers(0, len(POOL_ANSWERS), size=g)] for _ in range(b)]
+
+
+def _plain_factorisation(rows):
+    """codes[i][j] and the distinct stripped answers in first-seen order, one answer at a time."""
+    values, codes = [], []
+    for row in rows:
+        out = []
+        for a in row:
+            c = None if a is None else (a.strip() or None)
+            if c is None:
+                out.append(-1)
+                continue
+            if c not in values:
+                values.append(c)
+            out.append(values.index(c))
+        codes.append(out)
+    return codes, values
+
+
+def _plain_majority(row, ties):
+    valid = [a.strip() for a in row if a is not None and a.strip()]
+    if not valid:
+        return None, 0
+    counts = Counter()
+    for a in valid:
+        counts[a] += 1
+    top = max(counts.values())
+    leaders = [a for a in dict.fromkeys(valid) if counts[a] == top]    # first-seen order
+    if ties == "abstain" and len(leaders) > 1:
+        return None, top
+    return leaders[0], top
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_feedback_votes_equal_a_plain_loop(seed):
+    rng = np.random.default_rng(seed)
+    b, g = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+    rows = _random_answers(rng, b, g)
+    fb = Feedback(np.arange(b), np.zeros((b, g)), step=0, answers=rows)
+    votes = fb.answer_votes
+    codes, values = _plain_factorisation(rows)
+    assert votes.codes.tolist() == codes
+    assert votes.values == values
+    for ties in ("first", "abstain"):
+        win, count, hashes = votes.majorities(ties)
+        for i, row in enumerate(rows):
+            want, n = _plain_majority(row, ties)
+            assert (values[win[i]] if win[i] >= 0 else None) == want
+            assert count[i] == n
+            assert hashes[i] == _vote.answer_hash(want)
+
+
+def test_two_feedbacks_never_share_votes():
+    rows = [["1", "2", "2"], ["3", None, "3"]]
+    fb1 = Feedback([0, 1], np.zeros((2, 3)), step=0, answers=rows)
+    fb2 = Feedback([0, 1], np.zeros((2, 3)), step=0, answers=rows)
+    fb3 = fb1.with_grads(np.ones((2, 3, 4)))          # another record over the same answers array
+    v1, v2, v3 = fb1.answer_votes, fb2.answer_votes, fb3.answer_votes
+    assert v1 is fb1.answer_votes                       # derived once, kept with its record
+    assert v1 is not v2 and v1 is not v3 and v2 is not v3
+    assert v1.answers is fb1.answers and v2.answers is fb2.answers
+    assert v1.codes.tolist() == v2.codes.tolist() == [[0, 1, 1], [2, -1, 2]]
+    assert Feedback([0], np.zeros((1, 2)), step=0).answer_votes is None
+    # the votes are read-only, like the record they come from
+    with pytest.raises(ValueError):
+        v1.codes[0, 0] = 5
+    with pytest.raises(ValueError):
+        v1.majorities("first")[0][0] = 1
+    # no module-level cache of votes remains
+    assert not [k for k, v in vars(_vote).items() if isinstance(v, (list, dict)) and not k.startswith("__")]
+
+
+@pytest.mark.parametrize("method", ["olr", "trapo", "ttrl"])
+def test_answers_factorised_once_per_feedback(method, monkeypatch):
+    """targets and observe of two interleaved Feedbacks: each one's answers factorised once
+    (a cache of the last array voted would factorise fb1 twice), and the same targets as a
+    Scheduler that sees them one at a time."""
+    calls = []
+    real = _vote.answer_codes
+
+    def counting(answers):
+        calls.append(answers.shape)
+        return real(answers)
+
+    monkeypatch.setattr(_vote, "answer_codes", counting)
+    kw = {"all_prompts": True} if method == "ttrl" else {}
+    pool = Pool(["a"] * 6, labeled=[False] * 6)
+    rows1 = [["1", "1", "2", None], ["3", "4", "4", "4"], ["5", "5", "6", "6"]]
+    rows2 = [["9", "9", "9", "8"], [None, None, "", " "], ["2", "2", "1", "1"]]
+    fb1 = Feedback([0, 1, 2], np.zeros((3, 4)), step=0, answers=rows1)
+    fb2 = Feedback([3, 4, 5], np.zeros((3, 4)), step=0, answers=rows2)
+    s = Scheduler(pool, method, **kw)
+    t1, t2 = s.targets(fb1), s.targets(fb2)
+    s.observe(fb1)
+    s.observe(fb2)
+    assert len(calls) == 2
+    if method == "olr":                 # a first visit keeps the dataset label (warm-up)
+        assert t1 == t2 == [None] * 3
+        assert s.state_dict()["policy/target/rate"][:6, 0].tolist() == [0.5, 0.75, 0.0, 0.75, 0.0, 0.0]
+        return
+    first_seen = method == "ttrl"       # ttrl breaks ties by the first answer; trapo abstains
+    assert t1 == ["1", "4", "5" if first_seen else None]
+    assert t2 == ["9", None, "2" if first_seen else None]
