@@ -131,6 +131,32 @@ def _read_flagged(alpha: np.ndarray, beta: np.ndarray, prior: tuple[float, float
     return a, b, moved
 
 
+def _draw_at_uniform_prior(rng, alpha: np.ndarray, beta: np.ndarray, flagged: np.ndarray,
+                           ids_of) -> np.ndarray:
+    """float64[m] Thompson draws γ ~ Beta(α[ids], β[ids]) of m candidates when the prior is
+    Beta(1, 1): `_read_flagged` then `_beta_draw` with its flat hint, fused — the same calls
+    on the generator, so the same draws. α and β are read only for the flagged candidates
+    (their prompts may have left the prior), and only those still off Beta(1, 1) get gamma
+    draws; every other candidate gets one uniform, in candidate order, without building the
+    m-long α, β and flat arrays the two steps pass between them."""
+    moved = np.flatnonzero(flagged)
+    if 2 * moved.size > flagged.size:    # mostly moved: every candidate read, as _read_flagged
+        ids = ids_of(slice(None))
+        return _beta_draw(rng, alpha[ids], beta[ids])
+    at = ids_of(moved)
+    a, b = alpha[at], beta[at]
+    off = (a != 1.0) | (b != 1.0)        # flagged and still off the prior
+    if not off.any():
+        return rng.random(flagged.size)  # every candidate at Beta(1, 1) = Uniform(0, 1)
+    rest = moved[off]
+    flat = np.ones(flagged.size, dtype=bool)
+    flat[rest] = False
+    out = np.empty(flagged.size)
+    out[flat] = rng.random(flagged.size - rest.size)   # ≥ m / 2 of them: never empty
+    out[rest] = _gamma_ratio(rng, a[off], b[off])
+    return out
+
+
 def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
                           successes: np.ndarray, failures: np.ndarray, decay: float,
                           prior_alpha: float, prior_beta: float) -> None:
@@ -502,20 +528,19 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
 
             def ids_of(sel):
                 return order[pos[sel]]
-        a, b, read = _read_flagged(state.alpha, state.beta, prior, flagged, ids_of)
-        flat = None
-        if read is not None and pr is None and prior_alpha == 1.0 and prior_beta == 1.0:
-            flat = ~flagged                                         # at the prior Beta(1, 1)
-            flat[read] = (a[read] == 1.0) & (b[read] == 1.0)
-        if pr is not None:
-            unseen = (a == prior_alpha) & (b == prior_beta)
-            if unseen.any():
-                pi = pr.predict(state.predictor, pool, ids_of(unseen))
-                a, b = a.copy(), b.copy()
-                a[unseen] += prior_strength * pi
-                b[unseen] += prior_strength * (1.0 - pi)
-        gamma = _beta_draw(rng, a, b, flat)                            # Thompson draw
-        dist = (gamma - target) ** 2
+        if pr is None and prior == (1.0, 1.0):                     # the paper's prior Beta(1, 1)
+            gamma = _draw_at_uniform_prior(rng, state.alpha, state.beta, flagged, ids_of)
+        else:
+            a, b, _ = _read_flagged(state.alpha, state.beta, prior, flagged, ids_of)
+            if pr is not None:
+                unseen = (a == prior_alpha) & (b == prior_beta)
+                if unseen.any():
+                    pi = pr.predict(state.predictor, pool, ids_of(unseen))
+                    a, b = a.copy(), b.copy()
+                    a[unseen] += prior_strength * pi
+                    b[unseen] += prior_strength * (1.0 - pi)
+            gamma = _beta_draw(rng, a, b)                              # Thompson draw
+        dist = np.square(np.subtract(gamma, target, out=gamma), out=gamma)   # (γ − target)²
         if counts is None:
             return ids_of(_closest(dist, n)).astype(np.int64)
         # Each arm keeps its counts[k] candidates closest to the target among its own
