@@ -137,3 +137,64 @@ def test_exp3_update_equals_the_indexed_reward_step_and_skips_absent_arms():
         warnings.simplefilter("error")
         got = p.update(state, pool, batch).reward
     assert got.tobytes() == np.minimum(want, 1e300).tobytes()
+
+
+@pytest.mark.parametrize("rewards", ["binary", "binary_g12", "graded", "given_advantages"])
+def test_lean_batch_keeps_every_count_observe_reads(rewards):
+    """`observe` of a method whose places read no batch builds it lean: the same wins,
+    informative flags, pass rates, success and domains; only what policies read is left out."""
+    from rlpace.types import _batch_and_counts
+    pool = Pool(np.arange(300) % 4, clusters=np.arange(300) % 9)
+    rng = np.random.default_rng(5)
+    g = 12 if rewards == "binary_g12" else 8
+    r = (rng.random((30, g)) < 0.5).astype(float)
+    r[:3] = 1.0                                        # all-correct groups: not informative
+    kw = {}
+    if rewards == "graded":
+        r = r * rng.random((30, g))
+    if rewards == "given_advantages":
+        kw["advantages"] = rng.normal(size=(30, g))
+    fb = Feedback(rng.integers(0, 300, size=30), r, step=4, **kw)
+    full, wins, inf = _batch_and_counts(fb, pool, 0.5)
+    lean, wins_l, inf_l = _batch_and_counts(fb, pool, 0.5, lean=True)
+    assert wins_l.tolist() == wins.tolist() and inf_l.tolist() == inf.tolist()
+    for field in ("success", "pass_rate", "domains", "prompt_ids", "rewards"):
+        assert getattr(lean, field).tobytes() == getattr(full, field).tobytes(), field
+    assert lean.clusters is None
+    if rewards.startswith("binary"):
+        assert lean.advantages is None
+    else:
+        assert lean.advantages.tobytes() == full.advantages.tobytes()
+    if rewards.startswith("binary"):
+        assert inf.tolist()[:3] == [False] * 3 and wins.tolist()[:3] == [g] * 3
+
+
+def test_lean_only_where_no_place_reads_the_batch_in_observe():
+    pool = Pool(np.arange(60) % 3)
+    lean = {name: Scheduler(pool, name)._places().lean
+            for name in ("uniform", "fixed_mixture", "epiplexity", "dump", "sec", "exp3", "dvc", "ttrl",
+                         "topk")}
+    assert lean == {"uniform": True, "fixed_mixture": True, "epiplexity": True, "dump": False, "sec": False,
+                    "exp3": False, "dvc": False, "ttrl": False, "topk": True}
+    # topk's admission reads a batch of its own (`admit`, `step`), built in full
+    s = Scheduler(pool, "topk")
+    fb = Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0)
+    s.observe(fb)
+    assert s.admit(fb).tolist() == [[True, True], [False, False]]   # |A| = 1 in group 0 only
+
+
+def test_a_user_mixture_that_reads_advantages_gets_them():
+    """A user policy with its own update turns the lean batch off: it reads the advantages."""
+    from rlpace.policies import DataPolicy
+    from rlpace.policies._base import MIXTURE
+    seen = []
+
+    def update(state, pool, batch):
+        seen.append(np.array(batch.advantages))
+        return state
+    user = DataPolicy(MIXTURE, lambda pool: np.zeros(1), update, lambda s, pool, *_: np.ones(2) / 2,
+                      name="reads_advantages")
+    s = Scheduler(Pool([0, 0, 1, 1]), user)
+    s.observe(Feedback([0, 2], [[1.0, 0.0], [1.0, 1.0]], step=0))
+    assert not s._places().lean
+    assert np.allclose(seen[0], [[1.0, -1.0], [0.0, 0.0]], atol=1e-5)

@@ -158,6 +158,9 @@ class _Places(NamedTuple):
     #: (kind, policy) whose `update` can change something: the rest are the neutral places'
     #: `_no_update` with no `decisions`, whose call would return the state unchanged
     updating: tuple
+    #: `observe` hands its batch to no policy (nothing in `updating`, no target place): it
+    #: builds it without what only policies read (`types._batch_and_counts(lean=True)`)
+    lean: bool
 
 
 class Scheduler:
@@ -288,12 +291,13 @@ class Scheduler:
         cached = getattr(self, "_places_cache", None)
         if cached is None or cached.method is not self.method:
             policies = self.method.policies()
+            supervision = active_supervision_places(self.method)
+            updating = tuple((k, p) for k, p in policies.items()
+                             if p.update is not _no_update or p.decisions is not None)
             cached = self._places_cache = _Places(
                 self.method, policies, frozenset(policies),
                 frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS),
-                active_supervision_places(self.method),
-                tuple((k, p) for k, p in policies.items()
-                      if p.update is not _no_update or p.decisions is not None))
+                supervision, updating, not updating and TARGET not in supervision)
         return cached
 
     @property
@@ -334,7 +338,7 @@ class Scheduler:
     def _batch(self, feedback: Feedback) -> Batch:
         return self._batch_and_counts(feedback)[0]
 
-    def _batch_and_counts(self, feedback: Feedback) -> tuple[Batch, np.ndarray, np.ndarray]:
+    def _batch_and_counts(self, feedback: Feedback, lean: bool = False) -> tuple[Batch, np.ndarray, np.ndarray]:
         if not isinstance(feedback, Feedback):
             raise TypeError(f"expected an rlpace.Feedback; got {type(feedback).__name__}. Build one "
                             f"with Feedback(prompt_ids, rewards, advantages=None, step=...).")
@@ -342,7 +346,7 @@ class Scheduler:
         if ids.size and ids.max() >= len(self.pool):
             raise InputError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
                              f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
-        return _batch_and_counts(feedback, self.pool, self.success_threshold)
+        return _batch_and_counts(feedback, self.pool, self.success_threshold, lean)
 
     def observe(self, feedback: Feedback) -> None:
         """Update history and every policy's state from one step's feedback (all groups,
@@ -359,7 +363,8 @@ class Scheduler:
                 self._observe(batch, wins, informative, tally=False)
             self._tally(parts)
             return
-        self._observe(*self._batch_and_counts(feedback))  # validates; nothing changed before
+        # validates; nothing changed before. `lean`: no policy reads the batch (`_Places.lean`)
+        self._observe(*self._batch_and_counts(feedback, self._places().lean))
 
     # ---- ragged feedback (an allocation gave prompts different numbers of rollouts) --------
     def _parts(self, feedback: Feedback) -> list:

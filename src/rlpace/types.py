@@ -718,10 +718,11 @@ def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
                          f"{shape[1]}, d ≥ 1] (rewards has {shape}): one d-dim gradient feature per "
                          f"rollout (rlpace.train.gradfeatures computes them).")
     # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused
-    # (NaN and ±inf fail the comparison too).
-    in_range = np.abs(arr) <= np.finfo(np.float32).max
-    if not in_range.all():
-        bad = np.argwhere(~in_range)[0].tolist()
+    # (NaN and ±inf fail the comparison too). Two reductions, no [B, G, d] temporaries: min and
+    # max propagate NaN, so both bounds hold exactly when every |value| ≤ the float32 maximum.
+    top = np.finfo(np.float32).max
+    if not (arr.min() >= -top and arr.max() <= top):
+        bad = np.argwhere(~(np.abs(arr) <= top))[0].tolist()
         raise InputError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
                          f"check the loss for overflow or drop those rollouts.")
     return arr.astype(np.float32, copy=False)                 # arr is already a fresh copy

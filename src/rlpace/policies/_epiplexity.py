@@ -39,7 +39,7 @@ import numpy as np
 
 from ..stats._curvefit import fit_power_law
 from ..types import LOSS_MAX
-from ._base import MIXTURE, DataPolicy, softmax
+from ._base import MIXTURE, DataPolicy, _no_update, softmax
 from ._checks import check_int, check_real
 from ._state_checks import bad
 
@@ -129,9 +129,6 @@ def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0
                                z(), z(), z(), z(), z(), z(), z(), z(), np.zeros(k, bool),
                                np.array(0, np.int64))
 
-    def update(state, pool, batch):
-        return state                                              # rollouts do not move it
-
     def update_losses(state, pool, lf):
         if lf.domains.size == 0:
             return state
@@ -206,5 +203,6 @@ def epiplexity(temperature: float = 0.2, floor: float = 0.05, horizon: float = 0
             raise bad(_KEY + "alpha", f"has fitted exponents outside [{alpha_min:g}, {alpha_max:g}]",
                       state.alpha, wrong)
 
-    return DataPolicy(MIXTURE, init, update, apply, arms="domain", name="epiplexity", metrics=metrics,
+    # rollouts do not move it: the neutral update, which the Scheduler skips (`_Places.updating`)
+    return DataPolicy(MIXTURE, init, _no_update, apply, arms="domain", name="epiplexity", metrics=metrics,
                       check_state=check_state, update_losses=update_losses)
