@@ -9,8 +9,8 @@ Two memos keep work from being repeated without changing any result:
   a (suite, seed) starts from the same base policy, so in a compare worker their step-0
   evaluations are one greedy decoding. Greedy decoding is a function of the weights and the
   prompts; the digest changes with any weight (it is taken at every call), so a trained model
-  never hits an older entry. A single run never evaluates the same weights twice, so it has
-  nothing to gain from hashing them.
+  never hits an older entry. A single run meets the same weights again only where no update
+  happened between two evaluations, too seldom to pay for a hash at every evaluation.
 """
 
 from __future__ import annotations
@@ -61,12 +61,14 @@ class GreedyMemo:
         return h.hexdigest()
 
     def get(self, key: str | None) -> list | None:
+        """The completions stored under `key` (now the most recently used), or None."""
         if key is None or key not in self._entries:
             return None
         self._entries.move_to_end(key)
         return self._entries[key]
 
     def put(self, key: str | None, completions: list) -> None:
+        """Store `completions` under `key` (a None key: nothing), dropping the least recently used."""
         if key is None:
             return
         self._entries[key] = completions
