@@ -475,3 +475,56 @@ def test_streamed_safetensors_accepts_tensors_in_any_order(tmp_path):
     w.write("b", torch.zeros(2))
     with pytest.raises(RuntimeError, match="1 planned tensors were not written"):
         w.close()
+
+
+def _conditioned(m, n, cond, seed, k=2, dtype=torch.float64):
+    """A base with log-spaced singular values from 1 down to 1/cond and k experts = base + 1e-3
+    relative Gaussian noise, in `dtype`."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, n, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    w0 = (u * torch.logspace(0, -float(np.log10(cond)), n, dtype=torch.float64)) @ v.T
+    ws = [w0 + 1e-3 * w0.std() * torch.randn(m, n, generator=g, dtype=torch.float64) for _ in range(k)]
+    return w0.to(dtype), [w.to(dtype) for w in ws]
+
+
+def test_condition_limits_pick_the_products_dtype_then_the_svd_rule():
+    """float64 products keep the Gram route exact to 1e-10 up to σ_max/σ_min = 1e5 (it used to
+    hand everything above 1e4 to the 3× dearer SVD rule); float32 products are trusted only up
+    to 1e3, above which `_iso_stack` reruns the matrix with float64 products instead of
+    returning float32's larger error."""
+    from rlpace.merge._methods import MAX_GRAM_COND, MAX_GRAM_COND_F32
+    assert (MAX_GRAM_COND, MAX_GRAM_COND_F32) == (1e5, 1e3)
+    w0, ws = _conditioned(120, 40, 3e4, seed=1)
+    want, c_want = iso_merge_matrix(w0, ws)
+    got = iso_merge_matrix_gram(w0, ws, block_rows=7)
+    assert got is not None
+    assert float((got[0] - want).abs().max() / want.abs().max()) < 1e-10
+    assert np.abs(got[1] - c_want).max() < 1e-8
+    w0, ws = _conditioned(120, 40, 3e3, seed=2)
+    assert iso_merge_matrix_gram(w0, ws, blas_dtype=torch.float32) is None
+    routed, c = _iso_stack(w0, ws, 0.9, torch.float64, torch.float32)
+    exact, c64 = _iso_stack(w0, ws, 0.9, torch.float64, torch.float64)
+    assert torch.equal(routed, exact) and c == c64
+    assert float((routed - iso_merge_matrix(w0, ws)[0]).abs().max() / exact.abs().max()) < 1e-10
+    w0, ws = _conditioned(120, 40, 3e6, seed=3)
+    assert iso_merge_matrix_gram(w0, ws) is None                 # left to the SVD rule
+
+
+def test_bf16_output_by_float32_products_against_the_float64_path():
+    """What `--precision auto` writes for a bf16 model (float32 m × n products) against the
+    float64 path rounded to bf16, on a 512 × 128 bf16 matrix with σ_max/σ_min = 100: before
+    rounding within 1e-6 of the largest entry; after it, at most 0.1 % of the entries differ,
+    each by one bf16 step (a float32 error that happens to straddle a rounding boundary)."""
+    w0, ws = _conditioned(512, 128, 1e2, seed=4, dtype=torch.bfloat16)
+    ref, c_ref = _iso_stack(w0, ws, 0.9, torch.float64, torch.float64)
+    pre, c = _iso_stack(w0, ws, 0.9, torch.float64, torch.float32)
+    assert float((pre - ref).abs().max() / ref.abs().max()) < 1e-6
+    assert max(abs(a - b) for a, b in zip(c, c_ref)) < 1e-6
+    out, _ = _iso_stack(w0, ws, 0.9, torch.bfloat16, torch.float32)
+    want = ref.to(torch.bfloat16)
+    differ = out != want
+    assert float(differ.double().mean()) <= 1e-3
+    # one step apart: neighbouring bf16 bit patterns (same sign)
+    steps = (out.view(torch.int16).int() - want.view(torch.int16).int()).abs()[differ]
+    assert bool((steps == 1).all())
