@@ -233,3 +233,48 @@ def test_closest_with_the_one_threshold_superset_equals_argpartition():
             np.testing.assert_array_equal(got, want)
         else:                                                    # tied: the same distances
             np.testing.assert_array_equal(np.sort(dist[got]), np.sort(dist[want]))
+
+
+def _plain_distinct_draw(rng, lo, width):
+    """`_distinct_draw` written as the loop it stands for: i.i.d. draws, sorted; every copy of
+    a value after its first is drawn again in its own range, round after round, in position
+    order, and kept when no value kept so far has it."""
+    u = rng.random(len(lo))
+    value = sorted(int(lo[i]) + int(u[i] * width[i]) for i in range(len(lo)))
+    taken, again = set(), []
+    for i, v in enumerate(value):
+        if i and v == value[i - 1]:
+            again.append(i)
+        else:
+            taken.add(v)
+    while again:
+        u = rng.random(len(again))
+        left = []
+        for i, ui in zip(again, u):
+            v = int(lo[i]) + int(ui * width[i])
+            if v in taken:
+                left.append(i)
+            else:
+                taken.add(v)
+        again = left
+    return sorted(taken)
+
+
+def test_distinct_draw_equals_the_plain_loop():
+    """Crowded small ranges (many redraws, several rounds), large ones, and ranges past 2³²
+    (the 64-bit path): the same values and the same generator state after."""
+    for trial in range(300):
+        r = np.random.default_rng(trial)
+        k = int(r.integers(1, 8))
+        sizes = r.integers(1, 60, k) if trial % 2 else r.integers(50, 5000, k)
+        m = np.minimum(r.integers(0, 200, k), np.maximum(sizes // 2, 1))
+        start = np.concatenate(([0], np.cumsum(sizes)[:-1])) + int(r.integers(0, 5))
+        if trial % 5 == 0:
+            start = start + (1 << 32) - 100
+        arm = np.repeat(np.arange(k), m)
+        lo, width = start[arm], sizes[arm]
+        g1, g2 = np.random.default_rng([trial, 2]), np.random.default_rng([trial, 2])
+        got = _distinct_draw(g1, lo, width)
+        assert got.dtype == np.int64
+        assert got.tolist() == _plain_distinct_draw(g2, lo, width), trial
+        assert g1.random() == g2.random()

@@ -407,31 +407,42 @@ def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) 
     The ranges must be disjoint and increasing blocks of equal entries (each arm's range
     once per candidate of that arm, arm after arm): then entry i of the sorted values lies
     in range i, so a repeat is redrawn in its own range. The few redraws are checked against
-    the sorted values kept (a search, not another sort of all m). The sorted order also makes
-    the callers' gathers from N-long arrays run forward through memory."""
-    value = lo + (rng.random(lo.size) * width).astype(np.int64)
-    if value.size and int(lo[-1]) + int(width[-1]) <= 1 << 32:
-        # the values fit in 32 bits (the last range ends highest): numpy sorts those twice as fast
-        value = np.sort(value.astype(np.uint32)).astype(np.int64)
+    the sorted values kept (a search, not another sort of all m) and the redraws kept before.
+    The sorted order also makes the callers' gathers from N-long arrays run forward through
+    memory."""
+    u = rng.random(lo.size)
+    if lo.size and int(lo[-1]) + int(width[-1]) <= 1 << 32:
+        # the values fit in 32 bits (the last range ends highest): numpy sorts those twice as
+        # fast, and ⌊u·width⌋ + lo computed in uint32 is the same number
+        value = (u * width).astype(np.uint32)
+        value += lo.astype(np.uint32)
+        value.sort()
+        value = value.astype(np.int64)
     else:
-        value = np.sort(value)
-    again = np.flatnonzero(value[1:] == value[:-1]) + 1               # every copy after the first
+        value = lo + (u * width).astype(np.int64)
+        value.sort()
+    again = np.flatnonzero(value[1:] == value[:-1])
     if again.size == 0:
         return value
-    keep = np.ones(value.size, dtype=bool)
-    keep[again] = False
-    taken = value[keep]                                               # the values kept, sorted
+    again += 1                                                        # every copy after the first
+    taken = np.delete(value, again)                                   # the values kept, sorted
+    # The few redraws (tens for m = 8192) in a Python loop, in `again` order: a redraw is
+    # kept when no value kept so far (first draws or earlier redraws) has it; the others are
+    # drawn again in the next round. The kept redraws go into `taken` once, at the end.
+    extra: set = set()
     while again.size:
         new = lo[again] + (rng.random(again.size) * width[again]).astype(np.int64)
-        by = np.argsort(new, kind="stable")
-        v = new[by]
-        fresh = np.ones(v.size, dtype=bool)                           # first of its value redrawn
-        fresh[1:] = v[1:] != v[:-1]
-        at = np.searchsorted(taken, v)
-        fresh &= taken[np.minimum(at, taken.size - 1)] != v           # and not kept already
-        taken = np.insert(taken, at[fresh], v[fresh])
-        again = np.sort(again[by[~fresh]])                            # the rest, in their own ranges
-    return taken
+        at = np.searchsorted(taken, new)
+        hit = taken[np.minimum(at, taken.size - 1)] == new
+        left = []
+        for i, v, h in zip(again.tolist(), new.tolist(), hit.tolist()):
+            if h or v in extra:
+                left.append(i)
+            else:
+                extra.add(v)
+        again = np.array(left, dtype=np.int64)
+    add = np.array(sorted(extra), dtype=np.int64)
+    return np.insert(taken, np.searchsorted(taken, add), add)
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
