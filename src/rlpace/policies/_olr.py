@@ -119,8 +119,9 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             full = k == cap
             r_new, m_new = rate[u], maj[u]
             # append: at column k, or shift the oldest out of a full history
-            r_new[full] = np.roll(r_new[full], -1, axis=1)
-            m_new[full] = np.roll(m_new[full], -1, axis=1)
+            if full.any():
+                r_new[full] = np.roll(r_new[full], -1, axis=1)
+                m_new[full] = np.roll(m_new[full], -1, axis=1)
             at = np.where(full, cap - 1, k)
             r_new[np.arange(rows.size), at] = p[rows]
             m_new[np.arange(rows.size), at] = mh[rows]
