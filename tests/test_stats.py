@@ -160,6 +160,33 @@ def test_sumtree_set_equals_rebuild(int_weights, updates):
         np.testing.assert_array_equal(sumtree_sample(st_, u), expected)
 
 
+def test_sumtree_sample_equals_the_walk_written_as_a_loop():
+    """Float weights with zero-weight leaves (round-off at the partial sums): each draw is
+    the walk down the tree one node at a time — right when the mass is at least the left
+    child's sum and the right subtree is not empty, or when the left one is empty."""
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        w = rng.random(n) * (rng.random(n) < [0.1, 0.7, 1.0][trial % 3])
+        if w.sum() == 0:
+            w[-1] = 0.3
+        st_ = sumtree_build(w)
+        tree, cap = st_.tree, st_.tree.shape[0] // 2
+        u = rng.random(300)
+        u[:2] = [0.0, np.nextafter(1.0, 0.0)]
+        want = []
+        for x in u:
+            mass, j = x * tree[1], 1
+            while j < cap:
+                left, right = tree[2 * j], tree[2 * j + 1]
+                if (mass >= left and right > 0) or left <= 0:
+                    mass, j = mass - left, 2 * j + 1
+                else:
+                    j = 2 * j
+            want.append(j - cap)
+        np.testing.assert_array_equal(sumtree_sample(st_, u), want)
+
+
 def test_sumtree_float_weights_agree_except_at_boundaries():
     rng = np.random.default_rng(1)
     w = rng.random(1000) * (rng.random(1000) < 0.7)            # 30% zero-weight leaves

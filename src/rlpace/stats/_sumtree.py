@@ -74,17 +74,22 @@ def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
     if not total > 0:
         raise InputError("cannot sample from a sum tree whose weights are all zero.")
     cap = tree.shape[0] // 2
+    # complex128[C] view: entry j is (tree[2j], tree[2j+1]), node j's two children, so one
+    # gather reads both (one cache line at the deep levels, where every read misses)
+    children = _children(tree).view(np.complex128).reshape(-1)
     mass = np.asarray(u, dtype=np.float64) * total
     idx = np.ones(mass.shape, dtype=np.int64)
     for _ in range(int(np.log2(cap))):
-        left_child = idx + idx
-        left = tree.take(left_child)
+        pair = children.take(idx)
+        left = pair.real
         # Never step into an empty subtree: float round-off in the partial sums could
         # otherwise send a draw to a zero-weight leaf.
-        go_right = (mass >= left) & (tree.take(left_child + 1) > 0)
+        go_right = pair.imag > 0
+        go_right &= mass >= left
         go_right |= left <= 0
-        mass = np.where(go_right, mass - left, mass)
-        idx = left_child + go_right
+        np.subtract(mass, left, out=mass, where=go_right)      # mass − left where it goes right
+        idx += idx                                             # the left child, 2j ...
+        idx += go_right                                        # ... or the right one, 2j + 1
     return idx - cap
 
 
