@@ -11,7 +11,8 @@ import pytest
 from _isolated import assert_state_equal
 from rlpace import Feedback, Pool, Scheduler, group_advantages, policies
 from rlpace.policies import DataPolicy, compose
-from rlpace.policies._knapsack import _dp_extras, knapsack_allocation, knapsack_value, pass_rate_estimate
+from rlpace.policies._knapsack import (_dp_extras, _dp_extras_reference, knapsack_allocation, knapsack_value,
+                                      pass_rate_estimate)
 
 NAMES = policies.names()
 POOL = Pool(np.repeat(["a", "b", "c"], 20), labeled=np.arange(60) % 3 != 2)
@@ -48,6 +49,22 @@ def test_dp_ties_go_to_the_first_item_and_the_infogain_asymmetry():
     # p = 1/3 beats p = 2/3 (p(1 − p)² peaks at 1/3): one unit goes to 1/3
     assert _dp_extras(np.array([2 / 3, 1 / 3]), 4, 1, 2).tolist() == [0, 1]
 
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_equals_the_full_table_loop_at_the_simulators_sizes(seed):
+    """The DP computes each item's rows only up to what the items so far can fill: the same
+    extras, ties included, as the full table filled column by column, at the sizes a 128 × 16
+    step gives it (pass rates on the 1/16 grid, so many items tie; budgets below, at and
+    above what the items can fill)."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(2, 40))
+    p = rng.choice(np.arange(1, 16) / 16, size=m)
+    k_max = int(rng.choice([3, 14, 126]))
+    for budget in (1, int(rng.integers(1, m * k_max + 1)), m * k_max, m * k_max + 5, 1792):
+        fast, ref = _dp_extras(p, k_max, budget, 2), _dp_extras_reference(p, k_max, budget, 2)
+        assert fast.tolist() == ref.tolist(), (m, k_max, budget)
+        assert fast.sum() == min(budget, m * k_max)
 
 # ---- the whole rule, against a plain loop of the reference's rules (bugs fixed) ------------
 def loop_allocation(p, valid, budget, min_n=2, max_n=16, alpha=0.9):
