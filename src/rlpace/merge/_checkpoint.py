@@ -321,8 +321,12 @@ def _iso_stack(w0, ws, rho_keep, dtype=torch.float64, blas_dtype=torch.float64):
     A matrix too ill-conditioned for float32 products (σ_max/σ_min > MAX_GRAM_COND_F32) is
     retried with float64 ones before it is left to the SVDs (up to MAX_GRAM_COND)."""
     def one(a, bs):
-        got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype, blas_dtype=blas_dtype)
-        if got is None and blas_dtype != torch.float64:
+        # float32 products pay off on a long matrix; on a square-ish one (long side < 2× the short)
+        # the products are a small share of the merge, so it keeps float64 and skips a float32
+        # attempt that a random square matrix (σ_max/σ_min often > 1e3) would fail anyway
+        bd = blas_dtype if max(a.shape) >= 2 * min(a.shape) else torch.float64
+        got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype, blas_dtype=bd)
+        if got is None and bd != torch.float64:
             got = iso_merge_matrix_gram(a, bs, rho_keep=rho_keep, dtype=dtype, blas_dtype=torch.float64)
         if got is None:
             w, c = iso_merge_matrix(a, bs, rho_keep=rho_keep)
