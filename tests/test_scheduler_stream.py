@@ -35,6 +35,11 @@ CHANGED = {
             "n x n one: equal to 1e-12 relative, not bit for bit (checked against the n x n "
             "solve and an SVD in tests/test_after_rollout_vectorised.py)",
 }
+#: The digest of a changed stream, recorded after its change (from 6fe649c, state keys added
+#: since left out as for the fixture), so later speed-ups must keep that stream bit for bit.
+RECORDED_AFTER_CHANGE = {
+    "recommended": "1e2abb03cc859f87e55b87b39387cc03b58142b64011b00b85c4351570d42581",
+}
 
 
 def _pool_and_rates():
@@ -107,9 +112,10 @@ def _recorded() -> dict:
 
 @pytest.mark.parametrize("name", sorted(_recorded()))
 def test_stream_equals_the_recorded_one(name):
-    if name in CHANGED:
+    if name in CHANGED and name not in RECORDED_AFTER_CHANGE:
         pytest.skip(f"changed on purpose: {CHANGED[name]}")
-    assert stream_digest(name, ADDED_STATE.get(name, ())) == _recorded()[name], (
+    want = RECORDED_AFTER_CHANGE.get(name, _recorded()[name])
+    assert stream_digest(name, ADDED_STATE.get(name, ())) == want, (
         f"{name}: 50 steps of proposals, keep / weights or the final state differ from the code "
         f"the fixture was written from (see this module's docstring)")
 
