@@ -1,20 +1,240 @@
-"""The shared step's and the domain mixtures' fast paths against the plain code they replace,
-bit for bit (the 50-step stream digests in test_scheduler_stream.py check the whole streams)."""
+"""The shared step's fast paths against plain reference code: the same numbers, and bad input
+still refused with the same InputError and the state unchanged (the 50-step stream digests in
+test_scheduler_stream.py check the whole streams)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
 import pytest
 
 from rlpace import Feedback, Pool, Scheduler
-from rlpace._checks import shifted
+from rlpace._checks import SIGNAL_MAX, abs_signal, clip_signal, shifted
+from rlpace.errors import InputError
 from rlpace.policies import make_policy
 from rlpace.policies._base import shifted_softmax, softmax
 from rlpace.policies._sec import arm_mean_abs_advantage
+from rlpace.policies._uniform import _choice, arm_distribution, uniform_within_arm
 from rlpace.scheduler import _STREAM_PROPOSE, _propose_rng, _uint32_words
 from rlpace.types import Batch
+
+
+def test_abs_signal_is_abs_of_clip_bit_for_bit():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(1000) * 10.0 ** rng.integers(-300, 300, 1000),
+                        [0.0, -0.0, SIGNAL_MAX, -SIGNAL_MAX, 2e100, -2e100, 1e308, -1e308]])
+    got, ref = abs_signal(x), np.abs(clip_signal(x))
+    assert got.dtype == np.float64
+    assert got.tobytes() == ref.tobytes()
+    assert abs_signal(np.array([[-3.0, 1e200]])).tolist() == [[3.0, 1e100]]
+
+
+def _reference_within_arm(pool, n, probs, arms, rng):
+    """The selection written plainly: arm ~ Generator.choice over the non-empty arms' renormalised
+    probs, then a uniform position inside the arm, floor(u * size)."""
+    order, offsets = pool.members(arms)
+    sizes = np.diff(offsets)
+    arm = rng.choice(len(sizes), size=n, p=arm_distribution(sizes, probs))
+    picks = []
+    for a in arm:
+        u = rng.random()
+        picks.append(order[offsets[a] + int(u * sizes[a])])
+    return arm, np.array(picks, dtype=np.int64)
+
+
+@pytest.mark.parametrize("labels,probs", [
+    (["a"] * 5 + ["b"] * 3 + ["c"] * 9, [0.2, 0.5, 0.3]),      # every arm has prompts: the fast path
+    (["a"] * 5 + ["b"] * 3 + ["c"] * 9, np.array([0.0, 1.0, 0.0])),
+    (["a"] * 5 + ["b"] * 3 + ["c"] * 9, [1, 1, 2]),             # ints: arm_distribution's path
+])
+def test_uniform_within_arm_equals_reference_draws(labels, probs):
+    pool = Pool(labels)
+    sel = uniform_within_arm()
+    for seed in range(5):
+        n = 37
+        got = sel.apply(sel.init(pool), pool, n, probs, "domain", np.random.default_rng(seed))
+        # the reference draws the n arms first, then the n positions (one uniform per slot)
+        rng = np.random.default_rng(seed)
+        order, offsets = pool.members("domain")
+        sizes = np.diff(offsets)
+        arm = rng.choice(len(sizes), size=n, p=arm_distribution(sizes, probs))
+        pos = [order[offsets[a] + int(u * sizes[a])] for a, u in zip(arm, rng.random(n))]
+        assert got.tolist() == [int(x) for x in pos]
+
+
+def test_uniform_within_arm_with_an_empty_cluster_equals_reference():
+    # cluster codes 0..3 with cluster 2 empty in the pool's own coding is impossible (codes are
+    # dense), so an empty arm comes from a mixture over clusters whose probs skip none: use
+    # arm_distribution directly on sizes with a zero and compare _choice with Generator.choice
+    sizes = np.array([4, 0, 2])
+    p = arm_distribution(sizes, [0.5, 0.3, 0.2])
+    assert p.tolist() == [0.5 / 0.7, 0.0, 0.2 / 0.7]
+    for seed in range(5):
+        u = np.random.default_rng(seed).random(50)
+        ref = np.random.default_rng(seed).choice(3, size=50, p=p)
+        assert _choice(np.random.default_rng(seed), p, 50).tolist() == ref.tolist()
+        assert _choice(np.random.default_rng(99), p, 50, u).tolist() == ref.tolist()
+
+
+def test_pool_arm_sizes_are_diff_of_offsets():
+    pool = Pool(["x", "y", "y", "z", "z", "z"], clusters=[0, 0, 1, 1, 2, 2])
+    for arms in ("domain", "cluster"):
+        sizes, full = pool.arm_sizes(arms)
+        assert sizes.tolist() == np.diff(pool.members(arms)[1]).tolist()
+        assert full is True
+        assert pool.arm_sizes_float(arms).tolist() == [float(s) for s in sizes]
+        assert not sizes.flags.writeable
+    assert pool.arm_sizes("domain")[0].tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("ids,message", [
+    (np.array([0, -1, 2], dtype=np.int64), "negative values (first: np.int64(-1))"),
+    (np.array([0, -7], dtype=np.int32), "negative values (first: np.int32(-7))"),
+    (np.array([0, 2**63], dtype=np.uint64), "beyond the int64 range"),
+    (np.array([0.0, 1.5]), "non-integer"),
+])
+def test_feedback_ids_still_refused(ids, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        Feedback(ids, np.ones((ids.shape[0], 2)), step=0)
+
+
+def test_feedback_int_ids_copied_and_cast():
+    src = np.array([3, 1, 2], dtype=np.int32)
+    fb = Feedback(src, np.ones((3, 2)), step=0)
+    src[0] = -5
+    assert fb.prompt_ids.dtype == np.int64 and fb.prompt_ids.tolist() == [3, 1, 2]
+    assert not fb.prompt_ids.flags.writeable
+
+
+def test_counters_count_like_a_plain_tally():
+    # the item writes of the counters against a tally kept here by hand
+    pool = Pool(["a"] * 30 + ["b"] * 10)
+    s = Scheduler(pool, "uniform", seed=1)
+    rollouts = groups = informative = 0
+    rng = np.random.default_rng(0)
+    for t in range(6):
+        ids = s.propose(8)
+        r = (rng.random((8, 4)) < 0.5).astype(float)
+        s.observe(Feedback(ids, r, step=t))
+        rollouts += r.size
+        groups += 8
+        k = r.sum(axis=1)
+        informative += int(((k > 0) & (k < 4)).sum())
+        last = ((k > 0) & (k < 4)).sum() / 8
+    c = s.counters
+    assert (int(c.proposals), int(c.observations), int(c.rollouts), int(c.groups), int(c.informative)) == \
+        (6, 6, rollouts, groups, informative)
+    assert float(c.last_informative) == last
+    assert c.proposals.dtype == np.int64 and c.proposals.shape == ()
+
+
+def test_bad_feedback_leaves_the_step_state_unchanged():
+    pool = Pool(["a"] * 30 + ["b"] * 10)
+    s = Scheduler(pool, "dump", seed=1)
+    ids = s.propose(8)
+    s.observe(Feedback(ids, np.ones((8, 4)), step=0))
+    before = {k: v.copy() for k, v in s.state_dict().items()}
+    with pytest.raises(InputError, match="ids ≥ pool size"):
+        s.observe(Feedback(np.array([0, 40]), np.ones((2, 4)), step=1))
+    after = s.state_dict()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), k
+
+
+def _window_contents(win):
+    k, w = win.values.shape
+    return [[float(win.values[a, (int(win.cursor[a]) - int(win.filled[a]) + j) % w])
+             for j in range(int(win.filled[a]))] for a in range(k)]
+
+
+@pytest.mark.parametrize("steps", [1, 5, 16, 17, 37])
+def test_queued_domain_window_equals_a_push_per_step(steps):
+    # observe queues each step's (domains, success) and writes up to WINDOW_QUEUE steps at once;
+    # every read sees what a per-rollout loop of appends and truncations keeps, ragged steps too
+    pool = Pool(["a"] * 7 + ["b"] * 5 + ["c"] * 3)
+    s = Scheduler(pool, "uniform", seed=2, metrics_window=6)
+    bufs = [[] for _ in range(3)]
+    rng = np.random.default_rng(steps)
+    for t in range(steps):
+        ids = s.propose(6)
+        r = (rng.random((6, 4)) < 0.5).astype(float)
+        sizes = None if t % 3 else np.array([4, 1, 0, 3, 4, 2])     # every third step ragged
+        s.observe(Feedback(ids, r, step=t, group_sizes=sizes))
+        order = range(6) if sizes is None else \
+            [i for n in sorted(set(sizes.tolist()) - {0}) for i in range(6) if sizes[i] == n]
+        for i in order:                                   # ragged parts arrive by group size
+            n = 4 if sizes is None else int(sizes[i])
+            for v in r[i, :n]:
+                d = int(pool.domains[ids[i]])
+                bufs[d] = (bufs[d] + [float(v >= 0.5)])[-6:]
+        if t in (0, 3, steps - 1):                        # reads in the middle of a queue
+            assert _window_contents(s.domain_window) == bufs
+            rates = s.metrics()
+            for d, name in enumerate(pool.domain_names):
+                if bufs[d]:
+                    assert rates[f"domain_success/{name}"] == pytest.approx(np.mean(bufs[d]), abs=1e-15)
+
+
+def test_load_state_dict_drops_the_queued_window_pushes():
+    pool = Pool(["a"] * 7 + ["b"] * 5)
+    s = Scheduler(pool, "uniform", seed=2)
+    saved = s.state_dict()                                 # empty window
+    ids = s.propose(4)
+    s.observe(Feedback(ids, np.ones((4, 3)), step=0))     # queued, not yet written
+    s.load_state_dict(saved)
+    assert s.domain_window.filled.tolist() == [0, 0]
+    for k, v in saved.items():
+        assert np.array_equal(v, s.state_dict()[k]), k
+
+
+def test_epiplexity_unfitted_fast_path_equals_the_full_formula():
+    # with no domain fitted, epiplexity_values returns zeros and the mixture is uniform plus
+    # floor: the same numbers the full formula gives (written out here)
+    from rlpace.policies import epiplexity
+    from rlpace.policies._base import softmax
+    from rlpace.policies._epiplexity import epiplexity_values
+    pool = Pool(["a", "b", "c"])
+    pol = epiplexity(floor=0.05)
+    st = pol.init(pool)
+    st.n_points[:] = [2, 0, 1]                       # points seen, but none fitted yet
+    st.last_tokens[:] = [10.0, 0.0, 5.0]
+    v = epiplexity_values(st, 0.1)
+    assert v.tolist() == [0.0, 0.0, 0.0]
+    ref = softmax(np.zeros(3), 0.2)
+    ref = (1.0 - 3 * 0.05) * ref + 0.05
+    assert pol.apply(st, pool).tobytes() == ref.tobytes()
+    # one fitted domain takes the full path: unfitted domains get the best fitted value
+    st.fitted[0], st.A[0], st.alpha[0] = True, 100.0, 1.0
+    v = epiplexity_values(st, 0.1)
+    delta = 0.1 * np.mean([10.0, 5.0])
+    expected = 100.0 * 10.0 ** -1.0 * -np.expm1(-1.0 * np.log1p(delta / 10.0))
+    assert v.tolist() == pytest.approx([expected] * 3, rel=1e-15)
+
+
+@pytest.mark.parametrize("steps", [1, 15, 16, 17, 40])
+def test_prompts_seen_counted_from_the_queue_equals_the_history(steps):
+    # the queued steps' first visits are counted when the queue is written; every read of
+    # prompts_seen equals the number of prompts with attempts > 0, with repeated ids in a
+    # batch and across queued steps, ragged steps (group sizes 0..G) and a load in between
+    pool = Pool(["a"] * 9 + ["b"] * 6)                  # 15 prompts: repeats are common
+    s = Scheduler(pool, "uniform", seed=4)
+    rng = np.random.default_rng(steps)
+    for t in range(steps):
+        ids = s.propose(6)
+        sizes = None if t % 4 else rng.integers(0, 4, size=6)
+        s.observe(Feedback(ids, rng.random((6, 3)), step=t, group_sizes=sizes))
+        if t % 7 == 3:
+            assert s.metrics()["prompts_seen"] == np.count_nonzero(s.history.attempts)
+        if t == 9:
+            s.load_state_dict(s.state_dict())
+    assert s.metrics()["prompts_seen"] == np.count_nonzero(s.history.attempts)
+    fresh = Scheduler(pool, "uniform", seed=4)
+    fresh.load_state_dict(s.state_dict())
+    assert fresh.metrics()["prompts_seen"] == s.metrics()["prompts_seen"]
+
 
 SEEDS = (0, 1, 7, 2**32 - 1, 2**32, 2**40 + 3, 2**63 - 1)
 STEPS = (0, 1, 99, 2**32 - 1, 2**32, 2**62 - 1)
