@@ -954,12 +954,9 @@ class Feedback:
         immutable), so every voter reading this Feedback — the target place in
         `Scheduler.targets`, the history in `observe` — votes its answers once. Another
         Feedback, even over equal answers, has its own."""
-        if self.answers is None:
-            return None
         votes = self.__dict__.get("_answer_votes")
-        if votes is None:
-            from .policies._vote import AnswerVotes     # policies import this module
-            votes = AnswerVotes(self.answers)
+        if votes is None and self.answers is not None:
+            votes = _answer_votes_class()(self.answers)
             object.__setattr__(self, "_answer_votes", votes)
         return votes
 
@@ -970,6 +967,14 @@ class Feedback:
     @property
     def group_size(self) -> int:
         return int(self.rewards.shape[1]) if self.rewards.ndim == 2 else 0
+
+
+@functools.lru_cache(maxsize=1)
+def _answer_votes_class() -> type:
+    """`rlpace.policies._vote.AnswerVotes`, imported on first use (the policies import this
+    module) and looked up once: an import statement per Feedback costs more than the lookup."""
+    from .policies._vote import AnswerVotes
+    return AnswerVotes
 
 
 class Batch(NamedTuple):
