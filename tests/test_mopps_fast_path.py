@@ -81,11 +81,11 @@ def test_moved_mask_follows_the_update_path(name, kw):
     rates = rng.random(6_000)
     sched = Scheduler(pool, name, seed=1, **kw)
     policy = sched.method.selection
-    probs_of = (lambda: sched.method.mixture.apply(sched.states["mixture"], pool)) if sched.method.mixture else (lambda: None)
+    mixture = sched.method.mixture
     seen = np.zeros(6_000, dtype=bool)
     for t in range(8):
         state = sched.states["selection"]
-        probs = probs_of()
+        probs = None if mixture is None else mixture.apply(sched.states["mixture"], pool)
         ratio = kw.get("ratio", 16)
         got = policy.apply(state, pool, 200, probs, "domain" if probs is not None else None,
                            np.random.default_rng([6, t]))

@@ -64,7 +64,8 @@ class MoppsPriorState(NamedTuple):
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
 
 
-def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha: float, prior_beta: float) -> np.ndarray:
+def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha: float,
+                      prior_beta: float) -> np.ndarray:
     """bool[N] the prompts whose (α, β) is not the prior: the exact `moved` mask of a state
     built from its values (what `MoppsState.moved` must cover)."""
     return (alpha != prior_alpha) | (beta != prior_beta)
