@@ -413,8 +413,8 @@ def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def shifted_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
-    """`softmax(shifted(scores), temperature)` bit for bit, in four numpy calls instead of
-    ten: once the maximum is subtracted the largest entry is exactly 0 (top − top), so is its
+    """`softmax(shifted(scores), temperature)` bit for bit, in six numpy calls instead of
+    eleven: once the maximum is subtracted the largest entry is exactly 0 (top − top), so is its
     quotient by the temperature, and softmax's own `z -= z.max()` subtracts 0.0, which
     changes no float (−0.0 included). Taken only when the maximum is finite (an inf or NaN
     maximum goes through the two functions, with their results)."""
