@@ -54,14 +54,15 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
     tree = st.tree
     cap = tree.shape[0] // 2
     tree[cap + index] = weights                      # fancy assignment: last one wins
-    children = _children(tree)                       # row j = (tree[2j], tree[2j+1])
+    # entry j = tree[2j] + i·tree[2j+1]: one 1-D gather reads both children of node j
+    children = _children(tree).view(np.complex128).reshape(-1)
     # All leaves sit at one depth, so their ancestors move up level by level together.
     # Repeated nodes are harmless (each copy writes the same sum), so nodes are made
     # unique once, at the bottom level.
     nodes = _unique((cap + index) >> 1)
     for _ in range(int(np.log2(cap))):
-        pair = np.take(children, nodes, axis=0)      # [m, 2]: one gather for both children
-        tree[nodes] = pair[:, 0] + pair[:, 1]
+        pair = children.take(nodes)
+        tree[nodes] = pair.real + pair.imag
         nodes >>= 1
     return st
 
