@@ -326,6 +326,7 @@ def merge_time(args):
                     numel = int(np.prod(t.get_shape()))
                     n += numel
                     size += numel * {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}[t.get_dtype()]
+        rows = []
         for method in args.methods.split(","):
             load = os.getloadavg()
             res = subprocess.run([sys.executable, __file__, "merge-one", str(src), method, str(args.threads),
@@ -335,7 +336,11 @@ def merge_time(args):
                   f"{args.threads} thread(s)): {method} {secs:.1f} s ({cpu:.1f} s CPU), peak memory {peak / 2**30:.2f} GiB "
                   f"({peak / size:.1f}× the model); load average before {load[0]:.1f}, after "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+            rows.append((method, secs, cpu, peak))
             shutil.rmtree(tmp / f"m_{method}", ignore_errors=True)
+        print(f"\n| method ({args.threads} thread(s)) | wall s | CPU s | peak GiB (× model) |\n|---|---|---|---|")
+        for method, secs, cpu, peak in rows:
+            print(f"| {method} | {secs:.1f} | {cpu:.1f} | {peak / 2**30:.2f} ({peak / size:.1f}×) |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
