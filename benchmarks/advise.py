@@ -4,7 +4,7 @@ Three parts (`--part`):
 
 * `trainer`: the built-in trainer's headroom suites (embedded, ladder, mostly_solved,
   sort_ladder, mostly_solved_last) and the suites built from the other families
-  (small_domains). Pilot = uniform's first 20 % of the headroom budget
+  (small_domains, families_parallel). Pilot = uniform's first 20 % of the headroom budget
   (20 of 100 steps, 16 prompts × 8 rollouts, seed 0), recorded through a uniform selection
   whose update appends each batch to a `PilotRecorder` (the recipe has no recorder call
   yet). Predicted ratios (every policy from step 0, as the headroom tables measure them)
@@ -58,6 +58,9 @@ MEASURED = {
     # the suites from the other families, measured for this validation (docs/headroom.md, same flags)
     "small_domains": {"oracle": 0.77, "recommended": 1.09, "dump": 1.28, "mopps": 1.02, "criticality_is": 0.90,
                       "greso": 0.89, "epiplexity": 0.86, "dapo_dynamic_sampling": 1.48},
+    # the boundary oracle misses uniform's target on 5 of 8 seeds here (≥2.63×): no saving from it
+    "families_parallel": {"oracle": 2.63, "recommended": 1.05, "dump": 1.02, "mopps": 0.88, "criticality_is": 0.94,
+                          "greso": 0.97, "epiplexity": 0.99, "dapo_dynamic_sampling": 1.61},
 }
 TRAINER_POLICIES = ["recommended", "dump", "mopps", "criticality_is", "greso", "epiplexity", "dapo_dynamic_sampling"]
 SIM_POLICIES = ["recommended", "dump", "mopps", "learnability_buffer", "dapo_dynamic_sampling", "success_band"]
@@ -354,7 +357,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", default="trainer", choices=["trainer", "sim", "speed"])
     ap.add_argument("--suites",
-                    default="embedded,ladder,mostly_solved,sort_ladder,mostly_solved_last,small_domains")
+                    default="embedded,ladder,mostly_solved,sort_ladder,mostly_solved_last,small_domains,"
+                            "families_parallel")
     ap.add_argument("--sim-cases", default="",
                     help="comma list of cases: ladder, homogeneous, solved_majority, ladder+ (forgetting), "
                          "uniform_spread (default: all)")
