@@ -585,6 +585,18 @@ def test_pilots_simulated_from_a_law_are_fitted_back_to_it(tmp_path):
     assert lw.delta == pytest.approx(fs.log_lik - fb.log_lik, abs=1e-12)
 
 
+
+def test_law_calibration_in_worker_processes_gives_the_same_differences(tmp_path):
+    """`law_weight(jobs=2)` runs the replicates in two processes: every simulated pilot keeps
+    its own seed, so the differences and the weight are those of the serial loop, bit for bit."""
+    from rlpace.advise._laws import law_weight
+    pilot, fb, w = _sc_fit(tmp_path)
+    fs = fit_learner(pilot, w.pool, step_norm="signal")
+    one, two = (law_weight(fs, fb, w.pool, replicates=2, seed=1, jobs=j) for j in (1, 2))
+    assert two.delta_under_a.tolist() == one.delta_under_a.tolist()
+    assert two.delta_under_b.tolist() == one.delta_under_b.tolist()
+    assert (two.weight_a, two.delta) == (one.weight_a, one.delta)
+
 def test_policies_the_simulator_cannot_feed_are_not_ranked(tmp_path):
     """A policy that learns from a signal the simulator does not produce (epiplexity: held-out
     loss curves; dvc: gradients) is not simulated: no ratio, marked with the missing signal,

@@ -205,7 +205,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         # moves the odds), the likelier law's MAP first; a law that keeps weight gets half
         # the draws and the interval spans both (`_laws`)
         fb, fs = (fit_learner(pilot, pool, step_norm=n) for n in ("batch", "signal"))
-        lw = law_weight(fs, fb, pool, replicates=law_replicates, seed=seed)
+        lw = law_weight(fs, fb, pool, replicates=law_replicates, seed=seed, jobs=jobs)
         fit, other = (fs, fb) if lw.weight_a >= 0.5 else (fb, fs)
         w_other = min(lw.weight_a, 1.0 - lw.weight_a)
         fit, other = fit._replace(log_lik_other=other.log_lik), other._replace(log_lik_other=fit.log_lik)

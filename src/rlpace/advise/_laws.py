@@ -109,24 +109,32 @@ def simulate_pilot(fit, pool, seed: int):
                  "positions", "training")
 
 
-def law_weight(fit_a, fit_b, pool, *, replicates: int = 8, seed: int = 0) -> LawWeight:
+def _replicate_delta(job) -> float:
+    """Δ = ℓ_a − ℓ_b on one pilot simulated from `src` (one replicate of `law_weight`)."""
+    from ._fit import fit_learner
+    src, pool, seed, norm_a, norm_b = job
+    sim = simulate_pilot(src, pool, seed=seed)
+    return fit_learner(sim, pool, step_norm=norm_a).log_lik - fit_learner(sim, pool, step_norm=norm_b).log_lik
+
+
+def law_weight(fit_a, fit_b, pool, *, replicates: int = 8, seed: int = 0, jobs: int = 1) -> LawWeight:
     """Calibrated weight of law `fit_a.step_norm` against `fit_b.step_norm` (both fitted to
     the same pilot): `replicates` pilots simulated from each law's MAP, each fitted with both
     laws, give Δ's distribution under each (module docstring, rule 1). Cost: 4·replicates
-    fits of the pilot's size."""
-    from ._fit import fit_learner
+    fits of the pilot's size, over `jobs` worker processes (each replicate has its own seed,
+    so the result does not depend on `jobs`)."""
     if replicates < 2:
         raise InputError(f"law_weight replicates must be ≥ 2 (a spread needs two); got {replicates!r}.")
     delta = float(fit_a.log_lik - fit_b.log_lik)
-    under = []
-    for j, src in enumerate((fit_a, fit_b)):
-        d = np.empty(replicates)
-        for r in range(replicates):
-            sim = simulate_pilot(src, pool, seed=int(seed) * 1000 + 97 * j + r)
-            la = fit_learner(sim, pool, step_norm=fit_a.step_norm).log_lik
-            lb = fit_learner(sim, pool, step_norm=fit_b.step_norm).log_lik
-            d[r] = la - lb
-        under.append(d)
+    work = [(src, pool, int(seed) * 1000 + 97 * j + r, fit_a.step_norm, fit_b.step_norm)
+            for j, src in enumerate((fit_a, fit_b)) for r in range(replicates)]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=min(int(jobs), len(work))) as ex:
+            d = np.array(list(ex.map(_replicate_delta, work)))
+    else:
+        d = np.array([_replicate_delta(job) for job in work])
+    under = [d[:replicates], d[replicates:]]
     w = calibrated_weight(delta, under[0], under[1])
     raw = 1.0 / (1.0 + math.exp(-min(max(delta, -700.0), 700.0)))
     return LawWeight(w, raw, delta, under[0], under[1])
