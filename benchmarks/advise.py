@@ -8,7 +8,8 @@ Three parts (`--part`):
   (20 of 100 steps, 16 prompts × 8 rollouts, seed 0), recorded through a uniform selection
   whose update appends each batch to a `PilotRecorder` (the recipe has no recorder call
   yet). Predicted ratios (every policy from step 0, as the headroom tables measure them)
-  against the measured 8-seed tables of docs/headroom.md, pair by pair (suite × policy).
+  against the measured 8-seed tables of docs/headroom.md, pair by pair (suite × policy); each
+  interval is the one for an 8-seed measurement (2 seeds per draw, `--measurement-seeds`).
 * `sim`: the simulator's scenarios, the truth measured directly (S seeds per policy), and two
   learners outside the fitted family (misspecified): forgetting plus backward transfer, and a
   uniform (not normal) spread of difficulty inside each domain.
@@ -20,7 +21,7 @@ the recommended policy's measured ratio within 0.1 of the best measured; "no exp
 wherever the measured oracle ratio ≥ 0.85×.
 
 Usage:
-    python benchmarks/advise.py --part trainer      # ≈ 10 min on 1 core
+    python benchmarks/advise.py --part trainer      # ≈ 7 min on 1 core (six suites)
     python benchmarks/advise.py --part sim          # ≈ 15 min
     python benchmarks/advise.py --part speed
 """
