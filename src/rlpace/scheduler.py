@@ -987,6 +987,8 @@ class Scheduler:
         template = self._tree()
         expected: dict[str, np.ndarray] = {}
         _flatten(template, "", expected)
+        fresh_tree = {"policy": {kind: p.init(self.pool) for kind, p in self.method.policies().items()}}
+        _fill_added_fields(fresh_tree, "", state)          # fields a state saved before them lacks
         missing = sorted(set(expected) - set(state))
         extra = sorted(k for k in set(state) - set(expected) if not k.startswith("meta/"))
         if missing or extra:
@@ -1000,8 +1002,7 @@ class Scheduler:
         tree = _unflatten(template, "", state)
         # NaN is a policy's own "unknown" marker where its fresh state holds NaN; elsewhere corrupt.
         fresh: dict[str, np.ndarray] = {}
-        _flatten({"policy": {kind: p.init(self.pool) for kind, p in self.method.policies().items()}},
-                 "", fresh)
+        _flatten(fresh_tree, "", fresh)
         nan_ok = frozenset(k for k, v in fresh.items() if v.dtype.kind == "f" and np.isnan(v).any())
         check_tree(tree, "", self.pool, nan_ok)            # ValueError naming the key
         h = tree["history"]
@@ -1074,6 +1075,32 @@ def _meta_int(state: dict, key: str) -> int:
         raise InputError(f"state[{key!r}] is {val!r}; it must be one integer. The state is corrupt or "
                          f"was edited: restore one written by Scheduler.state_dict().")
     return int(val)
+
+
+def _fill_added_fields(fresh: Any, prefix: str, state: dict) -> None:
+    """Derive, in `state` (a flat state dict, changed in place), the fields a state record
+    gained after states were first saved, when `state` lacks them. A record declares them as
+    a class attribute `ADDED_FIELDS = {field: derive}`, `derive(saved, fresh)` computing the
+    field from the saved record's other fields (`saved`: field -> array) and a fresh record of
+    this Scheduler (`fresh`, for the policy's constants): the value the code that saved the
+    state behaved as if it held. A field whose inputs do not match the fresh record's shapes is
+    left missing, and the key check names it."""
+    if isinstance(fresh, dict):
+        for k, v in fresh.items():
+            _fill_added_fields(v, f"{prefix}{k}/", state)
+    elif isinstance(fresh, tuple):
+        named = hasattr(fresh, "_fields")
+        added = getattr(type(fresh), "ADDED_FIELDS", {}) if named else {}
+        names = fresh._fields if named else [str(i) for i in range(len(fresh))]
+        for k, v in zip(names, fresh):
+            key = f"{prefix}{k}"
+            if k not in added or key in state:
+                _fill_added_fields(v, f"{key}/", state)
+                continue
+            saved = {f: np.asarray(state[f"{prefix}{f}"]) for f in names if f"{prefix}{f}" in state}
+            if all(f in saved and saved[f].shape == np.shape(getattr(fresh, f)) for f in names
+                   if f not in added and isinstance(getattr(fresh, f), np.ndarray)):
+                state[key] = added[k](saved, fresh)
 
 
 def _flatten(node: Any, prefix: str, out: dict) -> None:

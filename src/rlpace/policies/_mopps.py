@@ -51,6 +51,9 @@ class MoppsState(NamedTuple):
     moved: np.ndarray | None = None
     #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
+    #: a state saved before `moved` existed loads with the mask its values imply (what that
+    #: code derived at every step): see `rlpace.scheduler._fill_added_fields`
+    ADDED_FIELDS = {"moved": lambda saved, fresh: _moved_like_fresh(saved, fresh)}
 
 
 class MoppsPriorState(NamedTuple):
@@ -62,6 +65,12 @@ class MoppsPriorState(NamedTuple):
     moved: np.ndarray | None = None  # bool[N] as `MoppsState.moved`
     #: value rules `Scheduler.load_state_dict` checks for each field (policies/_state_checks.py)
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
+    ADDED_FIELDS = MoppsState.ADDED_FIELDS   # as `MoppsState`'s
+
+
+def _moved_like_fresh(saved: dict, fresh) -> np.ndarray:
+    """bool[N] the prompts whose saved (α, β) differ from a fresh state's (the prior)."""
+    return (saved["alpha"] != fresh.alpha) | (saved["beta"] != fresh.beta)
 
 
 def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha: float,
