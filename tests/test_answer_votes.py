@@ -10,6 +10,7 @@ import pytest
 
 from rlpace import Feedback, Pool, Scheduler
 from rlpace.policies import _vote
+from rlpace.stats import _votes
 
 POOL_ANSWERS = ["7", " 7", "7 ", "8", "", "  ", None, "x", "10", "1"]
 
@@ -85,7 +86,8 @@ def test_two_feedbacks_never_share_votes():
     with pytest.raises(ValueError):
         v1.majorities("first")[0][0] = 1
     # no module-level cache of votes remains
-    assert not [k for k, v in vars(_vote).items() if isinstance(v, (list, dict)) and not k.startswith("__")]
+    for module in (_vote, _votes):
+        assert not [k for k, v in vars(module).items() if isinstance(v, (list, dict)) and not k.startswith("__")]
 
 
 @pytest.mark.parametrize("method", ["olr", "trapo", "ttrl"])
@@ -94,13 +96,13 @@ def test_answers_factorised_once_per_feedback(method, monkeypatch):
     (a cache of the last array voted would factorise fb1 twice), and the same targets as a
     Scheduler that sees them one at a time."""
     calls = []
-    real = _vote.answer_codes
+    real = _votes.answer_codes
 
     def counting(answers):
         calls.append(answers.shape)
         return real(answers)
 
-    monkeypatch.setattr(_vote, "answer_codes", counting)
+    monkeypatch.setattr(_votes, "answer_codes", counting)
     kw = {"all_prompts": True} if method == "ttrl" else {}
     pool = Pool(["a"] * 6, labeled=[False] * 6)
     rows1 = [["1", "1", "2", None], ["3", "4", "4", "4"], ["5", "5", "6", "6"]]

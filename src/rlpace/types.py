@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from .errors import InputError
+from .stats._votes import AnswerVotes
 import functools
 import hashlib
 import itertools
@@ -949,14 +950,14 @@ class Feedback:
 
     @property
     def answer_votes(self):
-        """`rlpace.policies._vote.AnswerVotes` over this record's `answers` (None without
+        """`rlpace.stats._votes.AnswerVotes` over this record's `answers` (None without
         answers): derived from them, factorised on first use and kept with this record (it is
         immutable), so every voter reading this Feedback — the target place in
         `Scheduler.targets`, the history in `observe` — votes its answers once. Another
         Feedback, even over equal answers, has its own."""
         votes = self.__dict__.get("_answer_votes")
         if votes is None and self.answers is not None:
-            votes = _answer_votes_class()(self.answers)
+            votes = AnswerVotes(self.answers)
             object.__setattr__(self, "_answer_votes", votes)
         return votes
 
@@ -967,14 +968,6 @@ class Feedback:
     @property
     def group_size(self) -> int:
         return int(self.rewards.shape[1]) if self.rewards.ndim == 2 else 0
-
-
-@functools.lru_cache(maxsize=1)
-def _answer_votes_class() -> type:
-    """`rlpace.policies._vote.AnswerVotes`, imported on first use (the policies import this
-    module) and looked up once: an import statement per Feedback costs more than the lookup."""
-    from .policies._vote import AnswerVotes
-    return AnswerVotes
 
 
 class Batch(NamedTuple):

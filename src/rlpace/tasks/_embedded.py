@@ -27,7 +27,7 @@ a hundred RL steps. The other families are there for larger models and custom su
 Two named suites give data scheduling *headroom* (an oracle saves rollouts on them; `SUITES`, `tasks=ladder` /
 `tasks=mostly_solved` in the trainer), beside `embedded` as the balanced control:
 
-* `ladder` — one family at seven sizes (sort2…sort8) with a steep mistake ramp: the sizes
+* `ladder` — one family at seven sizes (reversal, rev2…rev8) with a steep mistake ramp: the sizes
   are learned in order, each lifted off zero by RL on the one below (DUMP's
   Knights-and-Knaves 3…14 structure, arXiv 2504.09710);
 * `mostly_solved` — 62% of the prompts solved by the base (sampled wrong now and then),
