@@ -195,15 +195,21 @@ def test_fit_recovers_a_simulated_learner(tmp_path):
     assert fit.identifiable_dynamics
 
 
-def test_prediction_on_the_true_learner_matches_direct_simulation(tmp_path):
-    """Given the true parameters (one draw, no fit noise), the predicted ratio of dump to
-    uniform equals the one measured on the scenario's own world within seed noise."""
+def _fit_at_truth(tmp_path):
+    """(fit, world): a 20-step pilot's fit with its parameters set to the scenario's true
+    learner and no fit noise (one draw is the truth)."""
     path, w = _pilot(tmp_path, steps=20, b=64, g=8)
     fit = fit_learner(read_pilot(path), w.pool)
     k = len(SC.domains)
     inv = np.argsort(w.pool_order)                       # scenario index of each pool code
     truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
-    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))  # code -> rung
+    return fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64)), w  # code -> rung
+
+
+def test_prediction_on_the_true_learner_matches_direct_simulation(tmp_path):
+    """Given the true parameters (one draw, no fit noise), the predicted ratio of dump to
+    uniform equals the one measured on the scenario's own world within seed noise."""
+    fit, w = _fit_at_truth(tmp_path)
     steps, b, g = 150, 64, 8
     pr = predict(fit, w.pool, budget_rollouts=steps * b * g, pilot_rollouts=0, policies=["dump"], draws=1,
                  seeds=3, from_start=True)
@@ -228,12 +234,7 @@ def test_allocation_policies_are_candidates_with_the_oracle_allocation_as_their_
     from rlpace.advise import default_candidates
     cands = default_candidates()
     assert {"knapsack", "vip", "recommended+knapsack"} <= set(cands) and "oracle_allocation" not in cands
-    path, w = _pilot(tmp_path, steps=20, b=64, g=8)
-    fit = fit_learner(read_pilot(path), w.pool)
-    k = len(SC.domains)
-    inv = np.argsort(w.pool_order)
-    truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
-    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))
+    fit, w = _fit_at_truth(tmp_path)
     steps, b, g = 120, 64, 8
     pols = ["knapsack", "recommended+knapsack"]
     pr = predict(fit, w.pool, budget_rollouts=steps * b * g, pilot_rollouts=0, policies=pols, draws=1, seeds=2,
@@ -646,12 +647,7 @@ def test_predicted_interval_holds_an_eight_seed_measurement_of_a_known_learner(t
     import dataclasses
 
     from scipy.stats import t
-    path, w = _pilot(tmp_path, steps=20, b=64, g=8)
-    fit = fit_learner(read_pilot(path), w.pool)
-    k = len(SC.domains)
-    inv = np.argsort(w.pool_order)
-    truth = LearnerParams(SC.difficulty_means()[inv], np.ones(k), np.full(k, 1e-9), SC.lr, SC.transfer_forward)
-    fit = fit._replace(params=truth, cov=np.eye(fit.theta.size) * 1e-12, rank=inv.astype(np.int64))
+    fit, w = _fit_at_truth(tmp_path)
     steps, b, g, draws, seeds = 80, 64, 8, 4, 3
     kw = dict(budget_rollouts=steps * b * g, pilot_rollouts=0, policies=["dump"], draws=draws, seeds=seeds,
               from_start=True)

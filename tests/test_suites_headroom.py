@@ -15,8 +15,26 @@ from rlpace.tasks import (DEFAULT_MISTAKES, LADDER_MISTAKES, LADDER_SUITE, MOSTL
 
 
 def _solve(prompt: str) -> str:
-    """Independent solvers for the families the suites use (rev, sort, last, max, sumd)."""
-    tag, rest = prompt[:-1].split(":", 1)
+    """Independent solvers for the families the suites use (rev, sort, last, max, sumd, add,
+    mul, cnt, idx, next)."""
+    body = prompt[:-1]
+    if "+" in body:                                   # schoolbook addition, digit by digit
+        a, b = body.split("+")
+        a, b = a.zfill(len(b)), b.zfill(len(a))
+        out, carry = "", 0
+        for x, y in zip(reversed(a), reversed(b)):
+            s = int(x) + int(y) + carry
+            out, carry = str(s % 10) + out, s // 10
+        return ((str(carry) if carry else "") + out).lstrip("0") or "0"
+    tag, rest = body.split(":", 1)
+    if tag == "m":                                   # repeated addition
+        a, b = rest.split("*")
+        return str(sum(int(a) for _ in range(int(b))))
+    if tag in ("c", "i", "n"):                       # count, 1-based index, next letter after x
+        x, s = rest.split(":")
+        return {"c": lambda: str(sum(1 for c in s if c == x)),
+                "i": lambda: str([j for j, c in enumerate(s) if c == x][0] + 1),
+                "n": lambda: s[s.index(x) + 1]}[tag]()
     if tag == "r":                                   # reversal by index
         return "".join(rest[len(rest) - 1 - i] for i in range(len(rest)))
     if tag == "s":                                   # counting sort
@@ -55,7 +73,8 @@ def test_suite_compositions_are_the_documented_ones():
         [0.05, 0.05, 0.7, 0.9, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "mostly_solved_last", "sort_ladder"])
+@pytest.mark.parametrize("name", ["ladder", "mostly_solved", "mostly_solved_last", "sort_ladder",
+                                  "families_parallel", "small_domains"])
 def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
     ts = make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=1)
     names = SUITES[name][0].split(",")
@@ -67,6 +86,7 @@ def test_named_suite_items_are_exact_disjoint_and_deterministic(name):
         tr = [it.prompt for it in ts.train if it.domain == d]
         he = [it.prompt for it in ts.heldout if it.domain == d]
         assert len(he) == 12 and len(tr) == 40 and len(set(tr)) == 40 and not (set(tr) & set(he))
+    assert [it.index for it in ts.train] == list(range(len(names) * 40))
     again = make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=1)
     assert again.train == ts.train and again.heldout == ts.heldout
     assert make_taskset(name, train_per_domain=40, heldout_per_domain=12, seed=2).train != ts.train

@@ -108,7 +108,7 @@ def _dp_extras(p: np.ndarray, k_max: int, budget: int, min_n: int) -> np.ndarray
     Row w of item i is computed only up to what the first i + 1 items can fill,
     (i + 1)·k_max: every budget above it is unreachable (dp = −inf, choice 0 — what the full
     row gives), so the first ⌈budget / k_max⌉ items cost less and every reachable value is
-    the same sum of the same floats (`_dp_extras_reference` is the plain loop kept beside it).
+    the same sum of the same floats (the tests hold the plain loop over every budget row).
     """
     m = p.shape[0]
     out = np.zeros(m, np.int64)
@@ -134,32 +134,6 @@ def _dp_extras(p: np.ndarray, k_max: int, budget: int, min_n: int) -> np.ndarray
         choice[i, :h] = best
         dp[:h] = flat[row0[:h] + best]
     w = int(np.flatnonzero(np.isfinite(dp)).max())     # the largest budget the DP can fill
-    for i in range(m - 1, -1, -1):
-        out[i] = choice[i, w]
-        w -= int(out[i])
-    return out
-
-
-def _dp_extras_reference(p: np.ndarray, k_max: int, budget: int, min_n: int) -> np.ndarray:
-    """`_dp_extras` as the plain loop over every budget row (the tests' reference)."""
-    m = p.shape[0]
-    out = np.zeros(m, np.int64)
-    if budget <= 0 or m == 0 or k_max <= 0:
-        return out
-    ks = np.arange(k_max + 1)
-    gains = knapsack_value(min_n + ks[None, :], p[:, None])             # [m, K+1]
-    gains[:, 0] = 0.0
-    choice = np.zeros((m, budget + 1), np.int64)
-    dp = np.full(budget + 1, -np.inf)
-    dp[0] = 0.0
-    for i in range(m):
-        cand = np.full((budget + 1, k_max + 1), -np.inf)                # cand[w, k] = dp[w − k] + gain_k
-        for k in range(min(k_max, budget) + 1):
-            cand[k:, k] = dp[: budget + 1 - k] + gains[i, k]
-        best = np.argmax(cand, axis=1)
-        dp = cand[np.arange(budget + 1), best]
-        choice[i] = best
-    w = int(np.flatnonzero(np.isfinite(dp)).max())
     for i in range(m - 1, -1, -1):
         out[i] = choice[i, w]
         w -= int(out[i])
