@@ -53,7 +53,8 @@ class MoppsState(NamedTuple):
     STATE_RULES = {"alpha": "pos", "beta": "pos"}
     #: a state saved before `moved` existed loads with the mask its values imply (what that
     #: code derived at every step): see `rlpace.scheduler._fill_added_fields`
-    ADDED_FIELDS = {"moved": lambda saved, fresh: _moved_like_fresh(saved, fresh)}
+    ADDED_FIELDS = {"moved": lambda saved, fresh: moved_from_values(saved["alpha"], saved["beta"],
+                                                                     fresh.alpha, fresh.beta)}
 
 
 class MoppsPriorState(NamedTuple):
@@ -68,15 +69,11 @@ class MoppsPriorState(NamedTuple):
     ADDED_FIELDS = MoppsState.ADDED_FIELDS   # as `MoppsState`'s
 
 
-def _moved_like_fresh(saved: dict, fresh) -> np.ndarray:
-    """bool[N] the prompts whose saved (α, β) differ from a fresh state's (the prior)."""
-    return (saved["alpha"] != fresh.alpha) | (saved["beta"] != fresh.beta)
-
-
-def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha: float,
-                      prior_beta: float) -> np.ndarray:
-    """bool[N] the prompts whose (α, β) is not the prior: the exact `moved` mask of a state
-    built from its values (what `MoppsState.moved` must cover)."""
+def moved_from_values(alpha: np.ndarray, beta: np.ndarray, prior_alpha,
+                      prior_beta) -> np.ndarray:
+    """bool[N] the prompts whose (α, β) is not the prior (α0, β0: floats, or a fresh state's
+    float64[N] arrays): the exact `moved` mask of a state built from its values (what
+    `MoppsState.moved` must cover)."""
     return (alpha != prior_alpha) | (beta != prior_beta)
 
 
