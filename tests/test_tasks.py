@@ -161,3 +161,16 @@ def test_task_spec_errors_before_work(tmp_path):
         make_taskset("embedded:max2,max2")
     with pytest.raises(ValueError, match="no such parquet"):
         make_taskset(str(tmp_path / "nope.parquet"))
+
+
+def test_spec_help_lists_every_named_suite_from_suites(monkeypatch):
+    """The help text's suite names come from `SUITES`, in its order: a suite added there is
+    listed without a second hand-kept list (a name without a note is listed bare)."""
+    import rlpace.tasks._spec as spec
+    from rlpace.tasks import SPEC_HELP, SUITES
+    at = [SPEC_HELP.index(f"'{name}'") for name in SUITES]
+    assert at == sorted(at)                                  # every name, in SUITES' order
+    monkeypatch.setitem(SUITES, "new_suite", ("add1,rev2", {}))
+    text = spec._suite_help()
+    assert text.endswith(", 'new_suite'")
+    assert text.startswith("'embedded' (the default 12-distribution suite), 'ladder' (")

@@ -15,10 +15,23 @@ from ._types import TaskSet
 
 __all__ = ["make_taskset", "SPEC_HELP"]
 
-SPEC_HELP = ("'embedded' (the default 12-distribution suite), 'ladder' or 'mostly_solved' (the "
-             "headroom suites: a curriculum ladder, a mostly solved / unsolvable pool), 'sort_ladder' or "
-             "'mostly_solved_last' (their earlier versions), 'families_parallel' (eight families side by side, "
-             "learned in parallel) or 'small_domains' (seven small prompt spaces beside three large ones), "
+# What each named suite is, for the help text; the names themselves come from `SUITES`, so a
+# suite added there is listed without an edit here (one without a note is listed bare).
+SUITE_NOTES = {"embedded": "the default 12-distribution suite",
+               "ladder": "a curriculum ladder with headroom",
+               "mostly_solved": "a mostly solved / unsolvable pool with headroom",
+               "mostly_solved_last": "the earlier mostly_solved",
+               "sort_ladder": "the earlier ladder",
+               "families_parallel": "eight families side by side, learned in parallel",
+               "small_domains": "seven small prompt spaces beside three large ones"}
+
+
+def _suite_help() -> str:
+    return ", ".join(f"'{name}'" + (f" ({SUITE_NOTES[name]})" if name in SUITE_NOTES else "")
+                     for name in SUITES)
+
+
+SPEC_HELP = (f"a named suite: {_suite_help()}; or "
              "'embedded:add1,rev3,...', "
              "'grid:<family>' (every size of an embedded family, one distribution each: the parameter grid of "
              "criticality_grid), 'grid:rg:NAME:FIELD=v1,v2,...[;key=value]' (a reasoning-gym dataset, one "
