@@ -121,3 +121,49 @@ def test_answers_factorised_once_per_feedback(method, monkeypatch):
     first_seen = method == "ttrl"       # ttrl breaks ties by the first answer; trapo abstains
     assert t1 == ["1", "4", "5" if first_seen else None]
     assert t2 == ["9", None, "2" if first_seen else None]
+
+
+def test_olr_decides_once_per_feedback(monkeypatch):
+    """OLR's decision pass (its walk over the batch's histories) runs once per Feedback:
+    `targets`, the decision log in `observe` and the history `update` share it. The targets,
+    the log and the state equal a Scheduler given a fresh Feedback for each call (nothing to
+    share there), and the numbers are the rule's by hand: "7" has 2 of 3 votes on every
+    visit, so from visit 1 on (start_step 0) it is the unique majority of a history of "7"s."""
+    from rlpace.policies import _olr
+    calls = []
+    real = _olr._unique_inverse
+    monkeypatch.setattr(_olr, "_unique_inverse", lambda ids: calls.append(1) or real(ids))
+    pool = Pool(["a"] * 3)
+    kw = dict(start_step=0, slope_threshold=-1.0)
+    s, ref = Scheduler(pool, "olr", **kw), Scheduler(pool, "olr", **kw)
+    rows = [["7", "7", "8"], ["1", "2", None], ["4", " 4", "4"]]
+    for t in range(3):
+        fb = Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows)
+        before = len(calls)
+        got = s.targets(fb)
+        s.observe(fb)
+        assert len(calls) - before == 1                     # one pass: targets, the log, update
+        want = ref.targets(Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows))
+        ref.observe(Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows))
+        assert got == want == ([None, None, None] if t == 0 else ["7", None, "4"])
+    assert s.supervision_log() == ref.supervision_log()
+    assert [d["evidence"]["pass_rate"] for d in s.supervision_log()] == [2 / 3, 1.0, 2 / 3, 1.0]
+    for key, val in ref.state_dict().items():
+        np.testing.assert_array_equal(s.state_dict()[key], val)
+    assert s.metrics()["supervision/relabels"] == 4.0
+
+
+def test_olr_pass_is_not_reused_for_a_changed_state():
+    """The kept pass belongs to the state object it was computed from: after `update` (which
+    writes into that state's arrays) the same Feedback is decided again on the new state."""
+    from rlpace.policies import make_policy
+    from rlpace.types import Batch
+    pool = Pool(["a"])
+    p = make_policy("olr", start_step=0, slope_threshold=-1.0)
+    fb = Feedback([0], np.ones((1, 3)), step=0, answers=[["5", "5", "6"]])
+    batch = Batch.from_feedback(fb, pool, 0.5)
+    s0 = p.init(pool)
+    assert p.apply(s0, pool, batch).labels == [None]        # visit 0: warm-up
+    s1 = p.update(s0, pool, batch)
+    assert p.apply(s1, pool, batch).labels == ["5"]         # visit 1 on the new state: relabel
+    assert s1.visits.tolist() == [1] and s1.rate[0, :1].tolist() == [2 / 3]

@@ -90,7 +90,25 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
                         np.full(n, np.nan), np.array(0, np.int64), np.array(0, np.int64),
                         np.array(0, np.int64))
 
-    def walk(state, batch, record_label_rate: bool):
+    key = object()      # this policy's entry in a Feedback's derived values (`AnswerVotes.derived`)
+
+    def decided(state, batch, votes, record_label_rate: bool):
+        """`walk`, computed once per (state, Feedback) and kept with the Feedback's votes: the
+        target place (`Scheduler.targets`), the decision log and `update` read the same pass,
+        on the same state, for the same Feedback. Without `margin` a recorded label pass rate
+        never changes a decision (it is read by the margin only), so all three share the pass
+        with the recording; with `margin` the recording one (`update`) is its own pass. A pass
+        is reused only for the very state object it was computed from, and `update` drops the
+        entries once it has used them (it writes into that state's arrays)."""
+        record = True if margin is None else record_label_rate
+        entry = votes.derived.get((key, record))
+        if entry is not None and entry[0] is state and entry[1] is batch.prompt_ids:
+            return entry[2]
+        out = walk(state, batch, votes, record)
+        votes.derived[(key, record)] = (state, batch.prompt_ids, out)
+        return out
+
+    def walk(state, batch, votes, record_label_rate: bool):
         """Every row's visit appended to its prompt's history and the decision, for all rows at
         once: (relabel bool[B], majority winner int64[B], values, pass rate float64[B],
         evidence columns, histories of the batch's distinct prompts after the batch).
@@ -99,7 +117,6 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         visit (rows are taken in rounds: first occurrences, then second ones, ...). With
         `record_label_rate` (observe), a row that keeps the dataset label records its pass
         rate before the prompt's next row in the batch reads it, as in a loop over rows."""
-        votes = votes_of(batch, "olr")                 # once per Feedback: targets, then observe
         b, g = votes.answers.shape
         win, count, mh = votes.majorities("abstain")
         values = votes.values
@@ -159,7 +176,7 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         return ok, win, values, p, ev, (uniq, rate, maj, visits, label_rate)
 
     def apply(state, pool, batch):
-        ok, win, values, p, ev, _ = walk(state, batch, record_label_rate=False)
+        ok, win, values, p, ev, _ = decided(state, batch, votes_of(batch, "olr"), record_label_rate=False)
         labels: list = [None] * batch.prompt_ids.shape[0]
         decisions = []
         for i in np.flatnonzero(ok).tolist():
@@ -179,7 +196,10 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             return state
         if batch.answers is None:
             return state._replace(no_answers=state.no_answers + b)
-        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = walk(state, batch, record_label_rate=True)
+        votes = votes_of(batch, "olr")
+        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = decided(state, batch, votes, record_label_rate=True)
+        for record in (True, False):    # this state's arrays change now: its passes are spent
+            votes.derived.pop((key, record), None)
         state.rate[uniq], state.majority[uniq], state.visits[uniq] = rate, maj, visits
         state.label_rate[uniq] = label_rate
         relabels = int(np.count_nonzero(ok))

@@ -157,13 +157,18 @@ class AnswerVotes:
     ([1, -1], [2, 1], True)
     """
 
-    __slots__ = ("answers", "_codes", "_values", "_by_ties")
+    __slots__ = ("answers", "_codes", "_values", "_by_ties", "derived")
 
     def __init__(self, answers: np.ndarray):
         self.answers = answers
         self._codes: np.ndarray | None = None
         self._values: list[str] = []
         self._by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: what a voting policy derives from these votes and its own state, for the other calls
+        #: that read this Feedback (`olr`'s decision pass: `Scheduler.targets`, the decision
+        #: log, `update`): {policy's key: (state it was derived from, value)}. The policy
+        #: checks the state by identity and drops its entry once its `update` has used it.
+        self.derived: dict = {}
 
     @property
     def codes(self) -> np.ndarray:
