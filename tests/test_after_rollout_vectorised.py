@@ -14,7 +14,7 @@ import pytest
 from rlpace import Feedback, Pool, Scheduler
 from rlpace.policies import make_policy
 from rlpace.policies._diem import _solve, constrained_weights
-from rlpace.policies._vote import (answer_codes, answer_hash, batch_votes, group_majorities, ols_slope,
+from rlpace.policies._vote import (AnswerVotes, answer_codes, answer_hash, group_majorities, ols_slope,
                                    ols_slopes, row_modes)
 from rlpace.types import Batch
 
@@ -67,8 +67,10 @@ def test_answer_codes_and_group_majorities_equal_counter_votes():
             win, count = group_majorities(codes, ties)
             got = [(values[w] if w >= 0 else None, int(c)) for w, c in zip(win, count)]
             assert got == [_majority(answers[i], ties) for i in range(b)], (answers, ties)
-            w2, c2, v2, hashes = batch_votes(answers, ties)
-            assert [(v2[w] if w >= 0 else None) for w in w2] == [m for m, _ in got]
+            votes = AnswerVotes(answers)                # what the policies read (votes_of)
+            w2, c2, hashes = votes.majorities(ties)
+            v2 = votes.values
+            assert [(v2[w] if w >= 0 else None, int(c)) for w, c in zip(w2, c2)] == got
             assert hashes.tolist() == [answer_hash(m) for m, _ in got]
 
 

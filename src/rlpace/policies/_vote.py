@@ -43,7 +43,7 @@ from ..stats._votes import (NO_MAJORITY, AnswerVotes, answer_codes, answer_hash,
 
 __all__ = ["clean_answer", "unique_majority", "answer_hash", "agreement_rewards", "ols_slope",
            "require_answers", "NO_MAJORITY", "answer_codes", "group_majorities", "row_modes",
-           "ols_slopes", "answer_hashes", "batch_votes", "AnswerVotes", "votes_of"]
+           "ols_slopes", "answer_hashes", "AnswerVotes", "votes_of"]
 
 
 def unique_majority(answers: Sequence, ties: str = "abstain") -> tuple[str | None, int]:
@@ -94,21 +94,6 @@ def ols_slope(y: Sequence[float]) -> float:
         return 0.0
     x = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
     return float((x * (y - y.mean())).sum() / (x * x).sum())
-
-
-def batch_votes(answers, ties: str = "abstain") -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
-    """(winner int64[B], count int64[B], values list[str], hash int64[B]) over the groups of
-    `answers` object[B, G]: row i's `unique_majority(answers[i], ties)` is
-    (values[winner[i]] if winner[i] ≥ 0 else None, count[i]), and hash[i] its `answer_hash`.
-    Policies read the votes their Batch carries instead (`votes_of`): computed once per Feedback.
-
-    >>> win, count, values, _ = batch_votes([["4", "5", "5"], [None, "1", "2"]], ties="abstain")
-    >>> [values[w] if w >= 0 else None for w in win], count.tolist()
-    (['5', None], [2, 1])
-    """
-    votes = AnswerVotes(answers)
-    win, count, hashes = votes.majorities(ties)
-    return win, count, votes.values, hashes
 
 
 def votes_of(batch, owner: str) -> AnswerVotes:
