@@ -55,7 +55,11 @@ def test_feedback_votes_equal_a_plain_loop(seed):
     rng = np.random.default_rng(seed)
     b, g = int(rng.integers(1, 40)), int(rng.integers(1, 9))
     rows = _random_answers(rng, b, g)
-    fb = Feedback(np.arange(b), np.zeros((b, g)), step=0, answers=rows)
+    given = rows
+    if seed % 2:                # the constructor's other fast path: an object[B, G] array
+        given = np.empty((b, g), dtype=object)
+        given[...] = rows
+    fb = Feedback(np.arange(b), np.zeros((b, g)), step=0, answers=given)
     votes = fb.answer_votes
     codes, values = _plain_factorisation(rows)
     assert votes.codes.tolist() == codes
@@ -98,9 +102,9 @@ def test_answers_factorised_once_per_feedback(method, monkeypatch):
     calls = []
     real = _votes.answer_codes
 
-    def counting(answers):
+    def counting(answers, *distinct):
         calls.append(answers.shape)
-        return real(answers)
+        return real(answers, *distinct)
 
     monkeypatch.setattr(_votes, "answer_codes", counting)
     kw = {"all_prompts": True} if method == "ttrl" else {}
@@ -167,3 +171,20 @@ def test_olr_pass_is_not_reused_for_a_changed_state():
     s1 = p.update(s0, pool, batch)
     assert p.apply(s1, pool, batch).labels == ["5"]         # visit 1 on the new state: relabel
     assert s1.visits.tolist() == [1] and s1.rate[0, :1].tolist() == [2 / 3]
+
+
+def test_answers_of_a_str_subclass_vote_as_their_text():
+    """The constructor checks the answers' types over their distinct values: an np.str_ equal
+    to an earlier str answer is kept and votes as that text; an np.str_ seen first is converted
+    to str as before; an answer of another type is refused, naming its position."""
+    fb = Feedback([0, 1], np.zeros((2, 3)), step=0, answers=[["4", np.str_("4"), "5"], ["6", "6", None]])
+    assert type(fb.answers[0, 1]) is np.str_                          # kept: equal to "4" seen before
+    win, count, _ = fb.answer_votes.majorities("first")
+    assert [fb.answer_votes.values[w] for w in win] == ["4", "6"] and count.tolist() == [2, 2]
+    fb = Feedback([0, 1], np.zeros((2, 3)), step=0, answers=[[np.str_(" 6"), "6", None], ["4", np.str_("4"), "5"]])
+    assert [type(a) for a in fb.answers.ravel()] == [str, str, type(None), str, str, str]   # converted
+    assert fb.answer_votes.codes.tolist() == [[0, 0, -1], [1, 1, 2]]
+    with pytest.raises(ValueError, match=r"answers\[1\]\[2\] is int"):
+        Feedback([0, 1], np.zeros((2, 3)), step=0, answers=[["4", "4", "5"], ["6", "6", 6]])
+    with pytest.raises(ValueError, match="answers"):
+        Feedback([0], np.zeros((1, 2)), step=0, answers=[["4", ["x"]]])

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from ._checks import abs_signal
 from .errors import InputError
 from .stats._votes import AnswerVotes
 import functools
@@ -29,7 +30,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "group_advantages", "kept_group_advantages"]
+__all__ = ["Pool", "Feedback", "LossFeedback", "Batch", "group_advantages", "kept_group_advantages",
+           "informative_groups"]
 
 
 def _as_1d(name: str, values: Any, n: int | None, dtype=None) -> np.ndarray:
@@ -647,14 +649,30 @@ def _feedback_group_sizes(values: Any, shape: tuple) -> np.ndarray | None:
     return None if (arr == g).all() else arr
 
 
-def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
-    """object[B, G] of str / None (a copy), or a ValueError naming Feedback.answers."""
+def _distinct_answers(flat: list) -> dict | None:
+    """The distinct answers of `flat` in first-seen order (dict keys, values None) when every
+    answer is a str or None, else None: one C-level pass (`dict.fromkeys`), the types checked
+    over the distinct answers only. The voters factorise from these keys
+    (`AnswerVotes(answers, distinct)`) instead of hashing the B·G answers a second time. An
+    answer equal to an earlier str answer (a str subclass such as np.str_ of the same text)
+    is checked, and voted, as that answer."""
+    try:
+        keys = dict.fromkeys(flat)
+    except TypeError:                       # unhashable: not a str
+        return None
+    return keys if set(map(type, keys)) <= {str, type(None)} else None
+
+
+def _feedback_answers(values: Any, shape: tuple) -> tuple[np.ndarray, dict | None]:
+    """(object[B, G] of str / None (a copy), its distinct answers `_distinct_answers` or None),
+    or a ValueError naming Feedback.answers."""
     if isinstance(values, (str, bytes)):
         rows = None
     elif isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "OU":
-        if (values.shape == shape and values.dtype.kind == "O"
-                and set(map(type, values.ravel().tolist())) <= {str, type(None)}):
-            return values.copy()    # already object[B, G] of str / None: one C-level check, a copy
+        if values.shape == shape and values.dtype.kind == "O":
+            keys = _distinct_answers(values.ravel().tolist())
+            if keys is not None:
+                return values.copy(), keys  # already object[B, G] of str / None: one C-level pass, a copy
         rows = values.tolist()      # one C-level pass (iterating the rows of an array is slow)
     else:
         try:
@@ -668,11 +686,12 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
         raise InputError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
                          f"rollout); got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}.")
     flat = list(itertools.chain.from_iterable(rows))
-    if set(map(type, flat)) <= {str, type(None)}:
+    keys = _distinct_answers(flat)
+    if keys is not None:
         # every answer a str or None: checked with one C-level pass, no conversion needed
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
-        return arr.reshape(shape)
+        return arr.reshape(shape), keys
     arr = np.empty(shape, dtype=object)
     for i, r in enumerate(rows):
         for j, a in enumerate(r):
@@ -680,7 +699,7 @@ def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
                 raise InputError(f"Feedback.answers[{i}][{j}] is {type(a).__name__} {a!r}; answers are "
                                  f"str (the extracted final answer) or None (no answer extracted).")
             arr[i, j] = None if a is None else str(a)    # np.str_ → str
-    return arr
+    return arr, None
 
 
 def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = None,
@@ -870,7 +889,7 @@ class Feedback:
         lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
         grd = None if grads is None else _feedback_grads(grads, rew.shape)
         ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
-        ans = None if answers is None else _feedback_answers(answers, rew.shape)
+        ans, keys = (None, None) if answers is None else _feedback_answers(answers, rew.shape)
         ent = None if token_entropy is None else _feedback_stat("token_entropy", token_entropy, rew.shape,
                                                                 low=0.0)
         sc = None if self_certainty is None else _feedback_stat("self_certainty", self_certainty, rew.shape)
@@ -884,6 +903,8 @@ class Feedback:
         self.__dict__.update(prompt_ids=ids, rewards=rew, advantages=adv, step=step_i, lengths=lens,
                              grads=grd, ref_grad=ref, answers=ans, token_entropy=ent, self_certainty=sc,
                              mean_logprob=mlp, group_sizes=sizes)
+        if keys is not None:
+            self.__dict__["_answer_keys"] = keys     # for `answer_votes` (derived, not a field)
 
     def with_grads(self, grads, ref_grad=None) -> "Feedback":
         """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
@@ -957,7 +978,7 @@ class Feedback:
         Feedback, even over equal answers, has its own."""
         votes = self.__dict__.get("_answer_votes")
         if votes is None and self.answers is not None:
-            votes = AnswerVotes(self.answers)
+            votes = AnswerVotes(self.answers, self.__dict__.get("_answer_keys"))
             object.__setattr__(self, "_answer_votes", votes)
         return votes
 
@@ -997,27 +1018,36 @@ class Batch(NamedTuple):
     self_certainty: np.ndarray | None = None  # float64[B, G] mean KL(U ‖ p_t)
     mean_logprob: np.ndarray | None = None    # float64[B, G] mean log π(y_t) of the sampled tokens
     answer_votes: Any = None                  # AnswerVotes over `answers`, computed once (Feedback.answer_votes)
+    #: float64[B] each group's mean of min(|A|, SIGNAL_MAX) (the learnability signal SEC, EXP3 and
+    #: DVC read through `group_mean_abs_advantage`), derived once per batch; None where the batch
+    #: was built for a method none of whose policies reads it (`DataPolicy.batch_reads`)
+    mean_abs_advantage: np.ndarray | None = None
 
     @property
     def informative(self) -> np.ndarray:
         """bool[B]: the group carries GRPO signal (some advantage is non-zero)."""
-        return np.abs(self.advantages).max(axis=1, initial=0.0) > 1e-12
+        return informative_groups(self.advantages)
 
     @staticmethod
     def from_feedback(fb: Feedback, pool: Pool, success_threshold: float) -> "Batch":
         return _batch_and_counts(fb, pool, success_threshold)[0]
 
 
-def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: bool = False
-                      ) -> tuple[Batch, np.ndarray, np.ndarray]:
+def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: bool = False,
+                      fields: frozenset | None = None) -> tuple[Batch, np.ndarray, np.ndarray]:
     """(`Batch`, wins int64[B] successes per group, informative bool[B]) — what
     `Batch.from_feedback` and the Scheduler's history need, each computed once.
 
-    `lean=True` (`Scheduler.observe` of a method none of whose places reads the batch there:
-    `uniform`, `fixed_mixture`, `epiplexity`) leaves out what only policies read: the
-    clusters are None, and so are the advantages of a binary batch (non-binary ones are
-    still computed: the informative flags are read from them). Such a Batch never reaches a
-    policy.
+    `fields` (`Scheduler.observe`: the union of its updating policies' `DataPolicy.batch_reads`)
+    names the derived fields only policies read that this batch needs, among BATCH_DERIVED
+    ("clusters", "advantages", "mean_abs_advantage"); None (the default) builds all of them.
+    A field left out is None, except the advantages of a non-binary batch (the informative
+    flags are read from them). `lean=True` is `fields=frozenset()` (a method none of whose
+    places reads the batch in `observe`: `uniform`, `fixed_mixture`, `epiplexity`).
+
+    The mean |A| of a binary group with G a power of two ≤ 16 is read from a table over its
+    2^G success patterns (`_binary_mean_abs_table`), each entry the plain formula of that
+    pattern's row: the row's bit pattern comes from the same matrix product as its count.
 
     Exactly the values of the plain formulas (`success.sum(axis=1)`, `success.mean(axis=1)`,
     `group_advantages(rewards)`, `Batch.informative`), bit for bit, computed faster:
@@ -1026,11 +1056,12 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     (every reward 0 or 1) the advantages and the informative flag follow from the count
     k of each group (see `_binary_advantage_table`).
     """
+    want = frozenset() if lean else BATCH_DERIVED if fields is None else fields
     r = fb.rewards
     success = r >= success_threshold
     b = r.shape[0]
     domains = pool.domains[fb.prompt_ids]
-    clusters = None if lean else pool.clusters[fb.prompt_ids]
+    clusters = pool.clusters[fb.prompt_ids] if "clusters" in want else None
     # read-only like the Feedback's arrays: the Scheduler queues success and domains for its
     # metrics window (`Scheduler.domain_window`), so no policy may write into them
     for a in (success, domains, clusters):
@@ -1038,36 +1069,81 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
             a.setflags(write=False)
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
-        return _batch(fb, r, success, np.zeros(0), adv, domains, clusters), np.zeros(0, np.int64), np.zeros(0, bool)
+        mean_abs = np.zeros(0) if "mean_abs_advantage" in want else None
+        return (_batch(fb, r, success, np.zeros(0), adv, domains, clusters, mean_abs), np.zeros(0, np.int64),
+                np.zeros(0, bool))
     g = r.shape[1]
     # r == success (as 0/1) everywhere ⟺ every reward is 0 or 1; then success ⟺ r == 1
     # whatever the threshold, so the count of successes is the row sum of r.
     binary = fb.advantages is None and bool((r == success).all())
-    wins = (r if binary else success.astype(np.float64)) @ np.ones(g)   # see _success_counts
+    table = _binary_advantage_table(g) if binary else None
+    mean_table = _binary_mean_abs_table(g) if table is not None and "mean_abs_advantage" in want else None
+    pattern = None
+    if mean_table is not None:
+        # [B, 2]: each row's count of successes and its bit pattern Σ_j s_j·2^j, both exact
+        # (integers below 2^16); one product, about the cost of the count's alone
+        both = r @ _count_and_pattern_weights(g)
+        wins, pattern = both[:, 0], both[:, 1].astype(np.intp)
+    else:
+        wins = (r if binary else success.astype(np.float64)) @ np.ones(g)   # see _success_counts
     rate = wins / g                                   # = success.mean(axis=1), same division
     wins = wins.astype(np.int64)
-    table = _binary_advantage_table(g) if binary else None
-    if lean and binary:
+    if binary and "advantages" not in want and (mean_table is not None or "mean_abs_advantage" not in want):
         adv = None                                    # no reader (docstring)
     elif table is not None:
         # pairs[2k + s]: the advantage of a failure (s = 0) / success (s = 1) in a group with k
-        # successes; one gather over [B, G] (np.where with broadcast [B, 1] rows costs 2.5×)
-        adv = table[2].take(success + (2 * wins)[:, None])
+        # successes; one gather over [B, G] (np.where with broadcast [B, 1] rows costs 2.5×).
+        # The index 2k + s ≤ 2G + 1 is built in uint8 where it fits (half the cost of int64).
+        if g < 127:
+            index = np.add(success.view(np.uint8), (2 * wins).astype(np.uint8)[:, None])
+        else:
+            index = success + (2 * wins)[:, None]
+        adv = table[2].take(index)
     else:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
     if binary:
         # 0 < k < G: the group's advantages are ±(≥ 1/G)/(std + eps), far above 1e-12.
         informative = _informative_counts(g).take(wins)     # (wins > 0) & (wins < g), one gather
     else:
-        informative = np.abs(adv).max(axis=1, initial=0.0) > 1e-12
-    return _batch(fb, r, success, rate, adv, domains, clusters), wins, informative
+        informative = informative_groups(adv)
+    mean_abs = None
+    if "mean_abs_advantage" in want:
+        # the plain formula's arithmetic (row sum, then / G: `.mean(axis=1)`'s), or its table
+        mean_abs = mean_table.take(pattern) if mean_table is not None else abs_signal(adv).sum(axis=1) / g
+        mean_abs.setflags(write=False)
+    return _batch(fb, r, success, rate, adv, domains, clusters, mean_abs), wins, informative
 
 
-def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clusters) -> Batch:
+#: The fields of a `Batch` that only policies read, built on request (`_batch_and_counts`,
+#: `DataPolicy.batch_reads`).
+BATCH_DERIVED = frozenset({"clusters", "advantages", "mean_abs_advantage"})
+
+
+def group_mean_abs_advantage(batch: Batch) -> np.ndarray:
+    """float64[B] each group's mean of min(|A|, SIGNAL_MAX) over its G rollouts: the batch's
+    derived `mean_abs_advantage` when it was built with it, else computed from
+    `batch.advantages` (`abs_signal(A).sum(axis=1) / G`, `.mean(axis=1)`'s arithmetic) —
+    the same numbers either way. A policy that reads it declares "mean_abs_advantage" in
+    `DataPolicy.batch_reads`.
+
+    >>> import numpy as np
+    >>> b = Batch(np.array([0]), None, None, None, np.array([[1.0, -1.0, 0.5, 0.0]]), None, None, 0)
+    >>> group_mean_abs_advantage(b).tolist()
+    [0.625]
+    """
+    if batch.mean_abs_advantage is not None:
+        return batch.mean_abs_advantage
+    adv = batch.advantages
+    return abs_signal(adv).sum(axis=1) / adv.shape[1]
+
+
+def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clusters,
+           mean_abs_advantage=None) -> Batch:
     """The `Batch` of `fb` with its derived fields, every field by name."""
     return Batch(prompt_ids=fb.prompt_ids, rewards=rewards, success=success, pass_rate=pass_rate,
                  advantages=advantages, domains=domains, clusters=clusters, step=fb.step,
-                 lengths=fb.lengths, grads=fb.grads, ref_grad=fb.ref_grad, **_supervision(fb))
+                 lengths=fb.lengths, grads=fb.grads, ref_grad=fb.ref_grad,
+                 mean_abs_advantage=mean_abs_advantage, **_supervision(fb))
 
 
 def _supervision(fb: Feedback) -> dict:
@@ -1120,6 +1196,45 @@ def _binary_advantage_table(g: int, eps: float = 1e-6
     for a in (up, down, pairs):
         a.setflags(write=False)
     return up, down, pairs
+
+
+@functools.lru_cache(maxsize=8)
+def _binary_mean_abs_table(g: int) -> np.ndarray | None:
+    """float64[2^G] read-only: entry p is `abs_signal(A).sum(axis=1) / G` of the binary group
+    whose rollout j succeeded iff bit j of p is set, A its advantages from
+    `_binary_advantage_table` — the plain formula over that very row, so a batch's group reads
+    the same number from here (`_batch_and_counts`). For G a power of two ≤ 16 (a 512 KB
+    table at G = 16), else None. Built in blocks of 4,096 rows, each row reduced on its own
+    as in any [B, G] batch."""
+    table = _binary_advantage_table(g)
+    if table is None or g > 16:
+        return None
+    out = np.empty(1 << g)
+    for start in range(0, 1 << g, 4096):
+        p = np.arange(start, min(start + 4096, 1 << g))
+        bits = ((p[:, None] >> np.arange(g)) & 1).astype(bool)            # [rows, G] successes
+        adv = table[2].take(bits + 2 * bits.sum(axis=1)[:, None])
+        out[start:start + p.shape[0]] = abs_signal(adv).sum(axis=1) / g
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _count_and_pattern_weights(g: int) -> np.ndarray:
+    """float64[G, 2] read-only: columns 1 and 2^j, so `rewards @ W` of 0/1 rewards is each
+    row's count of successes and its bit pattern (exact: integers below 2^53)."""
+    w = np.stack([np.ones(g), np.ldexp(1.0, np.arange(g))], axis=1)
+    w.setflags(write=False)
+    return w
+
+
+def informative_groups(advantages: np.ndarray) -> np.ndarray:
+    """bool[B] of float[B, G] advantages: the group carries GRPO signal, some |A| > 1e-12
+    (`Batch.informative`, the trainer's logged `informative_groups` share). Padding columns
+    of ragged groups hold A = 0, and a group of N_i <= 1 has none. From group-normalised
+    advantages this is "the rewards are not all equal" except for rewards that differ by less
+    than ~1e-18 (A = d / (std + 1e-6)): those count as equal."""
+    return np.abs(advantages).max(axis=1, initial=0.0) > 1e-12
 
 
 def group_advantages(rewards: np.ndarray, eps: float = 1e-6, *, group_sizes=None, ddof: int = 0,
