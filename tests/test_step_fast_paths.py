@@ -389,13 +389,17 @@ def test_lean_batch_keeps_every_count_observe_reads(rewards):
         assert inf.tolist()[:3] == [False] * 3 and wins.tolist()[:3] == [g] * 3
 
 
-def test_lean_only_where_no_place_reads_the_batch_in_observe():
-    pool = Pool(np.arange(60) % 3)
-    lean = {name: Scheduler(pool, name)._places().lean
-            for name in ("uniform", "fixed_mixture", "epiplexity", "dump", "sec", "exp3", "dvc", "ttrl",
-                         "topk")}
-    assert lean == {"uniform": True, "fixed_mixture": True, "epiplexity": True, "dump": False, "sec": False,
-                    "exp3": False, "dvc": False, "ttrl": False, "topk": True}
+def test_observe_builds_only_the_fields_its_places_read():
+    pool = Pool(np.arange(60) % 3, clusters=np.arange(60) % 6)
+    fields = {name: Scheduler(pool, name)._places().batch_fields
+              for name in ("uniform", "fixed_mixture", "epiplexity", "dump", "sec", "exp3", "dvc", "ttrl",
+                           "topk")}
+    mean, none = frozenset({"mean_abs_advantage"}), frozenset()
+    assert fields == {"uniform": none, "fixed_mixture": none, "epiplexity": none,
+                      "dump": frozenset({"advantages"}), "sec": mean, "exp3": mean, "dvc": mean,
+                      "ttrl": None, "topk": none}      # ttrl: a target place reads the whole batch
+    assert Scheduler(pool, "sec", arms="cluster")._places().batch_fields == mean | {"clusters"}
+    assert Scheduler(pool, "dump", arms="cluster")._places().batch_fields == frozenset({"advantages", "clusters"})
     # topk's admission reads a batch of its own (`admit`, `step`), built in full
     s = Scheduler(pool, "topk")
     fb = Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0)
@@ -416,5 +420,116 @@ def test_a_user_mixture_that_reads_advantages_gets_them():
                       name="reads_advantages")
     s = Scheduler(Pool([0, 0, 1, 1]), user)
     s.observe(Feedback([0, 2], [[1.0, 0.0], [1.0, 1.0]], step=0))
-    assert not s._places().lean
+    assert s._places().batch_fields is None
     assert np.allclose(seen[0], [[1.0, -1.0], [0.0, 0.0]], atol=1e-5)
+
+
+@pytest.mark.parametrize("g", [1, 2, 4, 8, 16])
+def test_binary_mean_abs_table_equals_a_row_by_row_loop(g):
+    """Entry p of the table is the mean |A| of the binary group whose rollout j succeeded iff
+    bit j of p is set: each of the 2^G rows checked against the plain formula on that row
+    alone (GRPO advantages, |A| capped at 1e100, row sum / G), bit for bit."""
+    from rlpace.types import _binary_mean_abs_table, group_advantages
+    table = _binary_mean_abs_table(g)
+    assert table.shape == (1 << g,) and not table.flags.writeable
+    want = np.empty(1 << g)
+    for p in range(1 << g):
+        row = np.array([[(p >> j) & 1 for j in range(g)]], dtype=np.float64)
+        want[p] = np.minimum(np.abs(group_advantages(row)), 1e100).sum(axis=1)[0] / g
+    assert table.tobytes() == want.tobytes()
+    assert _binary_mean_abs_table(3) is None and _binary_mean_abs_table(32) is None   # not tabulated
+
+
+@pytest.mark.parametrize("rewards", ["binary16", "binary8", "binary12", "binary32", "graded", "given_advantages",
+                                     "empty"])
+def test_batch_mean_abs_advantage_equals_the_plain_formula(rewards):
+    """`Batch.mean_abs_advantage` (a table for binary G ≤ 16, else the formula) and the batch
+    built with only the fields asked for: the same wins, flags and group means as the plain
+    loop over rows, bit for bit."""
+    from rlpace.types import _batch_and_counts, group_advantages, group_mean_abs_advantage
+    pool = Pool(np.arange(300) % 4, clusters=np.arange(300) % 9)
+    rng = np.random.default_rng(11)
+    b = 0 if rewards == "empty" else 200
+    g = {"binary8": 8, "binary12": 12, "binary32": 32}.get(rewards, 16)
+    r = (rng.random((b, g)) < rng.random((b, 1))).astype(float)
+    r[:3] = 1.0
+    kw = {}
+    if rewards == "graded":
+        r = r * rng.random((b, g))
+    if rewards == "given_advantages":
+        kw["advantages"] = rng.normal(size=(b, g)) * 10.0 ** rng.integers(-5, 120, size=(b, 1))
+    fb = Feedback(rng.integers(0, 300, size=b), r, step=2, **kw)
+    full, wins, inf = _batch_and_counts(fb, pool, 0.5)
+    mean_only, wins_m, inf_m = _batch_and_counts(fb, pool, 0.5, fields=frozenset({"mean_abs_advantage"}))
+    adv = fb.advantages if fb.advantages is not None else group_advantages(fb.rewards)
+    want = np.array([np.minimum(np.abs(row), 1e100).sum() / g for row in adv.reshape(b, g)])
+    for batch in (full, mean_only):
+        assert batch.mean_abs_advantage.tobytes() == want.tobytes()
+        assert group_mean_abs_advantage(batch).tobytes() == want.tobytes()
+    assert group_mean_abs_advantage(full._replace(mean_abs_advantage=None)).tobytes() == want.tobytes()
+    assert wins_m.tolist() == wins.tolist() == [int(row.sum()) for row in (r >= 0.5)]
+    assert inf_m.tolist() == inf.tolist()
+    assert mean_only.clusters is None and full.clusters.tolist() == (fb.prompt_ids % 9).tolist()
+    assert full.advantages.tobytes() == adv.tobytes()
+    if rewards in ("binary16", "binary8", "empty"):      # tabulated: no [B, G] advantages built
+        assert mean_only.advantages is None or b == 0
+    else:
+        assert mean_only.advantages.tobytes() == adv.tobytes()
+
+
+def _leaves(state):
+    if isinstance(state, tuple):
+        return [x for s in state for x in _leaves(s)]
+    return [np.asarray(state)]
+
+
+@pytest.mark.parametrize("name", ["dump", "sec", "exp3", "dvc"])
+@pytest.mark.parametrize("rewards", ["binary16", "binary8", "binary12", "graded", "given_advantages"])
+@pytest.mark.parametrize("arms", ["domain", "cluster"])
+def test_observe_of_a_domain_mixture_equals_its_update_on_the_plain_batch(name, rewards, arms):
+    """`observe` builds only the fields the mixture declares (`batch_reads`); its state after
+    each step equals a loop that calls the same policy's update on the full batch with the
+    group means left to the plain formula, bit for bit."""
+    from rlpace.policies import make_method
+    from rlpace.types import Batch
+    pool = Pool(np.arange(400) % 5, clusters=np.arange(400) % 13)
+    rng = np.random.default_rng(3)
+    rate = rng.random(400)
+    g = {"binary8": 8, "binary12": 12}.get(rewards, 16)
+    s = Scheduler(pool, name, seed=4, arms=arms)
+    ref = make_method(name, arms=arms).mixture
+    state = ref.init(pool)
+    for t in range(12):
+        ids = s.propose(48)
+        u = rng.random((48, g))
+        r = (u < rate[ids][:, None]).astype(float)
+        kw = {}
+        if rewards == "graded":
+            r = r * u
+        if rewards == "given_advantages":
+            kw["advantages"] = u - 0.5
+        fb = Feedback(ids, r, step=t, **kw)
+        s.observe(fb)
+        plain = Batch.from_feedback(fb, pool, 0.5)._replace(mean_abs_advantage=None)
+        state = ref.update(state, pool, plain)
+        got, want = _leaves(s.states["mixture"]), _leaves(state)
+        assert [a.tobytes() for a in got] == [a.tobytes() for a in want], t
+
+
+def test_a_user_policy_declaring_batch_reads_gets_only_those_fields():
+    from rlpace.policies import DataPolicy
+    from rlpace.policies._base import MIXTURE
+    seen = []
+
+    def update(state, pool, batch):
+        seen.append(batch)
+        return state
+    user = DataPolicy(MIXTURE, lambda pool: np.zeros(1), update, lambda st, pool, *_: np.ones(2) / 2,
+                      name="reads_means", batch_reads=frozenset({"mean_abs_advantage"}))
+    s = Scheduler(Pool([0, 0, 1, 1], clusters=[0, 1, 2, 3]), user)
+    s.observe(Feedback([0, 2], [[1.0, 0.0], [1.0, 1.0]], step=0))
+    batch = seen[0]
+    assert batch.advantages is None and batch.clusters is None
+    # group 0: mean 0.5, std 0.5, A = ±0.5 / (0.5 + 1e-6) = mean |A|; group 1: all equal, 0
+    assert batch.mean_abs_advantage.tolist() == [0.5 / (0.5 + 1e-6), 0.0]
+    assert batch.domains.tolist() == [0, 1] and batch.pass_rate.tolist() == [0.5, 1.0]

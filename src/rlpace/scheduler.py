@@ -158,9 +158,11 @@ class _Places(NamedTuple):
     #: (kind, policy) whose `update` can change something: the rest are the neutral places'
     #: `_no_update` with no `decisions`, whose call would return the state unchanged
     updating: tuple
-    #: `observe` hands its batch to no policy (nothing in `updating`, no target place): it
-    #: builds it without what only policies read (`types._batch_and_counts(lean=True)`)
-    lean: bool
+    #: what `observe` builds of the fields only policies read (`types.BATCH_DERIVED`): the
+    #: union of the updating policies' `DataPolicy.batch_reads`, None (all) when one of them
+    #: does not declare it or there is a target place (it reads the batch before the update);
+    #: empty when `observe` hands its batch to no policy (`uniform`, `fixed_mixture`)
+    batch_fields: frozenset | None
 
 
 class Scheduler:
@@ -294,10 +296,13 @@ class Scheduler:
             supervision = active_supervision_places(self.method)
             updating = tuple((k, p) for k, p in policies.items()
                              if p.update is not _no_update or p.decisions is not None)
+            reads = [p.batch_reads for _, p in updating]
+            fields = (None if TARGET in supervision or any(r is None for r in reads)
+                      else frozenset().union(*reads))
             cached = self._places_cache = _Places(
                 self.method, policies, frozenset(policies),
                 frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS),
-                supervision, updating, not updating and TARGET not in supervision)
+                supervision, updating, fields)
         return cached
 
     @property
@@ -338,7 +343,8 @@ class Scheduler:
     def _batch(self, feedback: Feedback) -> Batch:
         return self._batch_and_counts(feedback)[0]
 
-    def _batch_and_counts(self, feedback: Feedback, lean: bool = False) -> tuple[Batch, np.ndarray, np.ndarray]:
+    def _batch_and_counts(self, feedback: Feedback, fields: frozenset | None = None
+                          ) -> tuple[Batch, np.ndarray, np.ndarray]:
         if not isinstance(feedback, Feedback):
             raise TypeError(f"expected an rlpace.Feedback; got {type(feedback).__name__}. Build one "
                             f"with Feedback(prompt_ids, rewards, advantages=None, step=...).")
@@ -346,7 +352,7 @@ class Scheduler:
         if ids.size and ids.max() >= len(self.pool):
             raise InputError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
                              f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
-        return _batch_and_counts(feedback, self.pool, self.success_threshold, lean)
+        return _batch_and_counts(feedback, self.pool, self.success_threshold, fields=fields)
 
     def observe(self, feedback: Feedback) -> None:
         """Update history and every policy's state from one step's feedback (all groups,
@@ -363,8 +369,8 @@ class Scheduler:
                 self._observe(batch, wins, informative, tally=False)
             self._tally(parts)
             return
-        # validates; nothing changed before. `lean`: no policy reads the batch (`_Places.lean`)
-        self._observe(*self._batch_and_counts(feedback, self._places().lean))
+        # validates; nothing changed before. Only the fields its policies read (`_Places.batch_fields`)
+        self._observe(*self._batch_and_counts(feedback, self._places().batch_fields))
 
     # ---- ragged feedback (an allocation gave prompts different numbers of rollouts) --------
     def _parts(self, feedback: Feedback) -> list:

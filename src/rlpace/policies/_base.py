@@ -109,6 +109,7 @@ class _DataPolicyFields(NamedTuple):
     decisions: PolicyDecisions | None = None
     neutral: bool = False
     bounds: tuple | None = None
+    batch_reads: frozenset | None = None
 
 
 class DataPolicy(_DataPolicyFields):
@@ -170,6 +171,13 @@ class DataPolicy(_DataPolicyFields):
             one prompt (max_n may be None: no upper bound). `Scheduler.allocate` refuses a
             budget outside [B·min_n, B·max_n] before calling `apply`, and raises a
             RuntimeError naming the policy when `apply` leaves them.
+        batch_reads: the fields of the `Batch` that only policies read (`types.BATCH_DERIVED`:
+            "clusters", "advantages", "mean_abs_advantage") which `update` reads; None (the
+            default: every policy not written for it) is all of them. `Scheduler.observe`
+            builds only the union over its updating policies, e.g. SEC's
+            {"mean_abs_advantage"} skips the [B, G] advantages and the clusters' gather; the
+            fields left out are None. Admission, weights and the target place always get
+            the full batch.
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """

@@ -117,7 +117,10 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}
 
-    p = DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics)
+    # update reads the [B, G] advantages (and the clusters when they are the arms), never the
+    # group means: `observe` builds only these (`DataPolicy.batch_reads`)
+    p = DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics,
+                   batch_reads=frozenset({"advantages"} | ({"clusters"} if arms == "cluster" else set())))
     # the floor is `with_floor`'s (one rule, checked for feasibility when the Scheduler is built);
     # the name stays "dump": the floor is one of dump's recorded hyperparameters
     return with_floor(p, floor)._replace(name="dump") if floor else p

@@ -50,8 +50,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..types import group_mean_abs_advantage
 from ._base import MIXTURE, DataPolicy, shifted_softmax
-from ._checks import abs_signal, check_choice, check_int, check_real
+from ._checks import check_choice, check_int, check_real
+from ._sec import arm_batch_reads
 from ._state_checks import check_range
 
 __all__ = ["dvc", "exp3s_parameters", "exp3s_probs", "exp3s_update", "dvc_values"]
@@ -128,8 +130,8 @@ def dvc_values(batch, signal: str) -> np.ndarray:
         norm = np.linalg.norm(f, axis=1) * np.linalg.norm(h, axis=1)
         cos = np.where(norm > 0, dot / np.where(norm > 0, norm, 1.0), 0.0)
         return np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
-    adv = batch.advantages                          # row sum / G: .mean(axis=1)'s arithmetic
-    return np.minimum(abs_signal(adv).sum(axis=1) / adv.shape[1], 1.0)
+    # row sum / G (.mean(axis=1)'s arithmetic), derived once per batch
+    return np.minimum(group_mean_abs_advantage(batch), 1.0)
 
 
 def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switches: int = 4,
@@ -214,4 +216,5 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
     # the reward fallback needs no features; the influence value reads the held-out direction
     # when a trainer provides it (else the leave-one-out batch gradient)
     reads = frozenset() if signal == "reward" else frozenset({"grads", "ref_grad"})
-    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dvc", metrics=metrics, reads=reads)
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dvc", metrics=metrics, reads=reads,
+                      batch_reads=arm_batch_reads(arms))

@@ -29,7 +29,7 @@ import numpy as np
 
 from ._base import MIXTURE, DataPolicy, shifted_softmax
 from ._checks import check_choice, check_real
-from ._sec import arm_mean_abs_advantage
+from ._sec import arm_batch_reads, arm_mean_abs_advantage
 
 __all__ = ["exp3"]
 
@@ -94,4 +94,5 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
     def metrics(state, pool):
         return {"exp3/eps": float(state.eps)}
 
-    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="exp3", metrics=metrics)
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="exp3", metrics=metrics,
+                      batch_reads=arm_batch_reads(arms))

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..types import group_mean_abs_advantage
 from ._base import MIXTURE, DataPolicy, shifted_softmax
-from ._checks import abs_signal, check_choice, check_real
+from ._checks import check_choice, check_real
 
 __all__ = ["sec", "arm_mean_abs_advantage"]
 
@@ -29,14 +30,21 @@ __all__ = ["sec", "arm_mean_abs_advantage"]
 def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean float64[K], present bool[K]): per arm, the mean over the batch's groups of the
     group's mean |A|; `present` marks arms with at least one group. |A| is clipped to
-    1e100 first (`abs_signal`), so the sums stay finite for any finite advantages."""
+    1e100 first (`abs_signal`), so the sums stay finite for any finite advantages. The
+    group means are the batch's derived `mean_abs_advantage` (`group_mean_abs_advantage`):
+    a policy calling this declares `batch_reads` = `arm_batch_reads(arms)`."""
     arm = batch.domains if arms == "domain" else batch.clusters     # = pool.arm_codes(arms)[ids]
     count = np.bincount(arm, minlength=k)
     # the row sum / G is .mean(axis=1)'s own arithmetic (numpy divides the sum by the count)
-    adv = batch.advantages
-    total = np.bincount(arm, weights=abs_signal(adv).sum(axis=1) / adv.shape[1], minlength=k)
+    total = np.bincount(arm, weights=group_mean_abs_advantage(batch), minlength=k)
     # an arm without groups has total 0.0 (bincount's start), and 0.0 / 1 is the 0 it gets
     return total / np.maximum(count, 1), count > 0
+
+
+def arm_batch_reads(arms: str) -> frozenset:
+    """`DataPolicy.batch_reads` of a mixture updated from `arm_mean_abs_advantage`: the group
+    means, and the clusters when its arms are clusters."""
+    return frozenset({"mean_abs_advantage"} | ({"clusters"} if arms == "cluster" else set()))
 
 
 class SecState(NamedTuple):
@@ -85,4 +93,5 @@ def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> D
     def metrics(state, pool):
         return {"sec/q_max": float(state.q.max()), "sec/q_min": float(state.q.min())}
 
-    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="sec", metrics=metrics)
+    return DataPolicy(MIXTURE, init, update, apply, arms=arms, name="sec", metrics=metrics,
+                      batch_reads=arm_batch_reads(arms))
