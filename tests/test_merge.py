@@ -528,3 +528,41 @@ def test_bf16_output_by_float32_products_against_the_float64_path():
     # one step apart: neighbouring bf16 bit patterns (same sign)
     steps = (out.view(torch.int16).int() - want.view(torch.int16).int()).abs()[differ]
     assert bool((steps == 1).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_non_finite_check_agrees_with_isfinite_at_every_position(dtype):
+    """The merge's NaN / inf refusal reads one min / max reduction instead of an elementwise
+    isfinite; it must flag a single bad value wherever it sits (vector bodies and tails) and
+    pass the largest finite value of the dtype."""
+    from rlpace.merge._checkpoint import _all_finite
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 7, 33, 1000, 4097):
+        w = torch.randn(n, generator=g).to(dtype)
+        assert _all_finite(w) and bool(torch.isfinite(w).all())
+        for pos in range(0, n, max(1, n // 11)):
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                x = w.clone()
+                x[pos] = bad
+                assert not _all_finite(x), (n, pos, bad)
+        big = torch.full((3, n), torch.finfo(dtype).max, dtype=dtype)
+        big[1] = -big[1]
+        assert _all_finite(big)
+
+
+def test_workers_take_the_dearest_tensors_first():
+    """The worker pool's order: ISO frames by m·n·q + 13·q³ (q = min(m, n)), everything else
+    by its number of elements, dearest first, ties in name order."""
+    from rlpace.merge._checkpoint import _longest_first
+    layout = {"a.norm": (None, "BF16", (896,)), "b.mlp": (None, "BF16", (4864, 896)),
+              "c.attn": (None, "BF16", (896, 896)), "d.k": (None, "BF16", (128, 896)),
+              "e.stack": (None, "BF16", (4, 128, 896)), "f.attn": (None, "BF16", (896, 896)),
+              "z.embed": (None, "BF16", (151936, 896))}
+    kinds = {n: ("mean" if len(s[2]) == 1 else "frames") for n, s in layout.items()}
+    # costs: z 151936·896² + 13·896³ = 1.313e11; b 4864·896² + 13·896³ = 1.326e10;
+    # c, f 14·896³ = 1.007e10; e 4·(128·896·128 + 13·128³) = 1.68e8; d 4.2e7; a 896
+    assert _longest_first(list(layout), layout, kinds) == ["z.embed", "b.mlp", "c.attn", "f.attn", "e.stack",
+                                                          "d.k", "a.norm"]
+    kinds = {n: "delta" for n in layout}                                 # task arithmetic / TIES: by size
+    assert _longest_first(list(layout), layout, kinds) == ["z.embed", "b.mlp", "c.attn", "f.attn", "e.stack",
+                                                          "d.k", "a.norm"]

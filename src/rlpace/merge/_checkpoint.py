@@ -102,9 +102,18 @@ def _refuse_non_finite(w: torch.Tensor, name: str, path: str) -> None:
     """A NaN or inf weight would make ISO's SVD fail, task arithmetic write NaN, and TIES
     silently put the base's value in its place: refuse the input instead (the caller's
     temporary output is then removed, so nothing is written)."""
-    if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+    if w.is_floating_point() and w.numel() and not _all_finite(w):
         raise InputError(f"tensor {name!r} in {path!r} holds NaN or inf values; rlpace merge refuses non-finite "
                          f"weights: re-export that checkpoint, or leave it out of --base/--experts.")
+
+
+def _all_finite(w: torch.Tensor) -> bool:
+    """Whether a non-empty floating tensor holds no NaN or inf: its minimum and maximum are
+    finite (torch.aminmax propagates NaN). One reduction, no bool tensor of w's size: on a
+    bf16 151,936 × 896 embedding 0.04 s of CPU against torch.isfinite(w).all()'s 0.98 s
+    (isfinite over the three 0.5B checkpoints of a 2-expert merge took 11 s)."""
+    lo, hi = torch.aminmax(w)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
 def _rule(method: str, shape, dtype: str) -> str:
@@ -261,7 +270,7 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
             # call, and TIES's per-chunk ops cost more to split than they save
             from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
             with ThreadPoolExecutor(workers) as pool:
-                futures = {pool.submit(merge_one, n): n for n in names}
+                futures = {pool.submit(merge_one, n): n for n in _longest_first(names, base_layout, kinds)}
                 pending = set(futures)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -303,6 +312,24 @@ def merge_checkpoints(base, experts, out, *, method: str = "iso", device: str = 
         torch.set_num_threads(torch_threads)
     return {"method": method, "tensors": len(names), **counts, "seconds": time.perf_counter() - t0,
             "out": str(out)}
+
+
+def _longest_first(names, layout: dict, kinds: dict) -> list:
+    """`names` in the order the worker pool takes them: dearest first (ties in name order), so
+    the last tensors to start are small ones and no worker sits idle behind one long tail.
+    An ISO frame merge of an m × n matrix (q = min(m, n)) costs about m·n·q for its two passes
+    of products plus 13·q³ for its q × q eigendecompositions and products (fitted to the
+    measured 4864 × 896, 896 × 896 and 151,936 × 896 matrices); every other rule costs about
+    its number of elements. Output does not depend on the order (each tensor is written to
+    its own planned byte range)."""
+    def cost(n):
+        shape = layout[n][2]
+        if kinds[n] != "frames":
+            return math.prod(shape)
+        m, k = shape[-2:]
+        q = min(m, k)
+        return math.prod(shape[:-2]) * (m * k * q + 13 * q ** 3)
+    return sorted(names, key=lambda n: -cost(n))
 
 
 def _blas_dtype(precision: str, written: torch.dtype) -> torch.dtype:
