@@ -649,30 +649,14 @@ def _feedback_group_sizes(values: Any, shape: tuple) -> np.ndarray | None:
     return None if (arr == g).all() else arr
 
 
-def _distinct_answers(flat: list) -> dict | None:
-    """The distinct answers of `flat` in first-seen order (dict keys, values None) when every
-    answer is a str or None, else None: one C-level pass (`dict.fromkeys`), the types checked
-    over the distinct answers only. The voters factorise from these keys
-    (`AnswerVotes(answers, distinct)`) instead of hashing the B·G answers a second time. An
-    answer equal to an earlier str answer (a str subclass such as np.str_ of the same text)
-    is checked, and voted, as that answer."""
-    try:
-        keys = dict.fromkeys(flat)
-    except TypeError:                       # unhashable: not a str
-        return None
-    return keys if set(map(type, keys)) <= {str, type(None)} else None
-
-
-def _feedback_answers(values: Any, shape: tuple) -> tuple[np.ndarray, dict | None]:
-    """(object[B, G] of str / None (a copy), its distinct answers `_distinct_answers` or None),
-    or a ValueError naming Feedback.answers."""
+def _feedback_answers(values: Any, shape: tuple) -> np.ndarray:
+    """object[B, G] of str / None (a copy), or a ValueError naming Feedback.answers."""
     if isinstance(values, (str, bytes)):
         rows = None
     elif isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "OU":
-        if values.shape == shape and values.dtype.kind == "O":
-            keys = _distinct_answers(values.ravel().tolist())
-            if keys is not None:
-                return values.copy(), keys  # already object[B, G] of str / None: one C-level pass, a copy
+        if (values.shape == shape and values.dtype.kind == "O"
+                and set(map(type, values.ravel().tolist())) <= {str, type(None)}):
+            return values.copy()    # already object[B, G] of str / None: one C-level check, a copy
         rows = values.tolist()      # one C-level pass (iterating the rows of an array is slow)
     else:
         try:
@@ -686,12 +670,11 @@ def _feedback_answers(values: Any, shape: tuple) -> tuple[np.ndarray, dict | Non
         raise InputError(f"Feedback.answers must have the rewards' shape {shape} (one answer per "
                          f"rollout); got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}.")
     flat = list(itertools.chain.from_iterable(rows))
-    keys = _distinct_answers(flat)
-    if keys is not None:
+    if set(map(type, flat)) <= {str, type(None)}:
         # every answer a str or None: checked with one C-level pass, no conversion needed
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
-        return arr.reshape(shape), keys
+        return arr.reshape(shape)
     arr = np.empty(shape, dtype=object)
     for i, r in enumerate(rows):
         for j, a in enumerate(r):
@@ -699,7 +682,7 @@ def _feedback_answers(values: Any, shape: tuple) -> tuple[np.ndarray, dict | Non
                 raise InputError(f"Feedback.answers[{i}][{j}] is {type(a).__name__} {a!r}; answers are "
                                  f"str (the extracted final answer) or None (no answer extracted).")
             arr[i, j] = None if a is None else str(a)    # np.str_ → str
-    return arr, None
+    return arr
 
 
 def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = None,
@@ -889,7 +872,7 @@ class Feedback:
         lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
         grd = None if grads is None else _feedback_grads(grads, rew.shape)
         ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
-        ans, keys = (None, None) if answers is None else _feedback_answers(answers, rew.shape)
+        ans = None if answers is None else _feedback_answers(answers, rew.shape)
         ent = None if token_entropy is None else _feedback_stat("token_entropy", token_entropy, rew.shape,
                                                                 low=0.0)
         sc = None if self_certainty is None else _feedback_stat("self_certainty", self_certainty, rew.shape)
@@ -903,8 +886,6 @@ class Feedback:
         self.__dict__.update(prompt_ids=ids, rewards=rew, advantages=adv, step=step_i, lengths=lens,
                              grads=grd, ref_grad=ref, answers=ans, token_entropy=ent, self_certainty=sc,
                              mean_logprob=mlp, group_sizes=sizes)
-        if keys is not None:
-            self.__dict__["_answer_keys"] = keys     # for `answer_votes` (derived, not a field)
 
     def with_grads(self, grads, ref_grad=None) -> "Feedback":
         """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
@@ -978,7 +959,7 @@ class Feedback:
         Feedback, even over equal answers, has its own."""
         votes = self.__dict__.get("_answer_votes")
         if votes is None and self.answers is not None:
-            votes = AnswerVotes(self.answers, self.__dict__.get("_answer_keys"))
+            votes = AnswerVotes(self.answers)
             object.__setattr__(self, "_answer_votes", votes)
         return votes
 
@@ -1022,6 +1003,9 @@ class Batch(NamedTuple):
     #: DVC read through `group_mean_abs_advantage`), derived once per batch; None where the batch
     #: was built for a method none of whose policies reads it (`DataPolicy.batch_reads`)
     mean_abs_advantage: np.ndarray | None = None
+    #: float64[B, G] min(|A|, SIGNAL_MAX) of each rollout (DUMP's window entries, read through
+    #: `rollout_abs_advantages`), derived once per batch; None where no policy reads it
+    abs_advantages: np.ndarray | None = None
 
     @property
     def informative(self) -> np.ndarray:
@@ -1040,7 +1024,8 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
 
     `fields` (`Scheduler.observe`: the union of its updating policies' `DataPolicy.batch_reads`)
     names the derived fields only policies read that this batch needs, among BATCH_DERIVED
-    ("clusters", "advantages", "mean_abs_advantage"); None (the default) builds all of them.
+    ("clusters", "advantages", "mean_abs_advantage", "abs_advantages"); None (the default)
+    builds all of them.
     A field left out is None, except the advantages of a non-binary batch (the informative
     flags are read from them). `lean=True` is `fields=frozenset()` (a method none of whose
     places reads the batch in `observe`: `uniform`, `fixed_mixture`, `epiplexity`).
@@ -1070,8 +1055,9 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     if b == 0:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
         mean_abs = np.zeros(0) if "mean_abs_advantage" in want else None
-        return (_batch(fb, r, success, np.zeros(0), adv, domains, clusters, mean_abs), np.zeros(0, np.int64),
-                np.zeros(0, bool))
+        abs_adv = abs_signal(adv) if "abs_advantages" in want else None
+        return (_batch(fb, r, success, np.zeros(0), adv, domains, clusters, mean_abs, abs_adv),
+                np.zeros(0, np.int64), np.zeros(0, bool))
     g = r.shape[1]
     # r == success (as 0/1) everywhere ⟺ every reward is 0 or 1; then success ⟺ r == 1
     # whatever the threshold, so the count of successes is the row sum of r.
@@ -1088,9 +1074,11 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
         wins = (r if binary else success.astype(np.float64)) @ np.ones(g)   # see _success_counts
     rate = wins / g                                   # = success.mean(axis=1), same division
     wins = wins.astype(np.int64)
-    if binary and "advantages" not in want and (mean_table is not None or "mean_abs_advantage" not in want):
-        adv = None                                    # no reader (docstring)
-    elif table is not None:
+    # the signed advantages: asked for, or what an asked-for field is computed from
+    need_adv = ("advantages" in want or ("mean_abs_advantage" in want and mean_table is None)
+                or ("abs_advantages" in want and table is None))
+    index = None
+    if table is not None and (need_adv or "abs_advantages" in want):
         # pairs[2k + s]: the advantage of a failure (s = 0) / success (s = 1) in a group with k
         # successes; one gather over [B, G] (np.where with broadcast [B, 1] rows costs 2.5×).
         # The index 2k + s ≤ 2G + 1 is built in uint8 where it fits (half the cost of int64).
@@ -1098,6 +1086,9 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
             index = np.add(success.view(np.uint8), (2 * wins).astype(np.uint8)[:, None])
         else:
             index = success + (2 * wins)[:, None]
+    if binary and not need_adv:
+        adv = None                                    # no reader (docstring)
+    elif table is not None:
         adv = table[2].take(index)
     else:
         adv = fb.advantages if fb.advantages is not None else group_advantages(r)
@@ -1111,12 +1102,31 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
         # the plain formula's arithmetic (row sum, then / G: `.mean(axis=1)`'s), or its table
         mean_abs = mean_table.take(pattern) if mean_table is not None else abs_signal(adv).sum(axis=1) / g
         mean_abs.setflags(write=False)
-    return _batch(fb, r, success, rate, adv, domains, clusters, mean_abs), wins, informative
+    abs_adv = None
+    if "abs_advantages" in want:
+        # |pairs| capped, gathered with the same index: abs_signal(A) element for element
+        abs_adv = _binary_abs_pairs(g).take(index) if table is not None else abs_signal(adv)
+        abs_adv.setflags(write=False)
+    return _batch(fb, r, success, rate, adv, domains, clusters, mean_abs, abs_adv), wins, informative
 
 
 #: The fields of a `Batch` that only policies read, built on request (`_batch_and_counts`,
 #: `DataPolicy.batch_reads`).
-BATCH_DERIVED = frozenset({"clusters", "advantages", "mean_abs_advantage"})
+BATCH_DERIVED = frozenset({"clusters", "advantages", "mean_abs_advantage", "abs_advantages"})
+
+
+def rollout_abs_advantages(batch: Batch) -> np.ndarray:
+    """float64[B, G] min(|A|, SIGNAL_MAX) of each rollout: the batch's derived
+    `abs_advantages` when it was built with it, else `abs_signal(batch.advantages)` — the
+    same numbers either way. A policy that reads it declares "abs_advantages" in
+    `DataPolicy.batch_reads`.
+
+    >>> import numpy as np
+    >>> b = Batch(np.array([0]), None, None, None, np.array([[1.0, -2.0, -1e300]]), None, None, 0)
+    >>> rollout_abs_advantages(b).tolist()
+    [[1.0, 2.0, 1e+100]]
+    """
+    return batch.abs_advantages if batch.abs_advantages is not None else abs_signal(batch.advantages)
 
 
 def group_mean_abs_advantage(batch: Batch) -> np.ndarray:
@@ -1138,12 +1148,12 @@ def group_mean_abs_advantage(batch: Batch) -> np.ndarray:
 
 
 def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clusters,
-           mean_abs_advantage=None) -> Batch:
+           mean_abs_advantage=None, abs_advantages=None) -> Batch:
     """The `Batch` of `fb` with its derived fields, every field by name."""
     return Batch(prompt_ids=fb.prompt_ids, rewards=rewards, success=success, pass_rate=pass_rate,
                  advantages=advantages, domains=domains, clusters=clusters, step=fb.step,
                  lengths=fb.lengths, grads=fb.grads, ref_grad=fb.ref_grad,
-                 mean_abs_advantage=mean_abs_advantage, **_supervision(fb))
+                 mean_abs_advantage=mean_abs_advantage, abs_advantages=abs_advantages, **_supervision(fb))
 
 
 def _supervision(fb: Feedback) -> dict:
@@ -1215,6 +1225,15 @@ def _binary_mean_abs_table(g: int) -> np.ndarray | None:
         bits = ((p[:, None] >> np.arange(g)) & 1).astype(bool)            # [rows, G] successes
         adv = table[2].take(bits + 2 * bits.sum(axis=1)[:, None])
         out[start:start + p.shape[0]] = abs_signal(adv).sum(axis=1) / g
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _binary_abs_pairs(g: int) -> np.ndarray:
+    """float64[2(G + 1)] read-only `abs_signal` of `_binary_advantage_table(g)`'s pairs: the
+    capped |A| of a failure / success in a group with k successes, gathered like the pairs."""
+    out = abs_signal(_binary_advantage_table(g)[2])
     out.setflags(write=False)
     return out
 

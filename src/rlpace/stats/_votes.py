@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import operator
 from typing import Sequence
 
 import numpy as np
@@ -44,14 +43,12 @@ def answer_hash(a: str | None) -> int:
     return h if h != NO_MAJORITY else 1
 
 
-def answer_codes(answers, distinct: dict | None = None) -> tuple[np.ndarray, list[str]]:
+def answer_codes(answers) -> tuple[np.ndarray, list[str]]:
     """(codes int64[B, G], values list[str]): each answer as an index into `values`, the distinct
     cleaned answers (`clean_answer`) in first-seen order; −1 where no answer was extracted.
 
-    `distinct`: the distinct raw answers in first-seen order, as dict keys (what the Feedback
-    constructor found checking the answers' types; computed here when None). Then one lookup
-    per answer in C (`operator.itemgetter` over a dict of the distinct answers' numbers) and
-    `clean_answer` once per distinct raw answer, not once per rollout.
+    One pass over the B·G answers in C (`dict.setdefault` through `map`), then `clean_answer`
+    once per distinct raw answer, not once per rollout.
 
     >>> codes, values = answer_codes([["b", " a", None], ["a", "", "b"]])
     >>> codes.tolist(), values
@@ -59,20 +56,15 @@ def answer_codes(answers, distinct: dict | None = None) -> tuple[np.ndarray, lis
     """
     a = np.asarray(answers, dtype=object)
     flat = a.ravel().tolist()
-    if distinct is None:
-        distinct = dict.fromkeys(flat)
-    number = dict(zip(distinct, itertools.count()))                  # raw answer -> its rank
-    # each answer's rank among the distinct raw answers: equal answers, equal ranks
-    if len(flat) > 1:
-        raw = np.fromiter(operator.itemgetter(*flat)(number), np.int64, len(flat))
-    else:
-        raw = np.array([number[x] for x in flat], np.int64)
-    lut = np.full(len(number), -1, np.int64)
+    first: dict = {}
+    # the flat position of each raw answer's first occurrence: equal answers, equal positions
+    raw = np.fromiter(map(first.setdefault, flat, itertools.count()), np.int64, len(flat))
+    lut = np.full(len(flat), -1, np.int64)
     index: dict[str, int] = {}
-    for rank, answer in enumerate(number):
+    for answer, pos in first.items():
         c = clean_answer(answer)
         if c is not None:
-            lut[rank] = index.setdefault(c, len(index))
+            lut[pos] = index.setdefault(c, len(index))
     return lut[raw].reshape(a.shape), list(index)
 
 
@@ -165,11 +157,10 @@ class AnswerVotes:
     ([1, -1], [2, 1], True)
     """
 
-    __slots__ = ("answers", "_distinct", "_codes", "_values", "_by_ties", "derived")
+    __slots__ = ("answers", "_codes", "_values", "_by_ties", "derived")
 
-    def __init__(self, answers: np.ndarray, distinct: dict | None = None):
+    def __init__(self, answers: np.ndarray):
         self.answers = answers
-        self._distinct = distinct           # the raw answers' distinct values, if known (`answer_codes`)
         self._codes: np.ndarray | None = None
         self._values: list[str] = []
         self._by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -183,7 +174,7 @@ class AnswerVotes:
     def codes(self) -> np.ndarray:
         """int64[B, G] each answer's index into `values`; −1 where none was extracted."""
         if self._codes is None:
-            codes, self._values = answer_codes(self.answers, self._distinct)
+            codes, self._values = answer_codes(self.answers)
             codes.setflags(write=False)         # shared by every reader of this Feedback
             self._codes = codes
         return self._codes
