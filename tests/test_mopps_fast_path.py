@@ -278,3 +278,86 @@ def test_distinct_draw_equals_the_plain_loop():
         assert got.dtype == np.int64
         assert got.tolist() == _plain_distinct_draw(g2, lo, width), trial
         assert g1.random() == g2.random()
+
+
+def _lexsort_nearest(arm, dist, keep):
+    """The first keep[a] of each arm in (arm, distance, position) order, by a full lexsort."""
+    by = np.lexsort((dist, arm))
+    lens = np.bincount(arm, minlength=keep.size)
+    rank = np.arange(by.size) - (np.cumsum(lens) - lens)[arm[by]]
+    return by[rank < keep[arm[by]]]
+
+
+def test_nearest_in_each_arm_one_key_sort_many_arms_and_rounding_ties():
+    """The superset is sorted by the float key arm + dist: with more than 64 arms (the
+    vectorised cut), with distances one ulp apart in arms ≥ 1 (equal keys after rounding:
+    the exact two-sort order must take over) and with exact ties, the result is the lexsort's."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        n_arms = int(rng.integers(65, 140)) if trial % 2 else int(rng.integers(2, 12))
+        lens = rng.integers(16, 200, size=n_arms)
+        arm = np.repeat(np.arange(n_arms), lens)
+        dist = (rng.random(arm.size) - 0.5) ** 2
+        if trial % 3 == 1:                     # neighbours one ulp apart: arm + d rounds them together
+            j = rng.choice(arm.size - 1, size=arm.size // 10, replace=False)
+            dist[j + 1] = np.nextafter(dist[j], 1.0)
+            dist[j] = dist[j] / 64.0           # near the target, so they are in the superset
+            dist[j + 1] = np.nextafter(dist[j], 1.0)
+        if trial % 3 == 2:
+            dist = np.round(dist, 4)           # exact ties
+        keep = np.minimum(lens, lens // 16 + rng.integers(0, 3, size=n_arms))
+        np.testing.assert_array_equal(_nearest_in_each_arm(arm, dist, keep), _lexsort_nearest(arm, dist, keep))
+
+
+def test_candidates_by_arm_few_and_many_arms_equal_the_plain_draw():
+    """Few arms take a Python setup (their ranges as uint32 starts and float64 widths), many
+    arms the array setup: both are the plain distinct draw over each candidate's int64 range."""
+    for trial in range(40):
+        r = np.random.default_rng([trial, 7])
+        k = int(r.integers(1, 12)) if trial % 2 else int(r.integers(65, 90))
+        sizes = r.integers(2000, 90_000, size=k)
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        counts = r.multinomial(512, np.full(k, 1.0 / k))
+        counts[r.random(k) < 0.2] = 0          # arms without slots
+        pos, arm = _candidates_by_arm(np.random.default_rng([trial, 8]), offsets, counts, 4)
+        active = np.flatnonzero(counts)
+        want_arm = np.repeat(np.arange(active.size), 4 * counts[active])
+        g = np.random.default_rng([trial, 8])
+        want = _plain_distinct_draw(g, offsets[active][want_arm], sizes[active][want_arm])
+        np.testing.assert_array_equal(arm, want_arm)
+        assert pos.dtype == np.int64 and pos.tolist() == want
+
+
+def test_beta_update_with_distinct_ids_and_no_decay_is_the_loop_bit_for_bit():
+    """λ = 1 with every prompt once adds the counts in place: the very floats of the
+    sequential loop α ← 1·α + (0·α0 + k) (non-integer α and β, so a wrong sum shows)."""
+    from rlpace.policies._mopps import beta_posterior_update
+    rng = np.random.default_rng(3)
+    for trial in range(50):
+        n = 3000
+        a, b = rng.random(n) * 7 + 0.3, rng.random(n) * 7 + 0.3
+        ra, rb = a.copy(), b.copy()
+        ids = rng.choice(n, size=int(rng.integers(1, 600)), replace=False)
+        g = 16
+        k = rng.integers(0, g + 1, ids.size).astype(float)
+        beta_posterior_update(a, b, ids, k, g - k, 1.0, 1.0, 1.0)
+        for i, x in zip(ids.tolist(), k.tolist()):
+            ra[i] = 1.0 * ra[i] + (0.0 * 1.0 + x)
+            rb[i] = 1.0 * rb[i] + (0.0 * 1.0 + (g - x))
+        np.testing.assert_array_equal(a, ra)
+        np.testing.assert_array_equal(b, rb)
+
+
+def test_split_by_arm_every_arm_live_is_the_multinomial_of_the_shares():
+    """Every arm with mass: counts ~ Multinomial(n, p / Σ p) from the same generator; a NaN,
+    an infinite or a negative share is still refused."""
+    from rlpace.errors import InputError
+    pool = Pool(np.repeat(np.arange(4), [5, 7, 3, 9]))
+    for s in range(20):
+        p = np.random.default_rng(s).random(4) + 0.01
+        counts, _, _ = split_by_arm(pool, 37, p, "domain", np.random.default_rng([s, 1]), "t")
+        q = p / p.sum()
+        np.testing.assert_array_equal(counts, np.random.default_rng([s, 1]).multinomial(37, q / q.sum()))
+    for bad in ([np.nan, 1, 1, 1], [np.inf, 1, 1, 1], [-0.1, 1, 1, 1]):
+        with pytest.raises(InputError, match="finite non-negative"):
+            split_by_arm(pool, 5, bad, "domain", np.random.default_rng(0), "t")

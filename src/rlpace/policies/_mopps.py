@@ -152,15 +152,20 @@ def _draw_at_uniform_prior(rng, alpha: np.ndarray, beta: np.ndarray, flagged: np
         return _beta_draw(rng, alpha[ids], beta[ids])
     at = ids_of(moved)
     a, b = alpha[at], beta[at]
-    off = (a != 1.0) | (b != 1.0)        # flagged and still off the prior
-    if not off.any():
+    off = a != 1.0                       # flagged and still off the prior
+    off |= b != 1.0
+    n_off = int(np.count_nonzero(off))
+    if n_off == 0:
         return rng.random(flagged.size)  # every candidate at Beta(1, 1) = Uniform(0, 1)
-    rest = moved[off]
-    flat = np.ones(flagged.size, dtype=bool)
-    flat[rest] = False
+    if n_off == moved.size:              # the usual case (with decay 1 a visit always moves a prompt)
+        rest, flat = moved, ~flagged
+    else:
+        rest, a, b = moved[off], a[off], b[off]
+        flat = np.ones(flagged.size, dtype=bool)
+        flat[rest] = False
     out = np.empty(flagged.size)
     out[flat] = rng.random(flagged.size - rest.size)   # ≥ m / 2 of them: never empty
-    out[rest] = _gamma_ratio(rng, a[off], b[off])
+    out[rest] = _gamma_ratio(rng, a, b)
     return out
 
 
@@ -171,6 +176,15 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
     order j = 0..B−1, equal to the per-group loop, in O(B log B) numpy."""
     if ids.size == 0:
         return
+    if decay == 1.0:
+        ordered = np.sort(ids)
+        if (ordered[1:] != ordered[:-1]).all():
+            # Every prompt once and λ = 1 (the default): 1·α + (0·α0 + x) below is the float
+            # α + x, and with distinct ids the order of the writes does not matter — one
+            # sort to check, no argsort and no gathers of x.
+            alpha[ids] += successes
+            beta[ids] += failures
+            return
     order = np.argsort(ids, kind="stable")            # group by prompt, keep batch order
     sid = ids[order]
     first = np.empty(sid.size, dtype=bool)           # first group of each prompt
@@ -216,9 +230,9 @@ def _gamma_ratio(rng, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Beta(a, b) draws as X / (X + Y), X ~ Gamma(a), Y ~ Gamma(b) (`_beta_draw` without its
     flat case)."""
     x, y = rng.standard_gamma(a), rng.standard_gamma(b)
-    total = x + y
+    total = np.add(x, y, out=y)
     if total.all():                                # total ≥ 0: all positive, the usual case
-        return x / total
+        return np.divide(x, total, out=x)
     out = np.divide(x, total, out=np.zeros_like(x), where=total > 0)
     tiny = total <= 0                              # both underflowed: only for shapes ≪ 1
     out[tiny] = rng.beta(a[tiny], b[tiny])
@@ -287,35 +301,56 @@ def _nearest_in_each_arm(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) ->
 
     `arm` int64[m] is non-decreasing (the candidates come arm by arm) and every arm
     0..A−1 has at least keep[a] ≥ 0 candidates. Sorting all m candidates costs ~0.3 ms for
-    m = 8192 while only about m / ratio of them are kept, so a histogram first finds, per arm,
-    the bucket of |γ − target| = sqrt(dist) that holds its keep[a]-th nearest (the bucket is
-    monotone in dist, so every candidate left out is farther than every one kept) and only
-    the candidates up to that bucket are sorted.
+    m = 8192 while only about m / ratio of them are kept, so a threshold (or a histogram)
+    first finds a superset of each arm's keep[a] nearest and only those are sorted.
+
+    The superset is sorted once, by the float key arm + dist: for dist in [0, 1] (a squared
+    distance between two success rates) the rounded sum is non-decreasing in (arm, dist)
+    and never puts a later arm first (arm + dist ≤ arm + 1 ≤ the next arm's key), so when
+    no two keys are equal their order is exactly (arm, dist) order; equal keys (a tie in
+    dist, or two distances closer than the sum's rounding: probability ~1e-7 per step) or a
+    distance above 1 take the exact two-sort order of `_by_arm_then_distance` instead.
     """
     m, n_arms = dist.size, keep.size
     if m == 0:
         return np.zeros(0, np.int64)
-    kept = _near_enough(arm, dist, keep)
-    if kept is None:
+    near = _near_enough(arm, dist, keep)
+    if near is None:
         kept = _by_histogram(arm, dist, keep)
-    sub_arm = arm[kept]
-    by = _by_arm_then_distance(sub_arm, dist[kept])
-    lens = np.bincount(sub_arm, minlength=n_arms)
-    a = sub_arm[by]
-    rank = np.arange(by.size) - (np.cumsum(lens) - lens)[a]
-    return kept[by[rank < keep[a]]]
+        sub_arm = arm[kept]
+        lens = np.bincount(sub_arm, minlength=n_arms)
+    else:
+        kept, sub_arm, lens = near
+    d = dist[kept]
+    key = d + sub_arm
+    by = np.argsort(key)
+    k = key[by]
+    if (k[1:] == k[:-1]).any() or not k.size or d.max() > 1.0:
+        by = _by_arm_then_distance(sub_arm, d)
+    # by is (arm, distance) order, so arm a's kept candidates are by[s_a : s_a + lens[a]]
+    # (s_a = lens[0] + ... + lens[a − 1]): its first keep[a] are its nearest
+    if n_arms <= 64:             # a slice per arm beats four [L]-long passes for a few arms
+        s, pieces = 0, []
+        for n_a, k_a in zip(lens.tolist(), keep.tolist()):
+            pieces.append(by[s:s + k_a])
+            s += n_a
+        return kept[np.concatenate(pieces)]
+    limit = (np.cumsum(lens) - lens + keep)[sub_arm]
+    return kept[by[np.arange(by.size) < limit]]
 
 
-def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndarray | None:
-    """Increasing positions that hold every arm's keep[a] nearest (a superset), found with one
-    threshold for all arms: τ ≈ the (2·Σ keep)-th smallest distance (read off every 8th
-    candidate: cheap, and only the size of the superset depends on it), and every candidate at
-    most τ; an arm with fewer than keep[a] of those contributes all its candidates (`arm` is
-    non-decreasing, so an arm's candidates are one block). None when that leaves more than a
-    quarter of the candidates (arms whose candidates all lie far from the target: a small or
-    well-explored pool), for `_by_histogram`. Every candidate left out of an arm that
-    passed is farther than τ ≥ each of its keep[a] nearest, ties at τ included, so the
-    first keep[a] of each arm in (arm, distance, position) order are the same."""
+def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(kept, arm[kept], count of kept per arm): increasing positions `kept` that hold every
+    arm's keep[a] nearest (a superset), found with one threshold for all arms: τ ≈ the
+    (2·Σ keep)-th smallest distance (read off every 8th candidate: cheap, and only the size
+    of the superset depends on it), and every candidate at most τ; an arm with fewer than
+    keep[a] of those contributes all its candidates (`arm` is non-decreasing, so an arm's
+    candidates are one block). None when that leaves more than a quarter of the candidates
+    (arms whose candidates all lie far from the target: a small or well-explored pool), for
+    `_by_histogram`. Every candidate left out of an arm that passed is farther than τ ≥ each
+    of its keep[a] nearest, ties at τ included, so the first keep[a] of each arm in (arm,
+    distance, position) order are the same."""
     m, total = dist.size, int(keep.sum())
     kth = 2 * total
     if kth >= m // 4:
@@ -324,7 +359,9 @@ def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndar
     k8 = min(kth // 8, sample.size - 1)
     tau = np.partition(sample, k8)[k8]
     near = dist <= tau
-    have = np.bincount(arm[near], minlength=keep.size)
+    kept = np.flatnonzero(near)
+    sub_arm = arm[kept]
+    have = np.bincount(sub_arm, minlength=keep.size)
     short = have < keep
     if short.any():
         ends = np.searchsorted(arm, np.flatnonzero(short), side="right")
@@ -333,7 +370,10 @@ def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndar
             return None
         for lo, hi in zip(starts.tolist(), ends.tolist()):
             near[lo:hi] = True
-    return np.flatnonzero(near)
+        kept = np.flatnonzero(near)
+        sub_arm = arm[kept]
+        have = np.bincount(sub_arm, minlength=keep.size)
+    return kept, sub_arm, have
 
 
 def _by_histogram(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -386,6 +426,19 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     where that would be a long rejection loop (more than a quarter of the arm wanted) get
     `_candidates` itself, arm by arm, after the common draw.
     """
+    if counts.size <= 64 and int(offsets[-1]) <= 1 << 32:
+        # A few arms (domains): their ranges in Python numbers, and when every active arm is
+        # drawn in common (the usual case), each candidate's uint32 start and float64 width
+        # gathered from the arms' (the types `_distinct_draw` computes in) — a few numpy
+        # calls instead of a dozen on K-long arrays.
+        c, off = counts.tolist(), offsets.tolist()
+        act = [k for k, x in enumerate(c) if x]
+        m_l = [ratio * c[k] for k in act]
+        size_l = [off[k + 1] - off[k] for k in act]
+        if all(4 * m_k <= s_k for m_k, s_k in zip(m_l, size_l)):
+            arm = np.repeat(np.arange(len(act)), m_l)
+            lo = np.array([off[k] for k in act], dtype=np.uint32).take(arm)
+            return _distinct_draw(rng, lo, np.array(size_l, dtype=np.float64).take(arm)), arm
     active = np.flatnonzero(counts)
     start, size = offsets[active], offsets[active + 1] - offsets[active]
     m = ratio * counts[active]
@@ -393,7 +446,12 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
     parts = {}
     arm = np.repeat(np.flatnonzero(common), m[common])
     if arm.size:
-        pos = _distinct_draw(rng, start[arm], size[arm])
+        if int(offsets[-1]) <= 1 << 32:
+            # each candidate's range as uint32 start and float64 width, gathered from the few
+            # arms' (the types `_distinct_draw` computes in: no m-long conversions there)
+            pos = _distinct_draw(rng, start.astype(np.uint32).take(arm), size.astype(np.float64).take(arm))
+        else:
+            pos = _distinct_draw(rng, start[arm], size[arm])
         if common.all():
             return pos, arm
         ends = np.cumsum(m[common])
@@ -413,43 +471,48 @@ def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) 
 
     The ranges must be disjoint and increasing blocks of equal entries (each arm's range
     once per candidate of that arm, arm after arm): then entry i of the sorted values lies
-    in range i, so a repeat is redrawn in its own range. The few redraws are checked against
-    the sorted values kept (a search, not another sort of all m) and the redraws kept before.
+    in range i, so a repeat is redrawn in its own range. `lo` and `width` may be any integer
+    or float dtype holding integers (the caller may pass uint32 and float64 to spare the
+    conversions). The few redraws are checked against the sorted first draws (a search: a
+    later copy of a value is equal to its first, so the copies change no answer) and the
+    redraws kept before; the kept redraws then take the places of the copies and the values
+    are sorted once more (one sort of m nearly sorted values, where removing the copies and
+    inserting the redraws in place took two passes of numpy's Python-level delete/insert).
     The sorted order also makes the callers' gathers from N-long arrays run forward through
     memory."""
     u = rng.random(lo.size)
     if lo.size and int(lo[-1]) + int(width[-1]) <= 1 << 32:
         # the values fit in 32 bits (the last range ends highest): numpy sorts those twice as
         # fast, and ⌊u·width⌋ + lo computed in uint32 is the same number
-        value = (u * width).astype(np.uint32)
-        value += lo.astype(np.uint32)
-        value.sort()
-        value = value.astype(np.int64)
+        value = np.multiply(u, width, out=u).astype(np.uint32)
+        value += lo if lo.dtype == np.uint32 else lo.astype(np.uint32)
     else:
-        value = lo + (u * width).astype(np.int64)
-        value.sort()
+        value = lo + np.multiply(u, width, out=u).astype(np.int64)
+    value.sort()
     again = np.flatnonzero(value[1:] == value[:-1])
-    if again.size == 0:
-        return value
-    again += 1                                                        # every copy after the first
-    taken = np.delete(value, again)                                   # the values kept, sorted
-    # The few redraws (tens for m = 8192) in a Python loop, in `again` order: a redraw is
-    # kept when no value kept so far (first draws or earlier redraws) has it; the others are
-    # drawn again in the next round. The kept redraws go into `taken` once, at the end.
-    extra: set = set()
-    while again.size:
-        new = lo[again] + (rng.random(again.size) * width[again]).astype(np.int64)
-        at = np.searchsorted(taken, new)
-        hit = taken[np.minimum(at, taken.size - 1)] == new
-        left = []
-        for i, v, h in zip(again.tolist(), new.tolist(), hit.tolist()):
-            if h or v in extra:
-                left.append(i)
-            else:
-                extra.add(v)
-        again = np.array(left, dtype=np.int64)
-    add = np.array(sorted(extra), dtype=np.int64)
-    return np.insert(taken, np.searchsorted(taken, add), add)
+    if again.size:
+        again += 1                                                    # every copy after the first
+        # The few redraws (tens for m = 8192) in Python, in `again` order: a redraw is kept
+        # when no value kept so far (first draws or earlier redraws) has it; the others are
+        # drawn again in the next round. ⌊u·width⌋ + lo in Python floats and ints is the
+        # number numpy computes (the same double product, truncated).
+        low, wide = lo[again].tolist(), width[again].tolist()
+        todo = list(range(again.size))
+        extra: set = set()
+        while todo:
+            new = [low[j] + int(u * wide[j]) for j, u in zip(todo, rng.random(len(todo)).tolist())]
+            probe = np.array(new, dtype=value.dtype)
+            hit = (value.take(value.searchsorted(probe), mode="clip") == probe).tolist()
+            left = []
+            for j, v, h in zip(todo, new, hit):
+                if h or v in extra:
+                    left.append(j)
+                else:
+                    extra.add(v)
+            todo = left
+        value[again] = list(extra)
+        value.sort()
+    return value.astype(np.int64, copy=False)
 
 
 def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha: float = 1.0,
@@ -565,7 +628,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
         # (`cand` holds the arms' candidates one arm after another): the first counts[k] of
         # each arm in the order (arm, distance) — `_closest` per arm, without a Python loop
         # over hundreds of clusters.
-        return ids_of(_nearest_in_each_arm(arm, dist, counts[counts > 0])).astype(np.int64)
+        return ids_of(_nearest_in_each_arm(arm, dist, counts[counts > 0])).astype(np.int64, copy=False)
 
     def check_state(state, pool):
         if state.moved is not None:

@@ -98,12 +98,16 @@ def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
     order, offsets = pool.members(arms)
     sizes = np.diff(offsets)
     p = np.asarray(probs, dtype=np.float64)
-    if p.shape != sizes.shape or not (np.isfinite(p).all() and (p >= 0).all()):
+    # min ≥ 0 is False for a NaN or a negative entry, max < inf for +inf: finite and ≥ 0
+    if p.shape != sizes.shape or not (p.min() >= 0 and p.max() < np.inf):
         raise InputError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
                          f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
     p = arm_distribution(sizes, p)
+    live = p > 0
+    if live.all():               # the same numbers as below, without the gathers
+        return rng.multinomial(n, p / p.sum()), order, offsets
     counts = np.zeros(sizes.shape[0], dtype=np.int64)
-    live = np.flatnonzero(p > 0)
+    live = np.flatnonzero(live)
     counts[live] = rng.multinomial(n, p[live] / p[live].sum())
     return counts, order, offsets
 
