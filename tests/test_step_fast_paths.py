@@ -396,10 +396,11 @@ def test_observe_builds_only_the_fields_its_places_read():
                            "topk")}
     mean, none = frozenset({"mean_abs_advantage"}), frozenset()
     assert fields == {"uniform": none, "fixed_mixture": none, "epiplexity": none,
-                      "dump": frozenset({"advantages"}), "sec": mean, "exp3": mean, "dvc": mean,
+                      "dump": frozenset({"abs_advantages"}), "sec": mean, "exp3": mean, "dvc": mean,
                       "ttrl": None, "topk": none}      # ttrl: a target place reads the whole batch
     assert Scheduler(pool, "sec", arms="cluster")._places().batch_fields == mean | {"clusters"}
-    assert Scheduler(pool, "dump", arms="cluster")._places().batch_fields == frozenset({"advantages", "clusters"})
+    assert Scheduler(pool, "dump", arms="cluster")._places().batch_fields == frozenset({"abs_advantages",
+                                                                                          "clusters"})
     # topk's admission reads a batch of its own (`admit`, `step`), built in full
     s = Scheduler(pool, "topk")
     fb = Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0)
@@ -443,10 +444,12 @@ def test_binary_mean_abs_table_equals_a_row_by_row_loop(g):
 @pytest.mark.parametrize("rewards", ["binary16", "binary8", "binary12", "binary32", "graded", "given_advantages",
                                      "empty"])
 def test_batch_mean_abs_advantage_equals_the_plain_formula(rewards):
-    """`Batch.mean_abs_advantage` (a table for binary G ≤ 16, else the formula) and the batch
-    built with only the fields asked for: the same wins, flags and group means as the plain
-    loop over rows, bit for bit."""
-    from rlpace.types import _batch_and_counts, group_advantages, group_mean_abs_advantage
+    """`Batch.mean_abs_advantage` (a table for binary G ≤ 16, else the formula),
+    `Batch.abs_advantages` (gathered from the capped |A| table for binary G a power of two)
+    and the batches built with only the fields asked for: the same wins, flags, group means
+    and |A| as the plain loops over rows and values, bit for bit."""
+    from rlpace.types import (_batch_and_counts, group_advantages, group_mean_abs_advantage,
+                              rollout_abs_advantages)
     pool = Pool(np.arange(300) % 4, clusters=np.arange(300) % 9)
     rng = np.random.default_rng(11)
     b = 0 if rewards == "empty" else 200
@@ -469,6 +472,16 @@ def test_batch_mean_abs_advantage_equals_the_plain_formula(rewards):
     assert group_mean_abs_advantage(full._replace(mean_abs_advantage=None)).tobytes() == want.tobytes()
     assert wins_m.tolist() == wins.tolist() == [int(row.sum()) for row in (r >= 0.5)]
     assert inf_m.tolist() == inf.tolist()
+    abs_only, wins_a, inf_a = _batch_and_counts(fb, pool, 0.5, fields=frozenset({"abs_advantages"}))
+    want_abs = np.array([[min(abs(float(a)), 1e100) for a in row] for row in adv.reshape(b, g)]).reshape(b, g)
+    for batch in (full, abs_only):
+        assert batch.abs_advantages.tobytes() == want_abs.tobytes()
+        assert rollout_abs_advantages(batch).tobytes() == want_abs.tobytes()
+    assert rollout_abs_advantages(full._replace(abs_advantages=None)).tobytes() == want_abs.tobytes()
+    assert wins_a.tolist() == wins.tolist() and inf_a.tolist() == inf.tolist()
+    assert abs_only.mean_abs_advantage is None and abs_only.clusters is None
+    if rewards in ("binary16", "binary8", "binary32"):   # |A| from the table: no signed advantages
+        assert abs_only.advantages is None
     assert mean_only.clusters is None and full.clusters.tolist() == (fb.prompt_ids % 9).tolist()
     assert full.advantages.tobytes() == adv.tobytes()
     if rewards in ("binary16", "binary8", "empty"):      # tabulated: no [B, G] advantages built

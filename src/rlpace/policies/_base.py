@@ -172,7 +172,8 @@ class DataPolicy(_DataPolicyFields):
             budget outside [B·min_n, B·max_n] before calling `apply`, and raises a
             RuntimeError naming the policy when `apply` leaves them.
         batch_reads: the fields of the `Batch` that only policies read (`types.BATCH_DERIVED`:
-            "clusters", "advantages", "mean_abs_advantage") which `update` reads; None (the
+            "clusters", "advantages", "mean_abs_advantage", "abs_advantages") which `update`
+            reads; None (the
             default: every policy not written for it) is all of them. `Scheduler.observe`
             builds only the union over its updating policies, e.g. SEC's
             {"mean_abs_advantage"} skips the [B, G] advantages and the clusters' gather; the

@@ -34,7 +34,8 @@ import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
 from ._base import MIXTURE, DataPolicy, shifted_softmax, with_floor
-from ._checks import abs_signal, check_choice, check_int, check_real
+from ..types import rollout_abs_advantages
+from ._checks import check_choice, check_int, check_real
 
 
 class DumpState(NamedTuple):
@@ -84,7 +85,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        abs_adv = abs_signal(batch.advantages)                    # [B, G], ≤ 1e100 (_checks.py)
+        abs_adv = rollout_abs_advantages(batch)                   # [B, G], ≤ 1e100 (_checks.py)
         arm = batch.domains if arms == "domain" else batch.clusters   # [B] (gathered once per step)
         if window_unit == "rollouts":
             # [B, G] with one arm per row: window_push keeps row order then column order,
@@ -117,10 +118,10 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}
 
-    # update reads the [B, G] advantages (and the clusters when they are the arms), never the
-    # group means: `observe` builds only these (`DataPolicy.batch_reads`)
+    # update reads only |A| per rollout (and the clusters when they are the arms): `observe`
+    # builds only these (`DataPolicy.batch_reads`), |A| without the signed advantages
     p = DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics,
-                   batch_reads=frozenset({"advantages"} | ({"clusters"} if arms == "cluster" else set())))
+                   batch_reads=frozenset({"abs_advantages"} | ({"clusters"} if arms == "cluster" else set())))
     # the floor is `with_floor`'s (one rule, checked for feasibility when the Scheduler is built);
     # the name stays "dump": the floor is one of dump's recorded hyperparameters
     return with_floor(p, floor)._replace(name="dump") if floor else p
