@@ -546,3 +546,34 @@ def test_a_user_policy_declaring_batch_reads_gets_only_those_fields():
     # group 0: mean 0.5, std 0.5, A = ±0.5 / (0.5 + 1e-6) = mean |A|; group 1: all equal, 0
     assert batch.mean_abs_advantage.tolist() == [0.5 / (0.5 + 1e-6), 0.0]
     assert batch.domains.tolist() == [0, 1] and batch.pass_rate.tolist() == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("width,g", [(300, 16), (7, 3), (5, 1), (16, 20), (4, 4)])
+def test_window_push_that_replaces_every_arm_equals_the_loop(width, g):
+    """A push giving every arm at least W values (DUMP's window at B·G ≫ K·W) writes the ring
+    with one gather and no mask: the same windows, cursors and fills as the per-item loop
+    `buf[a].append(v); buf[a] = buf[a][-W:]`, after partial pushes that left old values and
+    cursors anywhere in the ring."""
+    from rlpace.stats._window import window_init, window_push
+    rng = np.random.default_rng(width + g)
+    k = 5
+    win = window_init(k, width)
+    buf = [[] for _ in range(k)]
+    pushed = [0] * k
+    for b in (3, 200, 1, 300, 2, 257):
+        arms = rng.integers(0, k, size=b)
+        if b >= 200:                                   # every arm gets ≥ W values: the whole ring is new
+            arms[:k * (-(-width // g))] = np.repeat(np.arange(k), -(-width // g))
+            rng.shuffle(arms)
+        values = rng.standard_normal((b, g))
+        window_push(win, arms, values if g > 1 else values.reshape(-1))
+        for a, row in zip(arms, values):
+            for v in row:
+                buf[a].append(float(v))
+                buf[a] = buf[a][-width:]
+                pushed[a] += 1
+        for a in range(k):                             # the ring read oldest → newest from the cursor
+            f, c = int(win.filled[a]), int(win.cursor[a])
+            ring = [float(win.values[a, (c - f + i) % width]) for i in range(f)]
+            assert ring == buf[a], (b, a)
+            assert (c, f) == (pushed[a] % width, min(pushed[a], width)), (b, a)

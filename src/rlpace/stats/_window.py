@@ -78,7 +78,12 @@ def _push_slots(win: Window, arms, values, g, order) -> Window:
     cursor_end = win.cursor + counts                  # [K] cursors after the push, not yet wrapped
     age = _ages(w)[(w - cursor_end) % w]              # [K, W]: row W − 1 − c_a of `_ages`
     src = _row_starts(k, span * g) - age              # flat position in `tail` of each slot's value
-    np.copyto(win.values, tail.take(src), where=age < counts[:, None])
+    if int(counts.min()) >= w and tail.dtype == win.values.dtype and win.values.flags.c_contiguous:
+        # every arm got at least W values (age < W ≤ count_a everywhere): every slot is new,
+        # so the gather writes the ring directly, without the mask and its temporary
+        np.take(tail, src, out=win.values)
+    else:
+        np.copyto(win.values, tail.take(src), where=age < counts[:, None])
     return _advance(win, cursor_end, counts)
 
 
