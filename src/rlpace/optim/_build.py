@@ -7,6 +7,7 @@ import torch
 
 from ._chain import ChainedOptimizer
 from ._iso import IsoSpectral, default_managed
+from ._muon import BatchedMuon
 
 __all__ = ["OPTIMIZERS", "build_optimizer"]
 
@@ -20,7 +21,7 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     - `adamw`: `torch.optim.AdamW` over every parameter;
     - `iso_adamw`: `IsoSpectral(base="adamw")`: AdamW on the frames of the hidden matrices
       (`default_managed`), AdamW on the rest; frames in float32 (float64 for a float64 model);
-    - `muon`: `torch.optim.Muon` on the hidden matrices (`adjust_lr_fn="match_rms_adamw"`,
+    - `muon`: `torch.optim.Muon` (as `BatchedMuon`, the same numbers) on the hidden matrices (`adjust_lr_fn="match_rms_adamw"`,
       Moonshot's scaling, arXiv 2502.16982, so AdamW's `lr` carries over), AdamW on
       embeddings, head, norms and biases;
     - `iso_muon`: `IsoSpectral(base="muon")`: the same Muon on the frames.
@@ -51,5 +52,6 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     mats = [p for n, p in named if rule(n, p)]
     rest = [p for n, p in named if not rule(n, p)]
-    parts = ([torch.optim.Muon(mats, **muon)] if mats else []) + ([torch.optim.AdamW(rest, **adamw)] if rest else [])
+    # BatchedMuon: torch's Muon bit for bit, one Newton–Schulz loop per shape instead of per matrix
+    parts = ([BatchedMuon(mats, **muon)] if mats else []) + ([torch.optim.AdamW(rest, **adamw)] if rest else [])
     return ChainedOptimizer(parts)

@@ -27,6 +27,7 @@ import torch
 
 from ..errors import InputError
 from ._chain import ChainedOptimizer, evaluate_closure
+from ._muon import BatchedMuon
 
 __all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "default_managed"]
 
@@ -381,7 +382,7 @@ def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.
     if base == "muon":
         aux = dict(aux if aux is not None else {k: kw[k] for k in ("lr", "weight_decay") if k in kw})
         aux.setdefault("foreach", True)
-        parts = [torch.optim.Muon(frames, **kw)] if frames else []
+        parts = [BatchedMuon(frames, **kw)] if frames else []
         if others:
             parts.append(torch.optim.AdamW(others, **aux))
         return ChainedOptimizer(parts)
