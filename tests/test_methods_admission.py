@@ -166,3 +166,26 @@ def test_bad_hyperparameters():
                  lambda: pods_max_variance(m=1.5)):
         with pytest.raises(ValueError):
             make()
+
+
+def test_pods_binary_rewards_without_a_sort_equal_the_sorting_rule():
+    """0/1 rewards take a table of every row's mask (G ≤ 16) or the kept pattern of the row's
+    count of ones (larger G): the mask of the general rule (stable sort, prefix sums) bit for
+    bit, for every G and m, and each kept subset has the largest variance of any m-subset."""
+    from fractions import Fraction
+    from rlpace.policies._admission import _binary_by_count, _max_variance_subset
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        g = int(rng.integers(2, 21))
+        m = int(rng.integers(1, g))
+        r = (rng.random((7, g)) < rng.random((7, 1))).astype(float)
+        r[0] = 0.0                                      # all wrong and all right rows
+        r[1] = 1.0
+        want = _max_variance_subset(r, m)
+        np.testing.assert_array_equal(max_variance_subset(r, m), want)
+        np.testing.assert_array_equal(_binary_by_count(r == 1.0, m), want)
+        for row, keep in zip(r, want):
+            c = int(row.sum())
+            best = max(Fraction(q, m) - Fraction(q, m) ** 2 for q in range(max(0, m - (g - c)), min(m, c) + 1))
+            q = int(row[keep].sum())
+            assert Fraction(q, m) - Fraction(q, m) ** 2 == best

@@ -22,6 +22,8 @@ count tells a DAPO-style trainer how many extra prompts to generate.
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import InputError
 import numpy as np
 
@@ -137,6 +139,70 @@ def max_variance_subset(rewards: np.ndarray, m: int) -> np.ndarray:
     b, g = r.shape
     if m >= g:
         return np.ones((b, g), dtype=bool)
+    ones = r == 1.0
+    if b and (ones | (r == 0.0)).all():
+        if g <= _TABLE_G:
+            # each row's 0/1 pattern as a number (exact in float64), then its mask from a table
+            code = (r @ _bit_values(g)).astype(np.intp)
+            return _binary_table(g, m).take(code, axis=0)
+        return _binary_by_count(ones, m)
+    return _max_variance_subset(r, m)
+
+
+#: G up to which `max_variance_subset` of 0/1 rewards reads each row's mask from a table of all
+#: 2^G rows (bool[2^G, G]: 1 MB at G = 16, built once per (G, m) in ~10 ms)
+_TABLE_G = 16
+
+
+def _binary_by_count(ones: np.ndarray, m: int) -> np.ndarray:
+    """`max_variance_subset` of 0/1 rewards (bool[B, G] `ones`, m < G), without a sort.
+
+    A row's stable ascending order is its zeros in rollout order, then its ones in rollout
+    order, so everything the general rule computes from the sorted row — and so the kept
+    sorted positions — depends only on the row's count of ones c: the kept pattern of c is
+    the general rule's on the row (0,…,0, 1,…,1) with c ones (`_binary_patterns`, computed
+    once per (G, m)). A rollout's sorted position is its rank among the zeros (i − ones
+    before it) or G − c + its rank among the ones, and it is kept when the pattern of its
+    row keeps that position: the general rule's mask, bit for bit."""
+    b, g = ones.shape
+    before = np.cumsum(ones, axis=1)                   # [B, G] ones up to and including i
+    c = before[:, -1:]                                 # [B, 1] ones per row
+    # flat index into patterns [G + 1, G]: row c, column = the sorted position
+    at = np.where(ones, before + (c + 1) * (g - 1), (np.arange(g) + c * g) - before)
+    return _binary_patterns(g, m).take(at)
+
+
+@functools.lru_cache(maxsize=32)
+def _binary_patterns(g: int, m: int) -> np.ndarray:
+    """bool[G + 1, G] read-only: row c is `max_variance_subset` of the sorted 0/1 row with c
+    ones (G − c zeros, then c ones): the kept sorted positions of any row with c ones."""
+    rows = (np.arange(g)[None, :] >= g - np.arange(g + 1)[:, None]).astype(np.float64)
+    out = _max_variance_subset(rows, m)
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _binary_table(g: int, m: int) -> np.ndarray:
+    """bool[2^G, G] read-only: row x is `max_variance_subset` of the 0/1 row whose rollout j
+    is bit j of x (`_binary_by_count` over every such row)."""
+    ones = (np.arange(1 << g)[:, None] >> np.arange(g)) & 1 == 1
+    out = _binary_by_count(ones, m)
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _bit_values(g: int) -> np.ndarray:
+    """float64[G] read-only 2^j: a 0/1 row times this is the number whose bit j is rollout j."""
+    out = 2.0 ** np.arange(g)
+    out.setflags(write=False)
+    return out
+
+
+def _max_variance_subset(r: np.ndarray, m: int) -> np.ndarray:
+    """`max_variance_subset` of float64[B, G] `r` with m < G: the general rule."""
+    b, g = r.shape
     big = np.abs(r).max(axis=1, keepdims=True)                       # [B, 1]
     if (big > 1e150).any():      # squares would overflow; the variance ranking is scale-free
         r = r / np.where(big > 1e150, big, 1.0)
