@@ -218,18 +218,26 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
         b_s.append((pv - _sym(pv)) * mask)                             # ξ_v,i = V₀·b_i
     ss = s0[:, None] * s0[None, :]
     s2 = s0 * s0
+
+    def dot(x, y):                                                     # ⟨x, y⟩_F: one pass, no temporary
+        return torch.dot(x.reshape(-1), y.reshape(-1))
+
+    # Γ_ij = ⟨ξ_u,iΣ₀, ξ_u,jΣ₀⟩ + ⟨ξ_v,iΣ₀, ξ_v,jΣ₀⟩ + the two cross terms, from n × n factors
+    # formed once per expert and Frobenius dots per pair (Γ is symmetric: pairs i ≤ j only).
+    # With ξ_u,i = U₀·α_i + U_i·diag(β_i): ξ_u,iΣ₀ has U₀-part α_iΣ₀ and U_i-part diag(β_i)Σ₀,
+    # whose overlap is U₀ᵀU_i, so ⟨ξ_u,iΣ₀, ξ_u,jΣ₀⟩ = ⟨α_iΣ₀, α_jΣ₀⟩ + ⟨α_iΣ₀, (U₀ᵀU_j)β_jΣ₀⟩
+    # + ⟨(U₀ᵀU_i)β_iΣ₀, α_jΣ₀⟩ + Σ_k σ_k²·β_ik·β_jk·(U_iᵀU_j)_kk
+    sa = [al * s0 for al in alphas]                                    # α_i·Σ₀
+    sq = [o[0, i + 1] * (be * s0) for i, be in enumerate(betas)]       # U₀ᵀU_i·diag(β_i)·Σ₀
+    sb = [bs * s0 for bs in b_s]                                       # b_i·Σ₀ (ξ_v,i = V₀·b_i)
+    sat = [(a * ss).T.contiguous() for a in a_s]                       # (Σ₀·(U₀ᵀξ_u,i)·Σ₀)ᵀ
     gm = np.zeros((k, k))
     for i in range(k):
-        for j in range(k):
-            ai, bi, aj, bj = alphas[i], betas[i], alphas[j], betas[j]
-            oij = torch.eye(n, dtype=f64, device=dev) if i == j else (o[i + 1, j + 1] if i < j else o[j + 1, i + 1].T)
-            # diag(ξ_u,iᵀξ_u,j) with ξ_u = U₀·α + U_i·diag(β): no product bigger than elementwise
-            fu = ((ai * aj).sum(0) + (ai * (o[0, j + 1] * bj)).sum(0) + bi * (o[0, i + 1] * aj).sum(0)
-                  + bi * bj * oij.diagonal())
-            uu = (s2 * fu).sum()                                       # ⟨ξ_u,iΣ₀, ξ_u,jΣ₀⟩
-            vv = (s2 * (b_s[i] * b_s[j]).sum(0)).sum()                 # ⟨ξ_v,iΣ₀, ξ_v,jΣ₀⟩
-            cross = (ss * a_s[i].T * b_s[j]).sum() + (ss * a_s[j].T * b_s[i]).sum()
-            gm[i, j] = float(uu + vv + cross)
+        for j in range(i, k):
+            oii = torch.ones(n, dtype=f64, device=dev) if i == j else o[i + 1, j + 1].diagonal()
+            uu = dot(sa[i], sa[j]) + dot(sa[i], sq[j]) + dot(sq[i], sa[j]) + (s2 * betas[i] * betas[j] * oii).sum()
+            cross = dot(sat[i], b_s[j]) + dot(sat[j], b_s[i])          # ⟨ξ_u,iΣ₀V₀ᵀ, U₀Σ₀ξ_v,jᵀ⟩ + (i ↔ j)
+            gm[i, j] = gm[j, i] = float(uu + dot(sb[i], sb[j]) + cross)
     c = _retention(gm, ridge, clip)
     ct = [float(x) for x in c]
     a_star = sum(ci * ai for ci, ai in zip(ct, a_s))                   # U₀ᵀ·Σ c_i ξ_u,i
@@ -237,11 +245,12 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
     gd = [ci * be for ci, be in zip(ct, betas)]                        # Y = U₀·γ₀ + Σ U_i·diag(γ_i)
     yty = g0.T @ g0                                                    # = U₀ + Π_U₀(Σ c_i ξ_u,i)
     for i in range(k):
-        t = g0.T @ (o[0, i + 1] * gd[i])
-        yty = yty + t + t.T
-        for j in range(k):
-            oij = torch.eye(n, dtype=f64, device=dev) if i == j else (o[i + 1, j + 1] if i < j else o[j + 1, i + 1].T)
-            yty = yty + gd[i][:, None] * oij * gd[j][None, :]
+        t = g0.T @ (o[0, i + 1] * gd[i])                               # γ₀ᵀ·U₀ᵀU_i·diag(γ_i)
+        for j in range(i + 1, k):
+            t += (gd[i][:, None] * o[i + 1, j + 1]) * gd[j]            # diag(γ_i)·U_iᵀU_j·diag(γ_j)
+        yty += t
+        yty += t.T
+        yty.diagonal().add_(gd[i] * gd[i])                             # U_iᵀU_i = I
     h = _inv_sqrt(yty)                                                 # U★ = Y·(YᵀY)^(-1/2)
     b_star = sum(ci * bi for ci, bi in zip(ct, b_s))
     tv = torch.eye(n, dtype=f64, device=dev) + b_star - _sym(b_star)   # V₀ + Π_V₀(Σ c_i ξ_v,i) = V₀·tv
