@@ -110,6 +110,7 @@ def feedback_extras(reads: frozenset, t: int, seed: int = 0) -> dict:
         out["self_certainty"] = rng.random((B, G))
     if "grads" in reads or "ref_grad" in reads:
         out["grads"] = rng.standard_normal((B, G, GRAD_DIM)).astype(np.float32)
+        out["grads"].setflags(write=False)      # as rlpace's trainer and TRL adapter pass them (no copy)
         out["ref_grad"] = rng.standard_normal(GRAD_DIM).astype(np.float32)
     return out
 

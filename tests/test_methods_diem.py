@@ -237,3 +237,30 @@ def test_default_is_plain_grpo_only_when_the_gram_matrix_has_full_numerical_rank
         return p.apply(p.init(pool), pool, Batch.from_feedback(fb, pool, 0.5))[:, 0]
     np.testing.assert_allclose(w_of(1e-4), [1.0, 1.0, 1.0, 1.0], rtol=0, atol=1e-12)
     np.testing.assert_allclose(w_of(1e-6), [1.0, 1.0, 1.0, 0.0], rtol=0, atol=1e-12)
+
+
+def test_read_only_float32_grads_are_kept_without_a_copy():
+    """A float32 grads array the caller marked read-only is kept as a read-only view (no copy
+    of the B·G·d features); a writeable one is still copied; both are validated the same, and
+    diem's weights are the same numbers either way."""
+    from rlpace import Feedback, Pool, Scheduler
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    ro = g.copy()
+    ro.setflags(write=False)
+    kept = Feedback(np.arange(4), np.ones((4, 3)), step=0, grads=ro)
+    copied = Feedback(np.arange(4), np.ones((4, 3)), step=0, grads=g)
+    assert np.shares_memory(kept.grads, ro) and not kept.grads.flags.writeable
+    assert not np.shares_memory(copied.grads, g) and not copied.grads.flags.writeable
+    assert not np.shares_memory(Feedback([0], [[1.0]], step=0).with_grads(g[:1, :1]).grads, g)
+    assert np.shares_memory(Feedback([0], [[1.0]], step=0).with_grads(ro[:1, :1]).grads, ro)
+    bad = g.copy()
+    bad[1, 2, 3] = np.nan
+    bad.setflags(write=False)
+    with pytest.raises(ValueError, match="Feedback.grads has NaN"):
+        Feedback(np.arange(4), np.ones((4, 3)), step=0, grads=bad)
+    pool = Pool(["a"] * 4)
+    w_kept = Scheduler(pool, "diem", importance="loo").loss_weights(kept)
+    w_copied = Scheduler(pool, "diem", importance="loo").loss_weights(copied)
+    np.testing.assert_array_equal(w_kept, w_copied)
+    assert not np.allclose(w_kept, 1.0)                     # loo: non-uniform weights

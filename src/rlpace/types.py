@@ -709,11 +709,16 @@ def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = Non
 
 
 def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
-    """float32[B, G, d] per-rollout gradient features (a copy), or a ValueError naming
-    Feedback.grads."""
+    """float32[B, G, d] per-rollout gradient features (a copy; a read-only view of a float32
+    array that is itself read-only), or a ValueError naming Feedback.grads."""
     raw = _numeric("grads", values)
-    # float32 input (the trainers') is checked as float32: no float64 copy of [B, G, d]
-    arr = np.array(raw, dtype=np.float32 if raw.dtype == np.float32 else np.float64)
+    if raw.dtype == np.float32 and not raw.flags.writeable:
+        # marked read-only by the caller (rlpace's trainer and TRL adapter mark theirs): its
+        # promise not to write that memory while the Feedback is in use; no copy of [B, G, d]
+        arr = raw.view()
+    else:
+        # float32 input (the trainers') is checked as float32: no float64 copy of [B, G, d]
+        arr = np.array(raw, dtype=np.float32 if raw.dtype == np.float32 else np.float64)
     if shape[0] == 0 and arr.size == 0:
         return np.zeros((0, shape[1], arr.shape[-1] if arr.ndim == 3 else 0), np.float32)
     if arr.ndim != 3 or arr.shape[:2] != shape or arr.shape[2] == 0:
@@ -832,7 +837,12 @@ class Feedback:
     for the Scheduler. Range of ids is checked by the Scheduler against its pool.
 
     The arrays are copies, stored read-only: changing the caller's arrays after
-    construction cannot bypass this validation, and a policy cannot write into them.
+    construction cannot bypass this validation, and a policy cannot write into them. One
+    exception, for speed: `grads` given as a float32 array that is already read-only
+    (`flags.writeable` False) is kept as a read-only view, not copied (2 MB a step at
+    B = 512, G = 16, d = 64) — marking the array read-only is the caller's promise not to
+    write its memory while the Feedback is in use; rlpace's trainer and TRL adapter mark the
+    features they pass. A writeable array is copied as before.
 
     >>> r = np.array([[1.0, 0.0]]); fb = Feedback([0], r, step=2)
     >>> r[0, 0] = np.nan; fb.rewards.tolist(), fb.rewards.flags.writeable

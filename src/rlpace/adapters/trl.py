@@ -774,6 +774,7 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             self._rlpace_admit(output, rewards, adm.keep, local, adm.full_group_advantages)
             admitted.append(True)
             grads = self._rlpace_grad_features(output).cpu().numpy().reshape(*rewards.shape, -1)  # [B, G, d]
+            grads.setflags(write=False)     # never written again: the Feedback keeps it without a copy
             return grads, self.rlpace_ref_grad
 
         # observe → admission → (features → their readers) → weights: `Scheduler.step`'s one order

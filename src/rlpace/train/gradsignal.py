@@ -126,6 +126,7 @@ class GradSignal:
             return None
         b, g = trained.rewards.shape
         grads_np = feats.cpu().numpy().reshape(b, g, self.gf.dim)                         # [Bt, G, d]
+        grads_np.setflags(write=False)      # never written again: the Feedback keeps it without a copy
         trained = trained.with_grads(grads_np, self.ref)
         for pi, fb_r in enumerate(rounds):
             mine = [i for i, (p_, _) in enumerate(src) if p_ == pi]
