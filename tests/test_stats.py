@@ -257,3 +257,41 @@ def test_window_push_rows_equal_flat_push(k, width, g, sizes, seed):
     for a, b in zip(rows, flat):
         np.testing.assert_array_equal(a, b)
     assert window_contents(rows) == reference_windows(k, width, pushes)
+
+
+def _plain_walk(tree, u):
+    """The sum-tree draw as a per-draw loop: at each node go right when the right child is
+    not empty and the mass is at least the left child (or the left child is empty)."""
+    cap = tree.size // 2
+    out = []
+    for x in u:
+        mass, j = float(x) * tree[1], 1
+        while j < cap:
+            left, right = tree[2 * j], tree[2 * j + 1]
+            if (right > 0 and mass >= left) or left <= 0:
+                mass, j = mass - left, 2 * j + 1
+            else:
+                j = 2 * j
+        out.append(j - cap)
+    return out
+
+
+def test_sumtree_set_and_draw_on_deep_trees_equal_a_rebuild_and_the_plain_walk():
+    """Trees deeper than the levels `sumtree_set` recomputes whole (sparse repair below, dense
+    above), with empty leaves: the tree equals a rebuild bit for bit after each set, and every
+    draw is the plain walk's."""
+    rng = np.random.default_rng(9)
+    for trial in range(6):
+        n = int(rng.integers(3000, 40_000))
+        w = rng.random(n) * (rng.random(n) < 0.7)
+        st_ = sumtree_build(w)
+        for _ in range(4):
+            idx = rng.integers(0, n, int(rng.integers(1, 3000)))
+            val = rng.random(idx.size) * (rng.random(idx.size) < 0.8)
+            sumtree_set(st_, idx, val)
+            for i, v in zip(idx, val):                 # the last weight wins
+                w[i] = v
+            np.testing.assert_array_equal(st_.tree, sumtree_build(w).tree)
+            u = rng.random(300)
+            u[:2] = [0.0, np.nextafter(1.0, 0.0)]
+            assert sumtree_sample(st_, u).tolist() == _plain_walk(st_.tree, u)

@@ -60,11 +60,23 @@ def sumtree_set(st: SumTree, index: np.ndarray, weights: np.ndarray) -> SumTree:
     # Repeated nodes are harmless (each copy writes the same sum), so nodes are made
     # unique once, at the bottom level.
     nodes = _unique((cap + index) >> 1)
-    for _ in range(int(np.log2(cap))):
+    level = cap >> 1                                 # the first node of the nodes' level
+    while level > _DENSE_TOP and level > nodes.size:
         pair = children.take(nodes)
         tree[nodes] = pair.real + pair.imag
         nodes >>= 1
+        level >>= 1
+    # The levels above hold no more nodes than the batch: each is recomputed whole, one add per
+    # level (sumtree_build's sums: a node whose children did not change gets the value it had).
+    while level >= 1:
+        np.add(tree[2 * level:4 * level:2], tree[2 * level + 1:4 * level:2], out=tree[level:2 * level])
+        level >>= 1
     return st
+
+
+#: `sumtree_set` recomputes whole the levels of at most this many nodes (or at most as many as
+#: the leaves it sets), where one dense add costs less than a gather, an add and a scatter
+_DENSE_TOP = 1024
 
 
 def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
@@ -84,10 +96,12 @@ def sumtree_sample(st: SumTree, u: np.ndarray) -> np.ndarray:
         pair = children.take(idx)
         left = pair.real
         # Never step into an empty subtree: float round-off in the partial sums could
-        # otherwise send a draw to a zero-weight leaf.
+        # otherwise send a draw to a zero-weight leaf. "right > 0 and mass ≥ left" is enough:
+        # mass stays ≥ 0, so an empty left child (left = 0 ≤ mass) is never entered, and a
+        # node the walk enters has a positive sum (the root; then a positive child each
+        # level), so its two children are never both empty.
         go_right = pair.imag > 0
         go_right &= mass >= left
-        go_right |= left <= 0
         np.subtract(mass, left, out=mass, where=go_right)      # mass − left where it goes right
         idx += idx                                             # the left child, 2j ...
         idx += go_right                                        # ... or the right one, 2j + 1
