@@ -401,6 +401,10 @@ def test_observe_builds_only_the_fields_its_places_read():
     assert Scheduler(pool, "sec", arms="cluster")._places().batch_fields == mean | {"clusters"}
     assert Scheduler(pool, "dump", arms="cluster")._places().batch_fields == frozenset({"abs_advantages",
                                                                                           "clusters"})
+    # step: the full batch (admission and weights read it) with the shortcuts the updates declared
+    steps = {name: Scheduler(pool, name)._places().step_fields for name in ("uniform", "sec", "dump", "ttrl")}
+    full = frozenset({"clusters", "advantages"})
+    assert steps == {"uniform": full, "sec": full | mean, "dump": full | {"abs_advantages"}, "ttrl": None}
     # topk's admission reads a batch of its own (`admit`, `step`), built in full
     s = Scheduler(pool, "topk")
     fb = Feedback([0, 1], [[1.0, 0.0], [0.0, 0.0]], step=0)
@@ -448,7 +452,7 @@ def test_batch_mean_abs_advantage_equals_the_plain_formula(rewards):
     `Batch.abs_advantages` (gathered from the capped |A| table for binary G a power of two)
     and the batches built with only the fields asked for: the same wins, flags, group means
     and |A| as the plain loops over rows and values, bit for bit."""
-    from rlpace.types import (_batch_and_counts, group_advantages, group_mean_abs_advantage,
+    from rlpace.types import (BATCH_DERIVED, _batch_and_counts, group_advantages, group_mean_abs_advantage,
                               rollout_abs_advantages)
     pool = Pool(np.arange(300) % 4, clusters=np.arange(300) % 9)
     rng = np.random.default_rng(11)
@@ -462,7 +466,10 @@ def test_batch_mean_abs_advantage_equals_the_plain_formula(rewards):
     if rewards == "given_advantages":
         kw["advantages"] = rng.normal(size=(b, g)) * 10.0 ** rng.integers(-5, 120, size=(b, 1))
     fb = Feedback(rng.integers(0, 300, size=b), r, step=2, **kw)
-    full, wins, inf = _batch_and_counts(fb, pool, 0.5)
+    plain, _, _ = _batch_and_counts(fb, pool, 0.5)          # the default: clusters and advantages only
+    assert plain.mean_abs_advantage is None and plain.abs_advantages is None
+    full, wins, inf = _batch_and_counts(fb, pool, 0.5, fields=BATCH_DERIVED)
+    assert plain.advantages.tobytes() == full.advantages.tobytes()
     mean_only, wins_m, inf_m = _batch_and_counts(fb, pool, 0.5, fields=frozenset({"mean_abs_advantage"}))
     adv = fb.advantages if fb.advantages is not None else group_advantages(fb.rewards)
     want = np.array([np.minimum(np.abs(row), 1e100).sum() / g for row in adv.reshape(b, g)])
@@ -499,10 +506,12 @@ def _leaves(state):
 @pytest.mark.parametrize("name", ["dump", "sec", "exp3", "dvc"])
 @pytest.mark.parametrize("rewards", ["binary16", "binary8", "binary12", "graded", "given_advantages"])
 @pytest.mark.parametrize("arms", ["domain", "cluster"])
-def test_observe_of_a_domain_mixture_equals_its_update_on_the_plain_batch(name, rewards, arms):
-    """`observe` builds only the fields the mixture declares (`batch_reads`); its state after
-    each step equals a loop that calls the same policy's update on the full batch with the
-    group means left to the plain formula, bit for bit."""
+@pytest.mark.parametrize("call", ["observe", "step"])
+def test_observe_of_a_domain_mixture_equals_its_update_on_the_plain_batch(name, rewards, arms, call):
+    """`observe` builds only the fields the mixture declares (`batch_reads`), `step` the full
+    batch with them; the state after each step equals a loop that calls the same policy's
+    update on the full batch with the group means and |A| left to the plain formulas, bit
+    for bit."""
     from rlpace.policies import make_method
     from rlpace.types import Batch
     pool = Pool(np.arange(400) % 5, clusters=np.arange(400) % 13)
@@ -522,8 +531,9 @@ def test_observe_of_a_domain_mixture_equals_its_update_on_the_plain_batch(name, 
         if rewards == "given_advantages":
             kw["advantages"] = u - 0.5
         fb = Feedback(ids, r, step=t, **kw)
-        s.observe(fb)
-        plain = Batch.from_feedback(fb, pool, 0.5)._replace(mean_abs_advantage=None)
+        getattr(s, call)(fb)
+        plain = Batch.from_feedback(fb, pool, 0.5)
+        assert plain.mean_abs_advantage is None and plain.abs_advantages is None
         state = ref.update(state, pool, plain)
         got, want = _leaves(s.states["mixture"]), _leaves(state)
         assert [a.tobytes() for a in got] == [a.tobytes() for a in want], t

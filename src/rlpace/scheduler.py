@@ -63,7 +63,7 @@ from .policies._base import (ADVANTAGE, ALLOCATION, MIXTURE, REWARD, TARGET, Adm
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._window import window_init, window_mean, window_push
-from .types import Batch, Feedback, LossFeedback, Pool, _batch_and_counts
+from .types import BATCH_FULL, Batch, Feedback, LossFeedback, Pool, _batch_and_counts
 
 __all__ = ["Scheduler", "StepResult", "STATE_VERSION", "COUNT_MAX", "count_limit"]
 
@@ -163,6 +163,9 @@ class _Places(NamedTuple):
     #: does not declare it or there is a target place (it reads the batch before the update);
     #: empty when `observe` hands its batch to no policy (`uniform`, `fixed_mixture`)
     batch_fields: frozenset | None
+    #: what `step` builds: the full batch (admission and weights read it) and the shortcuts
+    #: the updating policies declared (`types.BATCH_FULL` | `batch_fields`)
+    step_fields: frozenset | None
 
 
 class Scheduler:
@@ -302,7 +305,7 @@ class Scheduler:
             cached = self._places_cache = _Places(
                 self.method, policies, frozenset(policies),
                 frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS),
-                supervision, updating, fields)
+                supervision, updating, fields, None if fields is None else BATCH_FULL | fields)
         return cached
 
     @property
@@ -576,7 +579,8 @@ class Scheduler:
         """
         if isinstance(feedback, Feedback) and feedback.group_sizes is not None:
             return self._step_ragged(feedback, features)
-        batch, wins, informative = self._batch_and_counts(feedback)    # validates; nothing changed
+        # validates; nothing changed. The full batch and the shortcuts the updates read
+        batch, wins, informative = self._batch_and_counts(feedback, self._places().step_fields)
         readers = self._places().feature_readers
         defer = readers if features is not None and batch.prompt_ids.shape[0] else frozenset()
         if defer and "admission" in defer:

@@ -1035,7 +1035,9 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     `fields` (`Scheduler.observe`: the union of its updating policies' `DataPolicy.batch_reads`)
     names the derived fields only policies read that this batch needs, among BATCH_DERIVED
     ("clusters", "advantages", "mean_abs_advantage", "abs_advantages"); None (the default)
-    builds all of them.
+    builds BATCH_FULL, the clusters and the advantages: what any policy may read directly
+    (the group means and |A| are shortcuts read through `group_mean_abs_advantage` and
+    `rollout_abs_advantages`, which compute them from the advantages when they are None).
     A field left out is None, except the advantages of a non-binary batch (the informative
     flags are read from them). `lean=True` is `fields=frozenset()` (a method none of whose
     places reads the batch in `observe`: `uniform`, `fixed_mixture`, `epiplexity`).
@@ -1051,7 +1053,7 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     (every reward 0 or 1) the advantages and the informative flag follow from the count
     k of each group (see `_binary_advantage_table`).
     """
-    want = frozenset() if lean else BATCH_DERIVED if fields is None else fields
+    want = frozenset() if lean else BATCH_FULL if fields is None else fields
     r = fb.rewards
     success = r >= success_threshold
     b = r.shape[0]
@@ -1123,6 +1125,9 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
 #: The fields of a `Batch` that only policies read, built on request (`_batch_and_counts`,
 #: `DataPolicy.batch_reads`).
 BATCH_DERIVED = frozenset({"clusters", "advantages", "mean_abs_advantage", "abs_advantages"})
+#: What a batch holds when nothing narrower was asked for: the fields any policy may read
+#: directly (the other two are shortcuts with a fallback on the advantages).
+BATCH_FULL = frozenset({"clusters", "advantages"})
 
 
 def rollout_abs_advantages(batch: Batch) -> np.ndarray:

@@ -173,12 +173,14 @@ class DataPolicy(_DataPolicyFields):
             RuntimeError naming the policy when `apply` leaves them.
         batch_reads: the fields of the `Batch` that only policies read (`types.BATCH_DERIVED`:
             "clusters", "advantages", "mean_abs_advantage", "abs_advantages") which `update`
-            reads; None (the
-            default: every policy not written for it) is all of them. `Scheduler.observe`
-            builds only the union over its updating policies, e.g. SEC's
-            {"mean_abs_advantage"} skips the [B, G] advantages and the clusters' gather; the
-            fields left out are None. Admission, weights and the target place always get
-            the full batch.
+            reads; None (the default: every policy not written for it) is the clusters and
+            the advantages (`types.BATCH_FULL`; the other two are shortcuts that
+            `group_mean_abs_advantage` and `rollout_abs_advantages` compute from the
+            advantages when they are None). `Scheduler.observe` builds only the union over
+            its updating policies, e.g. SEC's {"mean_abs_advantage"} skips the [B, G]
+            advantages and the clusters' gather; the fields left out are None. Admission,
+            weights and the target place always get the full batch (`step`: with the
+            shortcuts the updates declared).
 
     State holds finite floats: a state with NaN or inf is rejected on load.
     """
