@@ -11,8 +11,8 @@ import pytest
 from _isolated import assert_state_equal
 from rlpace import Feedback, Pool, Scheduler, group_advantages, policies
 from rlpace.policies import DataPolicy, compose
-from rlpace.policies._knapsack import (_dp_extras, knapsack_allocation, knapsack_value,
-                                      pass_rate_estimate)
+from rlpace.policies._knapsack import (_dp_choose, _dp_extras, _dp_full, knapsack_allocation,
+                                      knapsack_value, pass_rate_estimate)
 
 NAMES = policies.names()
 POOL = Pool(np.repeat(["a", "b", "c"], 20), labeled=np.arange(60) % 3 != 2)
@@ -90,6 +90,72 @@ def test_dp_equals_the_full_table_loop_at_the_simulators_sizes(seed):
         fast, ref = _dp_extras(p, k_max, budget, 2), full_table_dp(p, k_max, budget, 2)
         assert fast.tolist() == ref.tolist(), (m, k_max, budget)
         assert fast.sum() == min(budget, m * k_max)
+
+def full_table_choose(gains, budget):
+    """`full_table_dp` for any value table gains[i, k] (k = 0..K): every budget row, column
+    by column, the first maximum over k, walked back from the largest budget filled."""
+    m, k_max = gains.shape[0], gains.shape[1] - 1
+    if budget <= 0 or m == 0 or k_max <= 0:
+        return np.zeros(m, np.int64)
+    table_choice = np.zeros((m, budget + 1), np.int64)
+    best = np.concatenate([[0.0], np.full(budget, -np.inf)])
+    for i in range(m):
+        cols = np.full((budget + 1, k_max + 1), -np.inf)
+        for k in range(min(k_max, budget) + 1):
+            cols[k:, k] = best[: budget + 1 - k] + gains[i, k]
+        table_choice[i] = cols.argmax(axis=1)
+        best = cols[np.arange(budget + 1), table_choice[i]]
+    w = int(np.flatnonzero(np.isfinite(best)).max())
+    extras = np.zeros(m, np.int64)
+    for i in reversed(range(m)):
+        extras[i] = table_choice[i, w]
+        w -= extras[i]
+    return extras
+
+
+def value_tables(rng):
+    """Value tables of every shape the banded DP must get right: concave (decreasing random
+    increments), Knapsack RL's on the 1/16 grid (identical items: ties between allocations),
+    small integers (exact ties everywhere), random non-concave, convex, flat, negative."""
+    m, k_max = int(rng.integers(1, 24)), int(rng.integers(1, 20))
+    inc = -np.sort(-rng.exponential(1.0, (m, k_max)), axis=1)
+    p = rng.choice(np.arange(1, 16) / 16, size=m)
+    kn = knapsack_value(2 + np.arange(k_max + 1)[None, :], p[:, None])
+    kn[:, 0] = 0.0
+    yield "concave", np.concatenate([np.zeros((m, 1)), np.cumsum(inc, axis=1)], axis=1)
+    yield "knapsack", kn
+    yield "integers", rng.integers(0, 3, (m, k_max + 1)).astype(np.float64)
+    yield "random", rng.normal(size=(m, k_max + 1))
+    yield "convex", np.cumsum(np.sort(rng.exponential(1.0, (m, k_max + 1)), axis=1), axis=1)
+    yield "flat", np.zeros((m, k_max + 1))
+    yield "negative", -rng.exponential(1.0, (m, k_max + 1))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_banded_dp_equals_the_full_table_loop_on_any_value_table(seed):
+    """The DP on the rows an optimal path can cross (Lagrangian bounds) gives the choices of
+    the full table filled column by column — same extras, same ties — on concave and
+    non-concave tables, with budgets below, at and above what the items can fill."""
+    rng = np.random.default_rng(seed)
+    for kind, gains in value_tables(rng):
+        m, k_max = gains.shape[0], gains.shape[1] - 1
+        for budget in (1, int(rng.integers(1, m * k_max + 1)), m * k_max, m * k_max + 3):
+            ref = full_table_choose(gains, budget)
+            assert _dp_choose(gains, budget).tolist() == ref.tolist(), (kind, m, k_max, budget)
+            assert _dp_full(gains, budget).tolist() == ref.tolist(), (kind, m, k_max, budget)
+
+
+def test_banded_dp_at_the_advise_pilots_size_with_ties():
+    """128 items on the 1/16 grid (a 128 × 16 step's pass rates: many identical items), the
+    reference's max_n = 128 and the 1,792 extra rollouts the allocation oracle's DP gets."""
+    rng = np.random.default_rng(7)
+    p = rng.choice(np.arange(1, 16) / 16, size=128)
+    gains = knapsack_value(2 + np.arange(127)[None, :], p[:, None])
+    gains[:, 0] = 0.0
+    fast = _dp_choose(gains, 1792)
+    assert fast.tolist() == full_table_dp(p, 126, 1792, 2).tolist()
+    assert fast.sum() == 1792
+
 
 # ---- the whole rule, against a plain loop of the reference's rules (bugs fixed) ------------
 def loop_allocation(p, valid, budget, min_n=2, max_n=16, alpha=0.9):

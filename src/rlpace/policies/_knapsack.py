@@ -103,20 +103,29 @@ def _spread(alloc: np.ndarray, extra: int, groups: list, cap: int | None) -> int
 
 def _dp_extras(p: np.ndarray, k_max: int, budget: int, min_n: int) -> np.ndarray:
     """int64[m] extra rollouts per DP item maximising Σ gain, gain(0) = 0 and
-    gain(k) = Value(min_n + k, p) — the reference's exact DP and tie rules (see module).
-
-    Row w of item i is computed only up to what the first i + 1 items can fill,
-    (i + 1)·k_max: every budget above it is unreachable (dp = −inf, choice 0 — what the full
-    row gives), so the first ⌈budget / k_max⌉ items cost less and every reachable value is
-    the same sum of the same floats (the tests hold the plain loop over every budget row).
-    """
+    gain(k) = Value(min_n + k, p) — the reference's exact DP and tie rules (see module)."""
     m = p.shape[0]
+    if budget <= 0 or m == 0 or k_max <= 0:
+        return np.zeros(m, np.int64)
+    gains = knapsack_value(min_n + np.arange(k_max + 1)[None, :], p[:, None])     # [m, K+1]
+    gains[:, 0] = 0.0
+    return _dp_choose(gains, budget)
+
+
+def _dp_full(gains: np.ndarray, budget: int) -> np.ndarray:
+    """int64[m] choices k_i ∈ [0, K] maximising Σ gains[i, k_i] under Σ k_i ≤ budget, filled
+    as far as the items can: the DP over every budget row (gains float64[m, K+1]).
+
+    Row w of item i: dp[w − k] + gains[i, k], the first maximum over k (the smallest k wins
+    ties, the reference's strict `>`); the choices are walked back from the largest budget the
+    DP can fill. Row w of item i is computed only up to what the first i + 1 items can fill,
+    (i + 1)·K: every budget above it is unreachable (dp = −inf, choice 0 — what the full row
+    gives).
+    """
+    m, k_max = gains.shape[0], gains.shape[1] - 1
     out = np.zeros(m, np.int64)
     if budget <= 0 or m == 0 or k_max <= 0:
         return out
-    ks = np.arange(k_max + 1)
-    gains = knapsack_value(min_n + ks[None, :], p[:, None])             # [m, K+1]
-    gains[:, 0] = 0.0
     choice = np.zeros((m, budget + 1), np.int64)
     pad = np.full(k_max + budget + 1, -np.inf)                          # k_max of −inf, then dp
     pad[k_max] = 0.0
@@ -133,11 +142,113 @@ def _dp_extras(p: np.ndarray, k_max: int, budget: int, min_n: int) -> np.ndarray
         best = c.argmax(axis=1)                         # first maximum: the smallest k wins ties
         choice[i, :h] = best
         dp[:h] = flat[row0[:h] + best]
-    w = int(np.flatnonzero(np.isfinite(dp)).max())     # the largest budget the DP can fill
+    fin = np.flatnonzero(np.isfinite(dp))
+    if fin.size == 0:
+        return out
+    w = int(fin.max())                                  # the largest budget the DP can fill
     for i in range(m - 1, -1, -1):
         out[i] = choice[i, w]
         w -= int(out[i])
     return out
+
+
+def _dp_bands(gains: np.ndarray, top: int) -> np.ndarray:
+    """int64[m, 2]: for each item the rows [lo_i, hi_i] that the DP's optimal path through
+    `top` can cross (gains finite float64[m, K+1], top ≤ m·K, the whole budget filled).
+
+    A row w of item i lies on an optimal path only if the best prefix of items ≤ i at w plus
+    the best suffix of items > i at top − w reaches the value of a feasible allocation, LB.
+    Both are bounded by Lagrangian duality, for every λ: Σ_{j ≤ i} max_k (g_j[k] − λk) + λw
+    (any allocation of w units to those items scores at most this), and the same for the
+    suffix. The bound, a minimum of lines in w, is concave, so the rows above LB form one
+    interval, found by bisection from the feasible allocation's own prefix sums (inside it).
+    LB: each item's units among the `top` largest increments g_j[k] − g_j[k−1] — for concave
+    gains the optimum, so the interval is a few rows; any table is still exact, only wider.
+    The margin (1e-9 of the values' scale) covers the float sums' rounding (the DP's sums
+    differ from the exact ones by ~m·2⁻⁵³ of it).
+    """
+    m, k1 = gains.shape
+    k_max = k1 - 1
+    inc = np.diff(gains, axis=1).ravel()                                # [m·K] increments
+    order = np.argsort(-inc, kind="stable")
+    units = np.bincount(order[:top] // k_max, minlength=m)              # a feasible allocation
+    lb = gains[np.arange(m), units].sum()
+    srt = inc[order]
+    n = inc.size
+    # λ on a grid of increments: 8 quantiles, and ranks at ±2^j around the top-th (the bound is
+    # tight where λ is near the marginal gain of the rows near the optimum)
+    geo = 2 ** np.arange(int(np.log2(max(n, 2))) + 1)
+    ranks = np.r_[np.linspace(0, n - 1, 8).astype(np.int64), top - 1 - geo, top - 1, top - 1 + geo]
+    lam = np.unique(srt[np.clip(ranks, 0, n - 1)])
+    lam = np.r_[lam[0] - 1.0 - abs(lam[0]), lam, lam[-1] + 1.0 + abs(lam[-1])]      # [L]
+    each = (gains[:, None, :] - lam[None, :, None] * np.arange(k1)).max(axis=2)      # [m, L] max_k g_j[k] − λk
+    pre = np.cumsum(each, axis=0)                                       # items ≤ i
+    suf = np.zeros_like(each)
+    suf[:-1] = np.cumsum(each[::-1], axis=0)[::-1][1:]                  # items > i
+    scale = np.abs(gains).max(axis=1).sum() + np.abs(lam).max() * (top + k1)
+    floor = lb - 1e-9 * (1.0 + scale)
+
+    def above(w):                                                       # bool[m]: row w[i] of item i may be optimal
+        return ((pre + lam * w[:, None]).min(axis=1) + (suf + lam * (top - w)[:, None]).min(axis=1)) >= floor
+
+    i = np.arange(m)
+    lo = np.maximum(0, top - (m - 1 - i) * k_max) - 1                   # first row out of reach, below
+    hi = np.minimum(top, (i + 1) * k_max) + 1                           # and above
+    x = np.cumsum(units)                                                # inside: the feasible allocation's rows
+    inner = []
+    for out_, in_ in ((lo, x.copy()), (hi, x.copy())):
+        out_ = out_.copy()
+        while (act := np.abs(in_ - out_) > 1).any():
+            mid = np.where(act, (in_ + out_) // 2, x)
+            ok = above(mid)
+            in_ = np.where(act & ok, mid, in_)
+            out_ = np.where(act & ~ok, mid, out_)
+        inner.append(in_)
+    return np.stack(inner, axis=1)
+
+
+def _dp_choose(gains: np.ndarray, budget: int) -> np.ndarray:
+    """`_dp_full`'s choices (the same extras and ties), computed on the rows an optimal path
+    can cross (`_dp_bands`) — a few per item for concave gains instead of every budget row.
+
+    Every row the DP computes here takes its maximum over the candidates from the previous
+    item's band only, so its value is at most the full DP's; on the full DP's own path it is
+    equal, and each row's first maximum is the same k (a candidate outside the bands is a
+    path no better than the optimum by more than the margin). The walk back checks that it
+    stays inside the bands and ends at row 0; a table that is not finite, or a walk that
+    leaves the bands (not seen; a guard), runs `_dp_full`.
+    """
+    m, k_max = gains.shape[0], gains.shape[1] - 1
+    out = np.zeros(m, np.int64)
+    if budget <= 0 or m == 0 or k_max <= 0:
+        return out
+    if not np.isfinite(gains).all():
+        return _dp_full(gains, budget)
+    top = min(budget, m * k_max)                        # the largest budget the DP can fill
+    band = _dp_bands(gains, top)
+    choice = np.zeros((m, top + 1), np.int64)
+    pad = np.full(k_max + top + 1, -np.inf)
+    pad[k_max] = 0.0
+    dp = pad[k_max:]
+    win = np.lib.stride_tricks.sliding_window_view(pad, k_max + 1)[:, ::-1]   # [W+1, K+1]
+    was = (0, 0)                                        # the previous item's band (row 0 before the first)
+    for i in range(m):
+        lo, hi = int(band[i, 0]), int(band[i, 1])
+        c = win[lo:hi + 1] + gains[i]                   # [rows, K+1] reads the previous band only
+        best = c.argmax(axis=1)                         # first maximum: the smallest k wins ties
+        dp[was[0]:was[1] + 1] = -np.inf
+        dp[lo:hi + 1] = c[np.arange(hi + 1 - lo), best]
+        choice[i, lo:hi + 1] = best
+        was = (lo, hi)
+    w = top
+    if not np.isfinite(dp[w]):
+        return _dp_full(gains, budget)
+    for i in range(m - 1, -1, -1):
+        if not band[i, 0] <= w <= band[i, 1]:
+            return _dp_full(gains, budget)
+        out[i] = choice[i, w]
+        w -= int(out[i])
+    return out if w == 0 else _dp_full(gains, budget)
 
 
 def knapsack_allocation(p: np.ndarray, valid: np.ndarray, budget: int, *, min_n: int = 2,
@@ -146,7 +257,8 @@ def knapsack_allocation(p: np.ndarray, valid: np.ndarray, budget: int, *, min_n:
                         allow_fallback: bool = True) -> np.ndarray:
     """int64[B] rollouts per prompt from pass-rate estimates `p` (float[B]) and which are
     `valid` (bool[B]); Σ = budget, each in [min_n, max_n] (see the module for the rules and
-    the reference's bugs fixed). Pure numpy; O(B_dp·R·max_n) for the DP.
+    the reference's bugs fixed). Pure numpy; the DP (`_dp_choose`) costs O(B_dp·max_n) for
+    each of the few rows per item an optimal path can cross.
 
     >>> knapsack_allocation(np.array([0.5, 0.25, 0.0, 1.0]), np.ones(4, bool), 32, max_n=16).tolist()
     [6, 9, 15, 2]
