@@ -328,22 +328,24 @@ def test_candidates_by_arm_few_and_many_arms_equal_the_plain_draw():
         assert pos.dtype == np.int64 and pos.tolist() == want
 
 
-def test_beta_update_with_distinct_ids_and_no_decay_is_the_loop_bit_for_bit():
-    """λ = 1 with every prompt once adds the counts in place: the very floats of the
-    sequential loop α ← 1·α + (0·α0 + k) (non-integer α and β, so a wrong sum shows)."""
+def test_beta_update_with_distinct_ids_is_the_loop_bit_for_bit():
+    """Every prompt once updates in batch order without grouping (λ = 1: the counts added in
+    place): the very floats of the sequential loop α ← λ·α + ((1 − λ)·α0 + k) (non-integer α
+    and β, so a wrong sum shows)."""
     from rlpace.policies._mopps import beta_posterior_update
     rng = np.random.default_rng(3)
-    for trial in range(50):
+    for trial in range(60):
         n = 3000
+        decay = (1.0, 0.5, 0.9, 0.0)[trial % 4]
         a, b = rng.random(n) * 7 + 0.3, rng.random(n) * 7 + 0.3
         ra, rb = a.copy(), b.copy()
         ids = rng.choice(n, size=int(rng.integers(1, 600)), replace=False)
         g = 16
         k = rng.integers(0, g + 1, ids.size).astype(float)
-        beta_posterior_update(a, b, ids, k, g - k, 1.0, 1.0, 1.0)
+        beta_posterior_update(a, b, ids, k, g - k, decay, 1.5, 2.0)
         for i, x in zip(ids.tolist(), k.tolist()):
-            ra[i] = 1.0 * ra[i] + (0.0 * 1.0 + x)
-            rb[i] = 1.0 * rb[i] + (0.0 * 1.0 + (g - x))
+            ra[i] = decay * ra[i] + ((1.0 - decay) * 1.5 + x)
+            rb[i] = decay * rb[i] + ((1.0 - decay) * 2.0 + (g - x))
         np.testing.assert_array_equal(a, ra)
         np.testing.assert_array_equal(b, rb)
 

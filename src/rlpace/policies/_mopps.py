@@ -176,15 +176,19 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
     order j = 0..B−1, equal to the per-group loop, in O(B log B) numpy."""
     if ids.size == 0:
         return
-    if decay == 1.0:
-        ordered = np.sort(ids)
-        if (ordered[1:] != ordered[:-1]).all():
-            # Every prompt once and λ = 1 (the default): 1·α + (0·α0 + x) below is the float
-            # α + x, and with distinct ids the order of the writes does not matter — one
-            # sort to check, no argsort and no gathers of x.
+    ordered = np.sort(ids)
+    if (ordered[1:] != ordered[:-1]).all():
+        # Every prompt once (the usual batch): with distinct ids the order of the writes does
+        # not matter, so the one-term update below runs in batch order — one sort to check,
+        # no argsort and no gathers of x. With λ = 1 (the default) 1·α + (0·α0 + x) is the
+        # float α + x: an add in place.
+        if decay == 1.0:
             alpha[ids] += successes
             beta[ids] += failures
             return
+        for param, prior, x in ((alpha, prior_alpha, successes), (beta, prior_beta, failures)):
+            param[ids] = decay * param[ids] + ((1.0 - decay) * prior + x)
+        return
     order = np.argsort(ids, kind="stable")            # group by prompt, keep batch order
     sid = ids[order]
     first = np.empty(sid.size, dtype=bool)           # first group of each prompt
