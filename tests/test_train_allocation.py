@@ -225,7 +225,27 @@ def test_informative_share_and_reward_mean_read_only_the_generated_rollouts():
     from types import SimpleNamespace
     grp = SimpleNamespace(ids=np.arange(4), rewards=np.array([[1.0, 0.0, 9.0], [1.0, 9.0, 9.0], [9.0, 9.0, 9.0],
                                                               [1.0, 1.0, 1.0]]), sizes=np.array([2, 1, 0, 3]))
-    assert grpo._informative(grp) == 0.25                       # only [1, 0] differs; N = 1 and N = 0 cannot
+    from rlpace.types import group_advantages, informative_groups
+    # the trainer logs the record's rule over the round's Feedback advantages (padding A = 0)
+    share = informative_groups(group_advantages(grp.rewards, group_sizes=grp.sizes)).mean()
+    assert share == 0.25                                        # only [1, 0] differs; N = 1 and N = 0 cannot
     assert grpo._rollout_rewards(grp).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     flat = SimpleNamespace(ids=np.arange(2), rewards=np.array([[1.0, 0.0], [1.0, 1.0]]), sizes=None)
-    assert grpo._informative(flat) == 0.5 and grpo._rollout_rewards(flat).tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert informative_groups(group_advantages(flat.rewards)).mean() == 0.5
+    assert grpo._rollout_rewards(flat).tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert not hasattr(grpo, "_informative")                    # one rule: the record's
+
+
+def test_informative_groups_is_batch_informative_with_its_threshold():
+    """`informative_groups` is `Batch.informative`'s rule: some |A| > 1e-12. Group-normalised
+    rewards that differ by 1e-20 give |A| = 5e-21 / (5e-21 + 1e-6) ≈ 5e-15: not informative,
+    where "rewards not all equal" (the trainer's earlier rule) said informative."""
+    from rlpace import Feedback, Pool
+    from rlpace.types import Batch, group_advantages, informative_groups
+    r = np.array([[0.0, 1e-20, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5], [0.3, 0.7, 0.7, 0.7]])
+    adv = group_advantages(r)
+    assert np.abs(adv[0]).max() < 1e-12 and np.abs(adv[3]).max() > 0.5
+    assert informative_groups(adv).tolist() == [False, True, False, True]
+    fb = Feedback(np.arange(4), r, adv, 0)
+    batch = Batch.from_feedback(fb, Pool(np.zeros(4, np.int64)), 0.5)
+    assert batch.informative.tolist() == [False, True, False, True]

@@ -68,7 +68,7 @@ from ...tasks import make_taskset, parse_mistakes
 from ...tasks._features import prompt_features
 from ...tasks._generator import GENERATED_PREFIX, family_configs, generated_taskset
 from ...tasks._grid import GRID_PREFIX, grid_cells, grid_pool
-from ...types import Feedback, group_advantages
+from ...types import Feedback, group_advantages, informative_groups
 from ..checkpoint import check_resumable, load_checkpoint, restore_domain_tokens, save_checkpoint
 from ..config import TrainConfig
 from ..evaluate import GreedyMemo, heldout_accuracy
@@ -308,7 +308,9 @@ def train(cfg: TrainConfig, *, eval_memo: GreedyMemo | None = None) -> dict:
         rec.update(stats)
         rec.update({
             "reward_mean": float(all_rewards.mean()),
-            "informative_groups": _informative(pieces[0][0]),                         # first round
+            # first round's share of groups with a non-zero advantage, by the record's rule (Knapsack
+            # RL's "effective gradient ratio"; padding and groups of N_i <= 1 have none)
+            "informative_groups": float(informative_groups(fbs[0].advantages).mean()),
             "groups_trained": batch.taken, "refill_rounds": round_,
             "prompt_ids": [int(i) for p in pieces for i in p[0].ids],
             **({"group_sizes": [int(n) for p in pieces for n in p[0].sizes]} if w else {}),
@@ -436,18 +438,6 @@ def _rollout_rewards(grp) -> np.ndarray:
     """float[N] the round's rewards, one per generated rollout (a ragged round's padding left out)."""
     r = grp.rewards
     return r.ravel() if getattr(grp, "sizes", None) is None else r[np.arange(r.shape[1]) < grp.sizes[:, None]]
-
-
-def _informative(grp) -> float:
-    """Share of the round's prompts whose rewards are not all equal (a non-zero GRPO advantage;
-    Knapsack RL's "effective gradient ratio"); a prompt allocated N_i ≤ 1 rollouts has none."""
-    r = grp.rewards.astype(np.float64)
-    if getattr(grp, "sizes", None) is None:
-        return float((r.std(axis=1) > 0).mean())
-    valid = np.arange(r.shape[1]) < grp.sizes[:, None]                                # [B, max N]
-    hi = np.where(valid, r, -np.inf).max(axis=1, initial=-np.inf)
-    lo = np.where(valid, r, np.inf).min(axis=1, initial=np.inf)
-    return float((hi > lo).mean())
 
 
 def _training_batch(pieces: list, b: int, g: int) -> TrainingBatch:
