@@ -698,3 +698,71 @@ def test_cli_measurement_seeds_without_seeds_is_one_line_exit_2(tmp_path, capsys
     rc, err = _cli(argv[:-1] + ["-1"], capsys)
     assert rc == 2 and len(err) == 1 and "--measurement-seeds" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(seeds=2, measurement_seeds=0), "measurement_seeds"),      # passed advise's own check, refused after the fits
+    (dict(seeds=2, measurement_seeds=-3), "measurement_seeds"),
+    (dict(draws=0), "draws"), (dict(jobs=0), "jobs"), (dict(seeds=0), "seeds"), (dict(screen=-1), "screen"),
+    (dict(policies=["dump", "no_such_policy"]), "policies"), (dict(step_norm="batchy"), "step_norm"),
+    (dict(law_replicates=1), "law_replicates"), (dict(budget_rollouts=0), "budget_rollouts"),
+])
+def test_advise_refuses_bad_arguments_before_any_work(tmp_path, monkeypatch, kw, field):
+    """Every argument is checked before the pilot is read or a fit runs: InputError naming
+    the field, and neither the pilot's load nor `fit_learner` is called."""
+    import rlpace.advise._advice as adv_mod
+    path, w = _pilot(tmp_path, steps=12, b=32, g=4)
+    calls = []
+    monkeypatch.setattr(adv_mod, "fit_learner", lambda *a, **k: calls.append("fit"))
+    monkeypatch.setattr(adv_mod, "load_pilot", lambda *a, **k: calls.append("load"))
+    args = {**dict(budget_rollouts=99_999, policies=["dump"], draws=2), **kw}
+    with pytest.raises(InputError, match=field):
+        adv_mod.advise(path, w.pool, **args)
+    assert calls == []
+
+
+
+def test_cli_trainer_pilot_is_not_run_for_a_bad_measurement_seeds(tmp_path, capsys, monkeypatch):
+    """With trainer fields the CLI runs a pilot first: the prediction's arguments are checked
+    before it (one line, exit 2), not after the pilot's training."""
+    import rlpace.advise._trainer as tr
+    ran = []
+
+    def pilot_on_trainer(*a, **k):
+        ran.append(1)
+        raise RuntimeError("the pilot ran")
+    monkeypatch.setattr(tr, "pilot_on_trainer", pilot_on_trainer)
+    out = tmp_path / "out"
+    rc, err = _cli(["advise", "tasks=ladder", f"out={tmp_path / 'pilot'}", "--budget-rollouts", "99999",
+                    "--policies", "dump", "--measurement-seeds", "8", "--out", str(out)], capsys)
+    assert rc == 2 and len(err) == 1 and "--seeds 2" in err[0] and "measurement_seeds" in err[0]
+    assert ran == [] and not out.exists() and not (tmp_path / "pilot").exists()
+
+
+def test_fit_recovers_a_skill_cap_and_keeps_the_linear_learner_without_one(tmp_path):
+    """The skill cap (saturation c: skill (1 − e^(−c·x))/c of the linear skill x). On a pilot of
+    a learner capped at 2 logits (c = 0.5; 60 steps of 128 × 16) the likelihood-ratio gate
+    opens and ĉ is within a factor 2 of c, the truth inside ĉ·e^(±2 se); on the same pilot of
+    the uncapped learner the gate stays shut and the fit is the linear fit to the last bit."""
+    from rlpace.advise._fit import SAT_MARGIN
+    w = build_world(SC)
+    fits = {}
+    for c in (0.5, 0.0):
+        path = tmp_path / f"cap{c}.jsonl"
+        simulate(SC, "uniform", steps=60, seed=0, batch_size=128, group_size=16, record=PilotRecorder(path, pool=w.pool),
+                 saturation=c)
+        fits[c] = (fit_learner(read_pilot(path), w.pool), fit_learner(read_pilot(path), w.pool, saturation="off"))
+    capped, linear = fits[0.5]
+    assert capped.saturation_gain > SAT_MARGIN, capped.saturation_gain
+    assert abs(np.log(capped.params.sat / 0.5)) < np.log(2.0), capped.params.sat
+    se = float(np.sqrt(capped.cov[-1, -1]))                   # log c is θ's last entry
+    assert abs(np.log(capped.params.sat / 0.5)) < 2 * se, (capped.params.sat, se)
+    assert capped.log_lik > linear.log_lik + SAT_MARGIN
+    assert capped.to_json()["skill_cap"] == pytest.approx(1 / capped.params.sat)
+    auto, off = fits[0.0]
+    assert auto.saturation_gain < SAT_MARGIN and auto.params.sat == 0.0
+    np.testing.assert_array_equal(auto.theta, off.theta)
+    np.testing.assert_array_equal(auto.cov, off.cov)
+    assert auto.to_json()["skill_cap"] is None
+    with pytest.raises(InputError, match="saturation"):
+        fit_learner(read_pilot(tmp_path / "cap0.0.jsonl"), w.pool, saturation="yes")

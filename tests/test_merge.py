@@ -566,3 +566,20 @@ def test_workers_take_the_dearest_tensors_first():
     kinds = {n: "delta" for n in layout}                                 # task arithmetic / TIES: by size
     assert _longest_first(list(layout), layout, kinds) == ["z.embed", "b.mlp", "c.attn", "f.attn", "e.stack",
                                                           "d.k", "a.norm"]
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float64, (300, 260)), (torch.float32, (77, 128)),
+                                         (torch.float64, (5, 3))])
+def test_gram_from_upper_blocks_equals_the_full_product(dtype, shape):
+    """`_add_gram` (upper-triangle column blocks of 128, mirrored) against x.T @ x: the same
+    symmetric matrix, added to what the accumulator held."""
+    from rlpace.merge._methods import _add_gram
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=g, dtype=dtype)
+    acc = torch.randn(shape[1], shape[1], generator=g, dtype=torch.float64)
+    want = acc + (x.T @ x).double()
+    _add_gram(acc, x)
+    assert float((acc - want).abs().max() / want.abs().max()) < 1e-14
+    fresh = torch.zeros_like(acc)
+    _add_gram(fresh, x)
+    assert torch.equal(fresh, fresh.T)                                 # mirrored: exactly symmetric

@@ -19,10 +19,13 @@ import numpy as np
 
 from ..errors import InputError
 from ..types import Pool
-from ._fit import EVAL_MODES, Discrepancy, LearnerFit, fit_learner, predicted_evals, rate_discrepancy
+from ._fit import Discrepancy, LearnerFit, fit_learner, predicted_evals, rate_discrepancy
 from ._laws import law_weight, stratified_draws
-from ._predict import Prediction, predict
+from ._predict import Prediction, check_prediction_args, predict
 from ._record import Pilot, load_pilot
+
+#: advise's step laws: fit_learner's, or "mixture" (both, weighed by `_laws.law_weight`)
+STEP_NORMS = ("mixture", "batch", "signal", "auto")
 
 __all__ = ["Advice", "advise", "MIN_PILOT_STEPS", "SAVING_BAR", "usage_lines", "load_pool"]
 
@@ -163,6 +166,23 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
                          f"rollouts; give the whole run's budget, pilot included.")
 
 
+def check_advise_args(*, budget_rollouts, policies=None, draws=8, seeds=1, jobs=1, step_norm="mixture",
+                      heldout_eval="auto", screen=None, law_replicates=8, measurement_seeds=None) -> None:
+    """InputError naming the field for a bad argument of `advise`, before any work (the pilot's
+    load, the fits, a trainer pilot: the CLI calls it first). The prediction's own arguments
+    are `check_prediction_args`'s, the one place they are checked."""
+    if (isinstance(budget_rollouts, bool) or not isinstance(budget_rollouts, (int, float, np.number))
+            or int(budget_rollouts) != budget_rollouts or budget_rollouts < 1):
+        raise InputError(f"budget_rollouts (--budget-rollouts) must be a positive integer; got {budget_rollouts!r}.")
+    if step_norm not in STEP_NORMS:
+        raise InputError(f"step_norm must be one of {STEP_NORMS}; got {step_norm!r}.")
+    if step_norm == "mixture" and (isinstance(law_replicates, bool) or not isinstance(law_replicates, (int, np.integer))
+                                   or law_replicates < 2):
+        raise InputError(f"law_replicates must be an integer ≥ 2 (a spread needs two); got {law_replicates!r}.")
+    check_prediction_args(draws=draws, seeds=seeds, jobs=jobs, screen=screen, measurement_seeds=measurement_seeds,
+                          heldout_eval=heldout_eval, policies=None if policies is None else list(policies))
+
+
 def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollouts: int,
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
@@ -185,16 +205,12 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         >>> print(adv.sentence)                                                     # doctest: +SKIP
         expected saving 38 % [22, 51] with `recommended`; the oracle's 55 %
     """
+    check_advise_args(budget_rollouts=budget_rollouts, policies=policies, draws=draws, seeds=seeds, jobs=jobs,
+                      step_norm=step_norm, heldout_eval=heldout_eval, screen=screen, law_replicates=law_replicates,
+                      measurement_seeds=measurement_seeds)
     pilot = load_pilot(pilot) if not isinstance(pilot, Pilot) else pilot
     pool = load_pool(pool) if not isinstance(pool, Pool) else pool
-    if isinstance(budget_rollouts, bool) or int(budget_rollouts) != budget_rollouts or budget_rollouts < 1:
-        raise InputError(f"--budget-rollouts must be a positive integer; got {budget_rollouts!r}.")
     check_pilot(pilot, pool, int(budget_rollouts))
-    if heldout_eval not in ("auto", *EVAL_MODES):
-        raise InputError(f"--heldout-eval must be auto, sampled or greedy; got {heldout_eval!r}.")
-    if measurement_seeds is not None and measurement_seeds != seeds and seeds < 2:
-        raise InputError(f"--measurement-seeds {measurement_seeds} needs --seeds 2 or more (the seed spread is read "
-                         f"within each draw's seeds); got --seeds {seeds}.")
     alt = None
     if step_norm == "mixture":
         # the two step normalisations fit a uniform pilot about equally well (docs/advise.md):

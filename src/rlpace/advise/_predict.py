@@ -119,6 +119,38 @@ def unmodelled_signals(policy: str) -> str:
     return ", ".join(sorted(why))
 
 
+def check_prediction_args(*, draws=8, seeds=1, jobs=1, screen=None, measurement_seeds=None,
+                          heldout_eval="sampled", policies=None) -> None:
+    """InputError naming the field (and its `rlpace advise` flag) for a bad argument of
+    `predict` or `advise`, before any work: the one place these are checked (`advise` calls
+    it before its fits, `predict` before its simulations, the CLI before a trainer pilot).
+    `heldout_eval` may also be "auto" (advise's, resolved before `predict`)."""
+    for name, value, low in (("draws", draws, 1), ("seeds", seeds, 1), ("jobs", jobs, 1),
+                             ("screen", 0 if screen is None else screen, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise InputError(f"{name} (--{name}) must be an integer ≥ {low}; got {value!r}.")
+    if heldout_eval not in ("auto", *EVAL_MODES):
+        raise InputError(f"heldout_eval (--heldout-eval) must be auto, {' or '.join(EVAL_MODES)}; "
+                         f"got {heldout_eval!r}.")
+    if measurement_seeds is not None:
+        m = measurement_seeds
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise InputError(f"measurement_seeds (--measurement-seeds) must be a positive integer (the "
+                             f"measurement's seed count; 0 at the CLI: off); got {m!r}.")
+        if m != seeds and seeds < 2:
+            raise InputError(f"measurement_seeds={m} (--measurement-seeds {m}) needs seeds ≥ 2 per draw, "
+                             f"--seeds 2 or more (the seed spread is read within each draw's seeds); got "
+                             f"seeds={seeds}.")
+    if policies is not None:
+        from ..policies import names
+        known = set(names())
+        unknown = [p for p in policies if not isinstance(p, str)
+                   or not all(part in known for part in p.split("+"))]
+        if unknown:
+            raise InputError(f"policies (--policies): unknown {unknown}; see `rlpace policies` "
+                             f"(a chain is name+name).")
+
+
 def default_candidates() -> list[str]:
     """`recommended`, then every registered proposal policy, every admission policy and every
     rollout-allocation policy, alone and after `recommended` (`recommended+knapsack`; as
@@ -276,18 +308,14 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
         raise InputError(f"the budget leaves {left} rollouts after the pilot, fewer than two steps of "
                          f"{b}×{g}; raise --budget-rollouts.")
     policies = default_candidates() if policies is None else list(policies)
+    check_prediction_args(draws=draws, seeds=seeds, jobs=jobs, screen=screen, measurement_seeds=measurement_seeds,
+                          heldout_eval=heldout_eval, policies=policies)
     if heldout_eval not in EVAL_MODES:
-        raise InputError(f"heldout_eval must be one of {EVAL_MODES}; got {heldout_eval!r}.")
+        raise InputError(f"heldout_eval must be one of {EVAL_MODES} here (advise resolves 'auto'); got "
+                         f"{heldout_eval!r}.")
     if not (math.isfinite(rate_sd) and rate_sd >= 0):
         raise InputError(f"rate_sd must be a finite number ≥ 0; got {rate_sd!r}.")
-    if measurement_seeds is not None:
-        if isinstance(measurement_seeds, bool) or int(measurement_seeds) != measurement_seeds or measurement_seeds < 1:
-            raise InputError(f"measurement_seeds must be a positive integer (the measurement's seed count); "
-                             f"got {measurement_seeds!r}.")
-        measurement_seeds = int(measurement_seeds)
-        if measurement_seeds != seeds and seeds < 2:
-            raise InputError(f"measurement_seeds={measurement_seeds} needs seeds ≥ 2 per draw (the seed spread is "
-                             f"read within the draws); got seeds={seeds}. Pass seeds=2 or more.")
+    measurement_seeds = None if measurement_seeds is None else int(measurement_seeds)
     if screen is None:
         screen = 2 if len(policies) > 8 and draws > 3 else 0
     screen = int(screen) if 0 < int(screen) < draws else 0

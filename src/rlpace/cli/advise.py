@@ -52,10 +52,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..advise._advice import advise, load_pool, usage_lines, write_advice
+    from ..advise._predict import check_prediction_args
     from ..errors import InputError
-    for name in ("draws", "seeds", "jobs"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name} must be ≥ 1; got {getattr(args, name)}.")
+    pols = [p.strip() for p in args.policies.split(",") if p.strip()] or None
+    # every prediction argument, before a trainer pilot runs (advise() checks them again, in the same place)
+    check_prediction_args(draws=args.draws, seeds=args.seeds, jobs=args.jobs, heldout_eval=args.heldout_eval,
+                          measurement_seeds=args.measurement_seeds or None, policies=pols)
     if args.budget_rollouts < 0:
         raise InputError(f"--budget-rollouts must be a positive integer; got {args.budget_rollouts}.")
     modes = [m for m, on in (("--pilot", bool(args.pilot or args.pool)), ("key=value", bool(args.overrides)),
@@ -64,15 +66,7 @@ def run(args) -> int:
         raise InputError("give one pilot: --pilot FILE --pool FILE --budget-rollouts N, or trainer fields "
                          "(e.g. tasks=ladder steps=300) to run it, or --from-run DIR"
                          + (f"; got {' and '.join(modes)}." if modes else "."))
-    pols = [p.strip() for p in args.policies.split(",") if p.strip()] or None
-    if pols:
-        from ..policies import names
-        unknown = [p for p in pols if p not in names() and "+" not in p]
-        if unknown:
-            raise InputError(f"--policies: unknown {unknown}; see `rlpace policies`.")
     say = lambda s: print(f"rlpace advise: {s}", file=sys.stderr, flush=True)     # noqa: E731
-    if args.measurement_seeds < 0:
-        raise InputError(f"--measurement-seeds must be ≥ 1 (or 0: off); got {args.measurement_seeds}.")
     kw = dict(policies=pols, draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs, progress=say,
               heldout_eval=args.heldout_eval, measurement_seeds=args.measurement_seeds or None)
     if args.heldout_eval == "auto" and (args.overrides or args.from_run):

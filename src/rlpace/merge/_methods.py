@@ -89,6 +89,23 @@ def _retention(gram: np.ndarray, ridge: float, clip: tuple) -> np.ndarray:
     return np.clip(c, *clip)
 
 
+GRAM_BLOCK = 128           # column block of `_add_gram`'s upper-triangle products
+
+
+def _add_gram(out: torch.Tensor, x: torch.Tensor) -> None:
+    """out += xᵀx (x [rows, n]; out float64 [n, n]) from the upper triangle's column blocks
+    only, each mirrored: (p + 1)/(2p) of the product's flops for p = ⌈n/128⌉ blocks (4/7 at
+    n = 896; measured 0.144 → 0.089 s in float64 and 0.062 → 0.045 s in float32 for a
+    4864 × 896 x, one thread). Each entry is the same dot product as in x.T @ x (equal bit
+    for bit with torch's CPU BLAS here); torch has no syrk."""
+    n = x.shape[1]
+    edges = list(range(0, n, GRAM_BLOCK)) + [n]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        blk = (x[:, lo:hi].T @ x[:, lo:]).to(out.dtype)                # rows lo:hi, columns lo:n
+        out[lo:hi, lo:] += blk
+        out[hi:, lo:hi] += blk[:, hi - lo:].T
+
+
 def _eigh_descending(a: torch.Tensor):
     lam, vec = torch.linalg.eigh((a + a.T) / 2)
     return lam.flip(0), vec.flip(1)
@@ -168,10 +185,12 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
         if kept is not None:
             kept.append(x)
         w0b = x[:, :n] if blas_dtype == f64 else big0[r:r + block_rows].to(f64)
-        acc[0][:, :n] += w0b.T @ w0b
-        acc[0][:, n:] += (x[:, :n].T @ x[:, n:]).to(f64)
-        for a in range(1, k + 1):
-            acc[a] += (x[:, a * n:(a + 1) * n].T @ x[:, a * n:]).to(f64)
+        _add_gram(acc[0][:, :n], w0b)
+        for a in range(k + 1):
+            if a:
+                _add_gram(acc[a][:, :n], x[:, a * n:(a + 1) * n])
+            if a < k:
+                acc[a][:, n:] += (x[:, a * n:(a + 1) * n].T @ x[:, (a + 1) * n:]).to(f64)
     c00 = acc[0][:, :n]
     b = [acc[0][:, (i + 1) * n:(i + 2) * n] for i in range(k)]        # W₀ᵀΔ_i
     d = {(i, j): acc[i + 1][:, (j - i) * n:(j - i + 1) * n] for i in range(k) for j in range(i, k)}   # Δ_iᵀΔ_j
