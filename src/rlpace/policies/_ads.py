@@ -361,10 +361,10 @@ def ads_boundary_window(active_clusters: int = 4, mini_cluster_size: int = 32, e
         if batch.prompt_ids.size == 0:
             return state
         rho = batch.pass_rate
-        direction = np.where(rho < 0.5 - eps, -1, np.where(rho > 0.5 + eps, 1, 0))
+        direction = (rho > 0.5 + eps).astype(np.int64) - (rho < 0.5 - eps)   # +1, −1 or 0
         k, pos, d_in = _in_window_groups(state, pool, batch.clusters,
                                          pool.rank_position()[batch.prompt_ids], direction)
-        state.last_moves[:] = [(d_in < 0).sum(), (d_in == 0).sum(), (d_in > 0).sum()]
+        state.last_moves[:] = np.bincount(d_in + 1, minlength=3)   # (−1, 0, +1) counts
         if d_in.size:
             _move_windows(state, pool, k, pos, d_in)
         state.steps[...] += 1
