@@ -527,3 +527,63 @@ def test_batched_muon_equals_torch_muon_with_gradients_missing_and_a_resume(kw):
         assert float((a - a0).abs().max()) > 1e-2                                # they moved
     differ = sum(int((a != b).sum()) for a, b in zip(*mats))
     assert differ < 0.01 * sum(a.numel() for a in mats[0])
+
+
+def test_projected_frame_gradients_from_one_q_by_q_product_equal_the_two_projections():
+    """Π_U(G·V·Σ) and Π_V(Gᵀ·U·Σ) from M = Uᵀ·G·V alone equal `project_tangent` applied to
+    `frame_gradients`, per matrix of a stack (random frames, float64, to 1e-12)."""
+    from rlpace.optim._iso import _riemannian_frame_gradients
+    torch.manual_seed(5)
+    g = torch.randn(3, 7, 4, dtype=torch.float64)
+    u = polar(torch.randn(3, 7, 4, dtype=torch.float64))
+    v = polar(torch.randn(3, 4, 4, dtype=torch.float64))
+    s = torch.rand(3, 4, dtype=torch.float64) + 0.5
+    gu, gv = _riemannian_frame_gradients(g, u, s, v, project=True)
+    for b in range(3):
+        ru, rv = frame_gradients(g[b], u[b], s[b], v[b])
+        assert float((gu[b] - project_tangent(u[b], ru)).abs().max()) < 1e-12
+        assert float((gv[b] - project_tangent(v[b], rv)).abs().max()) < 1e-12
+    raw = _riemannian_frame_gradients(g, u, s, v, project=False)
+    assert torch.allclose(raw[0][1], frame_gradients(g[1], u[1], s[1], v[1])[0], atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype):
+    """base="adamw" steps each shape's frames as one stack (AdamW's moments stacked too); a
+    per-frame torch AdamW (foreach off, a loop over the frames) through the same ISO step is
+    the reference: 6 steps with a step where two matrices have no gradient (their group goes
+    frame by frame, their step counts fall behind) and a state dict round trip; weights and
+    frames equal to rounding, and each saved frame keeps its own step count."""
+    kw = dict(lr=3e-2, betas=(0.9, 0.99), weight_decay=0.01)
+    nets = [_shapes_net(dtype), _shapes_net(dtype)]
+    fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, **kw)
+    ref = IsoSpectral(nets[1], lambda groups: torch.optim.AdamW(groups, foreach=False, **kw), frame_dtype=dtype)
+    for t in range(6):
+        for net, opt in zip(nets, (fast, ref)):
+            opt.zero_grad()
+            loss_at_shapes = (net(torch.randn(16, 6, generator=torch.Generator().manual_seed(300 + t), dtype=dtype))
+                              .square().mean())
+            loss_at_shapes.backward()
+            if t == 2:
+                net[0].weight.grad = net[4].weight.grad = None
+            opt.step()
+        if t == 3:
+            sd = fast.state_dict()
+            steps = [float(st["step"]) for st in sd["state"].values()]
+            assert len({id(st["step"]) for st in sd["state"].values()}) == len(sd["state"])
+            assert min(steps) == 3 and max(steps) == 4        # the two matrices sat one step out
+            buf = io.BytesIO()
+            torch.save(sd, buf)
+            fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, **kw)
+            fast.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for (n, (u, s, v)), (_, (ru, rs, rv)) in zip(fast.frames().items(), ref.frames().items()):
+        assert float((u - ru).abs().max()) < tol and float((v - rv).abs().max()) < tol, n
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        assert float((a - b).abs().max()) < tol
+    # both paths ran: the shape whose frames' step counts differ went frame by frame, the
+    # others as stacks, whose moments are rows of one tensor
+    assert [len(idx) for idx in fast._by_shape] == [3, 3, 1]
+    assert (0, 0) not in fast._adam_stacks and {(1, 0), (1, 1), (2, 0), (2, 1)} <= set(fast._adam_stacks)
+    rows = [fast.base.state[fast._v[i]]["exp_avg"] for i in fast._by_shape[1]]
+    assert all(r._base is fast._adam_stacks[(1, 1)]["moments"][0] for r in rows)

@@ -24,6 +24,7 @@ import warnings
 from typing import Callable, Iterable
 
 import torch
+from torch.optim.adam import adam
 
 from ..errors import InputError
 from ._chain import ChainedOptimizer, evaluate_closure
@@ -33,6 +34,8 @@ __all__ = ["IsoSpectral", "polar", "project_tangent", "frame_gradients", "defaul
 
 
 NEWTON_MAX = 0.1           # ‖XᵀX − I‖_F up to which Newton–Schulz is used (then ≤ 4 iterations)
+NEWTON_TARGET = {torch.float64: 1e-16, torch.float32: 1e-8}   # δ^(2^k) run down to: below the
+                           # dtype's rounding (float32's is 6e-8: one iteration fewer than 1e-16)
 GRAM_MIN_RATIO = {torch.float64: 1e-8, torch.float32: 1e-2}   # λ_min/λ_max of XᵀX below this
                            # (cond X above 1e4, or 10 in float32, error eps·cond²): an SVD instead
 
@@ -44,7 +47,8 @@ def polar(x: torch.Tensor) -> torch.Tensor:
     Computed as X·(XᵀX)^(-1/2), batched over leading dimensions, in float64 (float32 for a
     float32 input). An optimizer step leaves X near the manifold, δ = ‖XᵀX − I‖_F small:
     for δ ≤ 0.1 the coupled Newton–Schulz iteration for (XᵀX)^(-1/2) (three q × q products an
-    iteration, error δ^(2^k) after k, run until below 1e-16: four iterations at most); else
+    iteration, error δ^(2^k) after k, run until below 1e-16, 1e-8 in float32: four iterations
+    at most); else
     an eigendecomposition of XᵀX; an SVD when XᵀX is ill-conditioned (cond X > 1e4), where
     the Gram matrix would lose digits. Every route agrees with the SVD's A·Bᵀ to rounding
     (tested against numpy's SVD).
@@ -60,13 +64,18 @@ def polar(x: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(a.shape[-1], dtype=dt, device=a.device)
     delta = float(torch.linalg.matrix_norm(a - eye).max())
     if delta <= NEWTON_MAX:
-        iterations = 0 if delta == 0 else max(1, math.ceil(math.log2(math.log(1e-16) / math.log(delta))))
+        iterations = _newton_iterations(delta, dt)
         return (xd @ _inverse_sqrt_newton_schulz(a, eye, iterations)).to(x.dtype)
     lam, vec = torch.linalg.eigh((a + a.mT) / 2)
     if bool((lam[..., 0] <= GRAM_MIN_RATIO[dt] * lam[..., -1]).any()):
         u, _, vh = torch.linalg.svd(xd, full_matrices=False)
         return (u @ vh).to(x.dtype)
     return (xd @ ((vec * lam.rsqrt().unsqueeze(-2)) @ vec.mT)).to(x.dtype)
+
+
+def _newton_iterations(delta: float, dt: torch.dtype) -> int:
+    """Newton–Schulz iterations k for δ^(2^k) ≤ NEWTON_TARGET[dt] (none at δ = 0)."""
+    return 0 if delta == 0 else max(1, math.ceil(math.log2(math.log(NEWTON_TARGET[dt]) / math.log(delta))))
 
 
 def _inverse_sqrt_newton_schulz(a: torch.Tensor, eye: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -108,7 +117,7 @@ def _polar_many(xs: list) -> list:
             for j in js:
                 out[j] = polar(xs[j])
             continue
-        iterations = 0 if delta == 0 else max(1, math.ceil(math.log2(math.log(1e-16) / math.log(delta))))
+        iterations = _newton_iterations(delta, dt)
         z = _inverse_sqrt_newton_schulz(a, eye, iterations)
         for j, zj in zip(js, torch.split(z, [xs[j].shape[0] for j in js])):
             out[j] = xs[j] @ zj
@@ -127,6 +136,21 @@ def frame_gradients(grad_w: torch.Tensor, u: torch.Tensor, sigma: torch.Tensor, 
     (Euclidean: the chain rule, no projection)."""
     g = grad_w.to(u.dtype)
     return (g @ v) * sigma, (g.transpose(-1, -2) @ u) * sigma
+
+
+def _riemannian_frame_gradients(g: torch.Tensor, u: torch.Tensor, s: torch.Tensor, v: torch.Tensor, project: bool):
+    """(Π_U(G·V·Σ), Π_V(Gᵀ·U·Σ)) for stacks g [B, m, n], u [B, m, q], s [B, q], v [B, n, q]
+    (unprojected with project=False). Both projections need only M = Uᵀ·G·V [B, q, q]:
+    Uᵀ·(G·V·Σ) = M·Σ and Vᵀ·(Gᵀ·U·Σ) = Mᵀ·Σ, one q × q product where `project_tangent` takes
+    two (the same algebra, tested against it)."""
+    sr = s.unsqueeze(-2)                                   # [B, 1, q]: scales columns
+    gv, gtu = g @ v, g.mT @ u                              # G·V [B, m, q], Gᵀ·U [B, n, q]
+    if not project:
+        return gv * sr, gtu * sr
+    m = u.mT @ gv                                          # M = Uᵀ·G·V [B, q, q]
+    a, b = m * sr, m.mT * sr                               # Uᵀ·∂U = M·Σ, Vᵀ·∂V = Mᵀ·Σ
+    return (torch.baddbmm(gv * sr, u, (a + a.mT) / 2, alpha=-1),
+            torch.baddbmm(gtu * sr, v, (b + b.mT) / 2, alpha=-1))
 
 
 def default_managed(model: torch.nn.Module) -> Callable[[str, torch.Tensor], bool]:
@@ -241,6 +265,9 @@ class IsoSpectral(torch.optim.Optimizer):
             self._stacks.append(stack)
         frames = [x for pair in zip(self._u, self._v) for x in pair]
         self.base = _make_base(base, frames, others, base_kwargs, aux_kwargs)
+        # base="adamw": the frames' AdamW runs on the stacks themselves (`_adamw_stacks`)
+        self._own_adamw = base == "adamw"
+        self._adam_stacks: dict = {}     # (shape group, 0 for U / 1 for V) -> the stacked AdamW state
         groups = list(self.base.param_groups)
         super().__init__(groups, {})
         self._write_weights()
@@ -265,6 +292,7 @@ class IsoSpectral(torch.optim.Optimizer):
             return loss
         # matrices of one shape go through each product together (torch.linalg batches)
         live = []                                  # (shape group, positions in it with a gradient)
+        stacked_grads = []                         # (shape group, ∂U [B, m, q], ∂V [B, n, q]) of whole groups
         for k, idx in enumerate(self._by_shape):
             pos = [j for j, i in enumerate(idx) if self._weights[i].grad is not None]
             for j, i in enumerate(idx):
@@ -274,12 +302,18 @@ class IsoSpectral(torch.optim.Optimizer):
                 continue
             live.append((k, pos))
             u, v, s = self._stack(k, pos)
-            g = torch.stack([self._weights[idx[j]].grad for j in pos])
-            gu, gv = frame_gradients(g, u, s.unsqueeze(-2), v)
-            if self.project:
-                gu, gv = project_tangent(u, gu), project_tangent(v, gv)
+            g = torch.stack([self._weights[idx[j]].grad for j in pos]).to(u.dtype)     # [B, m, n]
+            gu, gv = _riemannian_frame_gradients(g, u, s, v, self.project)
+            if len(pos) == len(idx) and self._own_adamw and self._adamw_stacks(k) is not None:
+                stacked_grads.append((k, gu, gv))
+                for i in idx:
+                    self._u[i].grad = self._v[i].grad = None
+                continue
+            self._unshare_steps(k)
             for j, gu_j, gv_j in zip(pos, gu, gv):
                 self._u[idx[j]].grad, self._v[idx[j]].grad = gu_j, gv_j
+        if stacked_grads:
+            self._adamw_step_stacked(stacked_grads)
         self.base.step()
         # one retraction for every frame of the step: U and V of every shape share q × q Gram
         # matrices wherever their q agree (all of them, when every matrix has one short side)
@@ -303,18 +337,95 @@ class IsoSpectral(torch.optim.Optimizer):
         return tuple(x[pos] for x in stack)
 
     def _nonfinite_gradient(self) -> str | None:
-        """The name of the first parameter whose gradient holds a NaN or an inf, else None.
-        One host sync: a float64 sum per gradient is NaN or inf exactly when an entry is
-        (or, in float64, when the sum overflows past 1e308, itself no usable gradient)."""
+        """The name of the first parameter whose gradient holds a NaN or an inf, else None;
+        one host sync per device."""
         named = [(n, p.grad) for n, p in zip(self.managed, self._weights) if p.grad is not None]
         named += [(n, p.grad) for n, p in zip(self._other_names, self._others) if p.grad is not None]
         if not named:
             return None
-        sums = [g.sum(dtype=torch.float64) for _, g in named]
-        total = torch.stack([x.to(sums[0].device) for x in sums]).sum()
-        if bool(torch.isfinite(total)):
+        by_device: dict = {}
+        for _, g in named:
+            by_device.setdefault(g.device, []).append(g)
+        for device, grads in by_device.items():
+            # AMP's check: one call over every gradient, found = 1 where an entry is NaN or inf
+            # (it also multiplies each gradient by 1.0 in place, which changes no value)
+            found, one = torch.zeros((), device=device), torch.ones((), device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+            if bool(found):
+                return next(n for n, g in named if not bool(torch.isfinite(g).all()))
+        return None
+
+    # ---- the frames' AdamW on the stacks --------------------------------------------------
+    def _frame_views(self, k: int, side: int) -> list:
+        return [(self._u, self._v)[side][i] for i in self._by_shape[k]]
+
+    def _adamw_stacks(self, k: int):
+        """The AdamW state of shape group k's frames as stacks: per side (U, V) the frame
+        stack, its exp_avg and exp_avg_sq [B, ·, q] whose rows are the very tensors in the
+        base optimizer's per-frame state, and one `step` tensor the side's frames share. Built
+        from the per-frame state (zeros for a fresh one) when that is not what the state holds
+        (first step, a loaded state dict, a step some matrices of the group sat out); None
+        where the group's frames have different step counts or the base optimizer's first
+        group asks for more than plain AdamW (then each frame goes through the base step)."""
+        group = self.base.param_groups[0]
+        if (group.get("amsgrad") or group.get("maximize") or group.get("capturable") or group.get("differentiable")
+                or group.get("fused") or not group.get("decoupled_weight_decay", True)):
             return None
-        return next(n for n, g in named if not bool(torch.isfinite(g).all()))
+        held = [self._adam_stacks.get((k, side)) for side in (0, 1)]
+        state = self.base.state
+        if all(h is not None and all(
+                (st := state.get(f)) is not None and st.get("step") is h["step"] and st.get("exp_avg") is a
+                and st.get("exp_avg_sq") is b for f, a, b in zip(self._frame_views(k, side), h["views"][0], h["views"][1]))
+               for side, h in enumerate(held)):
+            return held
+        built = []
+        for side in (0, 1):
+            frames = self._frame_views(k, side)
+            sts = [state.get(f, {}) for f in frames]
+            steps = {float(st["step"]) if "step" in st else 0.0 for st in sts}
+            if len(steps) != 1:
+                return None
+            moments = [torch.stack([st[key] if key in st else torch.zeros_like(f) for st, f in zip(sts, frames)])
+                       for key in ("exp_avg", "exp_avg_sq")]
+            step = torch.tensor(steps.pop(), dtype=torch.float32)
+            views = [list(m.unbind(0)) for m in moments]
+            for f, a, b in zip(frames, *views):
+                state[f] = {**state.get(f, {}), "step": step, "exp_avg": a, "exp_avg_sq": b}
+            built.append({"param": self._stacks[k][side], "step": step, "moments": moments, "views": views})
+            self._adam_stacks[(k, side)] = built[-1]
+        return built
+
+    def _unshare_steps(self, k: int) -> None:
+        """Before group k's frames go through the base step one by one: each its own `step`
+        (a shared one would be counted once per frame)."""
+        for side in (0, 1):
+            if (k, side) in self._adam_stacks:
+                for f in self._frame_views(k, side):
+                    st = self.base.state.get(f)
+                    if st is not None and isinstance(st.get("step"), torch.Tensor):
+                        st["step"] = st["step"].clone()
+                del self._adam_stacks[(k, side)]
+
+    def _adamw_step_stacked(self, stacked_grads) -> None:
+        """torch's AdamW (its functional multi-tensor code, the base's first group's
+        hyperparameters) on the frame stacks: the per-frame update elementwise, in a few
+        calls for all the frames instead of a few per frame."""
+        group = self.base.param_groups[0]
+        params, grads, avgs, sqs, steps = [], [], [], [], []
+        for k, gu, gv in stacked_grads:
+            for h, g in zip(self._adam_stacks_now(k), (gu, gv)):
+                params.append(h["param"])
+                grads.append(g)
+                avgs.append(h["moments"][0])
+                sqs.append(h["moments"][1])
+                steps.append(h["step"])
+        beta1, beta2 = group["betas"]
+        adam(params, grads, avgs, sqs, [], steps, foreach=True, decoupled_weight_decay=True,
+             amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+             eps=group["eps"], maximize=False)
+
+    def _adam_stacks_now(self, k: int):
+        return [self._adam_stacks[(k, side)] for side in (0, 1)]
 
     def zero_grad(self, set_to_none: bool = True):
         self.base.zero_grad(set_to_none=set_to_none)
@@ -331,8 +442,7 @@ class IsoSpectral(torch.optim.Optimizer):
         for k in range(len(self._by_shape)) if groups is None else groups:
             u, v, s = self._stacks[k]
             w = ((u * s.unsqueeze(-2)) @ v.mT).to(self._weights[self._by_shape[k][0]].dtype)
-            for i, w_i in zip(self._by_shape[k], w):
-                self._weights[i].copy_(w_i)
+            torch._foreach_copy_([self._weights[i] for i in self._by_shape[k]], list(w.unbind(0)))
 
     def frames(self) -> dict:
         """{name: (U float64[m, q], Σ₀ float64[q], V float64[n, q])} of every managed weight."""
@@ -343,6 +453,10 @@ class IsoSpectral(torch.optim.Optimizer):
         """The base optimizer's state dict plus `"iso"`: the float64 frames and spectra
         (the module's W is their rounded product, so they are needed for exact resume)."""
         sd = self.base.state_dict()
+        # the frames of one stack share one `step` tensor (`_adamw_stacks`): each saved entry
+        # gets its own, as torch's AdamW writes them
+        sd["state"] = {i: ({**st, "step": st["step"].clone()} if isinstance(st.get("step"), torch.Tensor) else st)
+                       for i, st in sd["state"].items()}
         sd["iso"] = {"names": list(self.managed), "u": [u.clone() for u in self._u],
                      "v": [v.clone() for v in self._v], "sigma": [s.clone() for s in self._sigma],
                      "skipped_steps": self.skipped_steps}
