@@ -587,3 +587,19 @@ def test_window_push_that_replaces_every_arm_equals_the_loop(width, g):
             ring = [float(win.values[a, (c - f + i) % width]) for i in range(f)]
             assert ring == buf[a], (b, a)
             assert (c, f) == (pushed[a] % width, min(pushed[a], width)), (b, a)
+
+
+def test_batch_reads_names_only_fields_built_on_request():
+    from rlpace.errors import InputError
+    from rlpace.policies import DataPolicy
+    from rlpace.policies._base import MIXTURE
+
+    def make(reads):
+        return DataPolicy(MIXTURE, lambda pool: np.zeros(1), lambda st, pool, b: st,
+                          lambda st, pool, *_: np.ones(2) / 2, name="mine", batch_reads=reads)
+    for bad in (frozenset({"advantage"}), frozenset({"rewards"}), ["advantages"]):
+        with pytest.raises(InputError, match="batch_reads") as e:
+            make(bad)
+        assert "mine" in str(e.value)
+    assert make(frozenset({"abs_advantages", "clusters"})).batch_reads == {"abs_advantages", "clusters"}
+    assert make(None).batch_reads is None

@@ -49,6 +49,7 @@ a mixture away from zero.
 from __future__ import annotations
 
 from ..errors import InputError
+from ..types import BATCH_DERIVED
 import math
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -191,11 +192,23 @@ class DataPolicy(_DataPolicyFields):
         def __new__(cls, *args, **kwargs):
             policy = super().__new__(cls, *args, **kwargs)
             check_signatures(policy)
+            _check_batch_reads(policy)
             return policy
 
         @classmethod
         def _make(cls, iterable):       # what `_replace` builds with: checked as well
             return cls(*iterable)
+
+
+def _check_batch_reads(policy: "DataPolicy") -> None:
+    """InputError unless `batch_reads` is None or a set of `types.BATCH_DERIVED` names: a
+    misspelt field would leave it None in every batch `observe` builds."""
+    reads = policy.batch_reads
+    if reads is None:
+        return
+    if not isinstance(reads, (set, frozenset)) or not reads <= BATCH_DERIVED:
+        raise InputError(f"DataPolicy {policy.name!r}: batch_reads must be None or a frozenset of "
+                         f"{sorted(BATCH_DERIVED)} (the Batch fields its update reads); got {reads!r}.")
 
 
 class Method(NamedTuple):
