@@ -363,3 +363,36 @@ def test_ads_update_equals_reference_loop():
         np.testing.assert_allclose(ms.prob, ref_prob)
         for k in range(n_clusters):
             assert ws.positions[k, :ws.width[k]].tolist() == sorted(ref_windows[k])
+
+
+def test_window_at_the_hard_end_moves_as_the_reference():
+    """Windows at the hard end of their clusters with too-easy feedback (pos + 1 past the last
+    slot must clamp to it) and at the easy end with too-hard feedback (pos − 1 below 0): the
+    vectorised update moves them as `_reference_move`."""
+    rng = np.random.default_rng(3)
+    n_clusters, b = 4, 5
+    clusters = rng.integers(0, n_clusters, 80)
+    pool = Pool(np.zeros(80, int), clusters=clusters, difficulty=rng.random(80))
+    order, offsets = pool.by_rank()
+    sizes = np.diff(offsets)
+    win = ads_boundary_window(mini_cluster_size=b, eps=0.17, epoch_reset_steps=0)
+    for trial in range(20):
+        ws = win.init(pool)
+        ref, ids, rows = {}, [], []
+        for k in range(n_clusters):
+            w = int(ws.width[k])
+            hard = trial % 2 == 0
+            slots = list(range(int(sizes[k]) - w, int(sizes[k]))) if hard else list(range(w))
+            ws.positions[k, :w] = slots
+            ref[k] = set(slots)
+            dirs = {}
+            for pos in slots:
+                if rng.random() < 0.8:
+                    up = rng.random() < (0.8 if hard else 0.2)
+                    ids.append(int(order[offsets[k] + pos]))
+                    rows.append([1.0, 1.0, 1.0, 1.0] if up else [0.0, 0.0, 0.0, 0.0])
+                    dirs[pos] = 1 if up else -1
+            ref[k] = _reference_move(ref[k], dirs, int(sizes[k]))
+        ws = win.update(ws, pool, batch(pool, np.array(ids), np.array(rows)))
+        for k in range(n_clusters):
+            assert ws.positions[k, :ws.width[k]].tolist() == sorted(ref[k]), (trial, k)

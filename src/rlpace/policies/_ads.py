@@ -298,13 +298,15 @@ def _move_windows(state: BoundaryWindowState, pool, k: np.ndarray, pos: np.ndarr
     # Slots the movers ask for, pos ∓ 1 clamped to the cluster, for all touched clusters
     # at once: grouped by cluster, easier-movers ascending, harder-movers ascending (each
     # cluster's slice is reversed below: harder-movers go in descending order).
-    last_slot = (offsets[k + 1] - offsets[k]) - 1
     is_easier, is_harder = direction < 0, direction > 0
-    want_easier = np.clip(pos[is_easier] - 1, 0, last_slot[is_easier])
-    want_harder = np.clip(pos[is_harder] + 1, 0, last_slot[is_harder])
-    e_end = np.searchsorted(k[is_easier], touched, side="right").tolist()
-    h_end = np.searchsorted(k[is_harder], touched, side="right").tolist()
-    easier, harder = pos[is_easier].tolist(), pos[is_harder].tolist()
+    k_e, k_h, pos_e, pos_h = k[is_easier], k[is_harder], pos[is_easier], pos[is_harder]
+    # clamped to [0, size_k − 1] (np.clip's values, without its wrapper); pos ± 1 stays
+    # within [−1, size_k], so one bound each suffices
+    want_easier = np.maximum(pos_e - 1, 0)
+    want_harder = np.minimum(pos_h + 1, (offsets[k_h + 1] - offsets[k_h]) - 1)
+    e_end = np.searchsorted(k_e, touched, side="right").tolist()
+    h_end = np.searchsorted(k_h, touched, side="right").tolist()
+    easier, harder = pos_e.tolist(), pos_h.tolist()
     want_easier, want_harder = want_easier.tolist(), want_harder.tolist()
     e_lo = h_lo = 0
     widths = state.width[touched].tolist()
