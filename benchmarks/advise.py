@@ -216,7 +216,8 @@ def trainer_part(args) -> tuple[list, dict]:
         # known before any measurement
         adv = advise(pilot, pool, budget_rollouts=ns.steps * 16 * 8, policies=TRAINER_POLICIES, draws=args.draws,
                      seeds=args.seeds, from_start=True, step_norm=args.step_norm, oracle=orc, heldout_eval="greedy",
-                     model_error=not args.no_model_error, measurement_seeds=_measurement_seeds(args, 8))
+                     model_error=not args.no_model_error, measurement_seeds=_measurement_seeds(args, 8),
+                     saturation=args.saturation)
         print(f"\n## trainer {suite}: pilot {len(pilot.steps)} steps ({t_pilot:.0f} s), fit + prediction "
               f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f}, transfer {adv.fit.params.tau:.2f}, "
               f"step_norm {adv.fit.step_norm} (log lik {adv.fit.log_lik:.1f} vs {adv.fit.log_lik_other:.1f})",
@@ -374,6 +375,8 @@ def main(argv=None) -> int:
                     help="trainer part: predict the exact-rate oracle, not the tables' measured one")
     ap.add_argument("--step-norm", default="mixture", choices=["auto", "batch", "signal", "mixture"],
                     help="the fitted learner's step normalisation (rlpace.advise.fit_learner)")
+    ap.add_argument("--saturation", default="auto", choices=["auto", "on", "off"],
+                    help="trainer part: the fitted learner's skill cap (rlpace.advise.fit_learner's saturation)")
     ap.add_argument("--jobs", type=int, default=1, help="speed part: worker processes")
     ap.add_argument("--no-model-error", action="store_true",
                     help="leave the model's error read from the pilot out of the draws (the fit's uncertainty only)")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlpace import Feedback, Scheduler, group_advantages
+from rlpace.errors import InputError
 from rlpace.sim import (SCENARIOS, Scenario, build_world, group_signal, heldout_accuracy, make_scenario,
                         proposal_names, sigmoid, simulate)
 
@@ -152,6 +153,59 @@ def test_learner_equals_reference_loop():
     np.testing.assert_allclose(res.accuracy, ref, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(res.mean_accuracy, ref.mean(axis=1), rtol=1e-9)
     assert res.accuracy[-1].mean() > res.accuracy[0].mean()             # it learns
+
+
+def capped_reference_run(sc, seed, steps, b, g, eval_every, cap, offset):
+    """The same uniform run with a skill cap of 1/cap logits, in closed form on the linear skill
+    x (Σ of the steps' lr·M·gain/B): absolute skill a = (1 − (1 − cap·a₀)·e^(−cap·x))/cap from
+    a₀ = offset, the run's skill a − a₀ (no forgetting)."""
+    assert sc.forgetting == 0.0
+    world = build_world(sc)
+    sched = Scheduler(world.pool, "uniform", seed=seed)
+    k = sc.n_domains
+    m = sc.transfer_matrix().tolist()
+    x = [0.0] * k
+    skill = [0.0] * k
+
+    def acc():
+        return [float(np.mean([1 / (1 + math.exp(-(skill[d] - h))) for h in world.heldout[d]])) for d in range(k)]
+    curve = [acc()]
+    for t in range(steps):
+        rng = np.random.default_rng([seed, t, 0x5101])
+        ids = sched.propose(b)
+        u = rng.random((b, g))
+        rewards = [[1.0 if u[i, j] < 1 / (1 + math.exp(-(skill[world.domain[p]] - world.difficulty[p])))
+                    else 0.0 for j in range(g)] for i, p in enumerate(ids)]
+        sched.observe(Feedback(ids, rewards, step=t))
+        gain = [0.0] * k
+        for p, row in zip(ids, rewards):
+            mean = sum(row) / g
+            sd = math.sqrt(sum((v - mean) ** 2 for v in row) / g)
+            gain[world.domain[p]] += sum(abs(v - mean) / (sd + 1e-6) for v in row) / g if sd > 0 else 0.0
+        x = [x[d] + sc.lr * sum(m[d][j] * gain[j] / b for j in range(k)) for d in range(k)]
+        skill = [(1 - (1 - cap * offset[d]) * math.exp(-cap * x[d])) / cap - offset[d] for d in range(k)]
+        if (t + 1) % eval_every == 0 or t + 1 == steps:
+            curve.append(acc())
+    return np.array(curve), np.array(skill)
+
+
+def test_learner_with_a_skill_cap_equals_the_closed_form():
+    """With saturation c the skill is (1 − e^(−c·x))/c of the linear skill x, measured from the
+    run's offset on the cap: the per-step update equals the closed form of an independent loop,
+    and no skill passes the cap."""
+    sc = make_scenario("ladder", prompts_per_domain=30, heldout_per_domain=20, lr=0.5, transfer_backward=0.2)
+    offset = np.linspace(0.0, 1.0, sc.n_domains)
+    res = simulate(sc, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5, saturation=0.4,
+                   skill_offset=offset)
+    ref, skill = capped_reference_run(sc, 3, 23, 16, 6, 5, 0.4, offset)
+    np.testing.assert_allclose(res.accuracy, ref, rtol=1e-9, atol=1e-12)
+    assert np.all(skill + offset < 1 / 0.4) and skill.max() > 0.3          # it learns, under the cap
+    plain = simulate(sc, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5)
+    assert plain.accuracy[-1].mean() > res.accuracy[-1].mean()             # the cap slows the same run
+    with pytest.raises(InputError, match="saturation"):
+        simulate(sc, "uniform", steps=1, batch_size=4, group_size=2, saturation=-0.1)
+    with pytest.raises(InputError, match="skill_offset"):
+        simulate(sc, "uniform", steps=1, batch_size=4, group_size=2, saturation=0.5, skill_offset=np.full(3, 2.5))
 
 
 def test_rollout_accounting_without_and_with_refills():

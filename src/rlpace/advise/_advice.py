@@ -187,7 +187,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
            progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None,
-           law_replicates: int = 8, measurement_seeds: int | None = None) -> Advice:
+           law_replicates: int = 8, measurement_seeds: int | None = None, saturation: str = "auto") -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
@@ -199,6 +199,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     `model_error`: carry the model's error read from the pilot (`rate_discrepancy`) into the
     draws, besides the fit's uncertainty. `screen`, `measurement_seeds` (the intervals hold
     an M-seed paired measurement; needs seeds ≥ 2): `predict`'s.
+    `saturation`: the skill cap, `fit_learner`'s ("auto": kept only where the pilot's likelihood
+    supports it; "on": always, its uncertainty in the draws; "off": the linear learner).
 
     Example:
         >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
@@ -220,14 +222,14 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         # is read from simulated pilots of each (how far a likelihood difference this size
         # moves the odds), the likelier law's MAP first; a law that keeps weight gets half
         # the draws and the interval spans both (`_laws`)
-        fb, fs = (fit_learner(pilot, pool, step_norm=n) for n in ("batch", "signal"))
+        fb, fs = (fit_learner(pilot, pool, step_norm=n, saturation=saturation) for n in ("batch", "signal"))
         lw = law_weight(fs, fb, pool, replicates=law_replicates, seed=seed, jobs=jobs)
         fit, other = (fs, fb) if lw.weight_a >= 0.5 else (fb, fs)
         w_other = min(lw.weight_a, 1.0 - lw.weight_a)
         fit, other = fit._replace(log_lik_other=other.log_lik), other._replace(log_lik_other=fit.log_lik)
         alt = (other, stratified_draws(draws, w_other), w_other, lw)
     else:
-        fit = fit_learner(pilot, pool, step_norm=step_norm)
+        fit = fit_learner(pilot, pool, step_norm=step_norm, saturation=saturation)
     evals = predicted_evals(pilot, fit)
     mode = evals["choice"] if heldout_eval == "auto" else heldout_eval
     disc = rate_discrepancy(pilot, pool, fit) if model_error else None

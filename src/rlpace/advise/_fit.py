@@ -5,7 +5,8 @@ The family is `rlpace.sim`'s learner (docs/advise.md says why, with the measurem
     prompt i of domain k:   d_i = −6 + 0.5·ε      with probability π_k   (solved by the base)
                             d_i ~ N(μ_k, σ_k²)    otherwise
     success of a rollout:   Bernoulli(σ(s_k(t) − d_i))
-    skill:                  s(t) = lr · M(τ, ω) @ Σ_{t' < t} gain(t'),   s(0) = 0
+    skill:                  x(t) = lr · M(τ, ω) @ Σ_{t' < t} gain(t'),   s(t) = (1 − e^(−c·x(t)))/c
+                            (s = x for c = 0; with c > 0 no skill passes 1/c logits)
     gain_k(t')              = Σ_{groups of domain k at t'} mean|A| / B   (GRPO advantages)
 
 `gain` is computed from the pilot's own rewards (the signal every group gave), so the
@@ -22,7 +23,11 @@ the mean |A| over its own N_i, as in the simulator).
 ω for r_j > r_k, where r ranks the domains from the easiest (highest pilot pass rate):
 practice transfers to harder domains (the simulator's `transfer_forward`) and, by ω, to every
 domain (a skill the domains share, as one network's are; prior centred at ω ≈ 0.08). Forgetting is fixed at 0 (a 50-step pilot
-cannot identify it). Weak priors make the MAP finite where the data say nothing (a domain
+cannot identify it). The skill cap c is fitted only where the pilot supports it
+(`saturation="auto"`: kept when it raises the log likelihood by more than `SAT_MARGIN`, a
+likelihood-ratio test at 5 %; otherwise c = 0 and the fit is the linear learner's, to the bit);
+kept, log c is one more coordinate of θ and its Laplace posterior (prior N(log 0.025, 1.5²):
+a cap near 40 logits, no cap within a pilot's reach). Weak priors make the MAP finite where the data say nothing (a domain
 the pilot never sampled gets the prior; a one-step profile cannot identify lr and τ, so
 their draws come from the prior — a weaker pilot, and the advice says so).
 
@@ -59,7 +64,10 @@ _Z = None
 
 # weak priors (mean, sd) on the unconstrained parameters
 PRIOR = {"mu": (0.0, 4.0), "log_sd": (0.0, 0.75), "logit_pi": (-1.5, 2.0), "log_lr": (math.log(0.1), 2.0),
-         "logit_tau": (-1.0, 1.5), "logit_omega": (-2.5, 1.5)}
+         "logit_tau": (-1.0, 1.5), "logit_omega": (-2.5, 1.5), "log_sat": (math.log(0.025), 1.5)}
+#: saturation="auto" keeps the skill cap only past this log-likelihood gain: the likelihood-ratio
+#: test of one added parameter at 5 % (χ²₁ 95th percentile 3.84, halved)
+SAT_MARGIN = 1.92
 
 
 def _nodes() -> np.ndarray:
@@ -79,6 +87,7 @@ class LearnerParams(NamedTuple):
     lr: float            # skill per unit of batch-normalised GRPO signal
     tau: float           # transfer to the next harder domain
     omega: float = 0.0   # transfer to every other domain (a skill the domains share)
+    sat: float = 0.0     # c = 1 / (skill cap): skill (1 − e^(−c·x))/c of the linear skill x (0: x, no cap)
 
 
 class LearnerFit(NamedTuple):
@@ -99,11 +108,12 @@ class LearnerFit(NamedTuple):
     step_norm: str            # "batch" or "signal": how a step's gain is normalised (`rlpace.sim.simulate`)
     log_lik_other: float      # log likelihood at the MAP of the other step_norm (the family choice)
     data: dict                # arrays for per-prompt posteriors (positions, wins, step index, gains)
+    saturation_gain: float = math.nan   # log lik with the skill cap − without it (NaN: not fitted)
 
     def skill_path(self, p: LearnerParams | None = None) -> np.ndarray:
         """float64[T + 1, K] skill before each pilot step and after the last."""
         p = self.params if p is None else p
-        return p.lr * self.data["cum"] @ transfer_matrix(self.rank, p.tau, p.omega).T
+        return saturated_skill(p.lr * self.data["cum"] @ transfer_matrix(self.rank, p.tau, p.omega).T, p.sat)
 
     def to_json(self) -> dict:
         p = self.params
@@ -115,7 +125,10 @@ class LearnerFit(NamedTuple):
                                      "logit_solved": sd[2 * k:3 * k].tolist(), "log_lr": float(sd[3 * k]),
                                      "logit_transfer": float(sd[3 * k + 1]),
                                      "logit_shared_transfer": float(sd[3 * k + 2])},
-                "shared_transfer": p.omega, "log_lik": self.log_lik, "groups": self.n_groups, "steps": self.n_steps,
+                "shared_transfer": p.omega, "skill_cap": None if p.sat <= 0 else 1.0 / p.sat,
+                "se_log_saturation": float(sd[3 * k + 3]) if sd.shape[0] > 3 * k + 3 else None,
+                "skill_cap_log_lik_gain": None if not math.isfinite(self.saturation_gain) else self.saturation_gain,
+                "log_lik": self.log_lik, "groups": self.n_groups, "steps": self.n_steps,
                 "group_size": self.group_size, "batch_size": self.batch_size,
                 "domains_observed": self.observed.tolist(),
                 "dynamics_identifiable": self.identifiable_dynamics,
@@ -142,17 +155,38 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def saturated_skill(x, c: float):
+    """The skill (1 − e^(−c·x))/c reached from the linear skill x (lr · M @ cumulative gain):
+    x itself for c = 0, at most 1/c logits for c > 0, with slope e^(−c·x) (each unit of signal
+    moves the skill less the more it has moved).
+
+    >>> float(saturated_skill(2.0, 0.0)), round(float(saturated_skill(2.0, 0.25)), 4), round(float(saturated_skill(1e3, 0.25)), 4)
+    (2.0, 1.5739, 4.0)
+    """
+    return x if c <= 0.0 else -np.expm1(-c * np.asarray(x, np.float64)) / c
+
+
+def _n_params(k: int, saturating: bool) -> int:
+    return 3 * k + 3 + int(saturating)
+
+
 def _unpack(theta: np.ndarray, k: int) -> LearnerParams:
+    # a θ with one more entry than 3K + 3 carries log c (the skill cap's inverse); without it c = 0
     return LearnerParams(theta[:k].copy(), np.exp(theta[k:2 * k]), _sigmoid(theta[2 * k:3 * k]),
                          float(np.exp(theta[3 * k])), float(_sigmoid(theta[3 * k + 1])),
-                         float(_sigmoid(theta[3 * k + 2])))
+                         float(_sigmoid(theta[3 * k + 2])),
+                         float(np.exp(theta[3 * k + 3])) if theta.shape[0] > 3 * k + 3 else 0.0)
+
+
+def _prior_blocks(k: int, n: int) -> tuple:
+    out = (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
+           ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau"), ((3 * k + 2, 3 * k + 3), "logit_omega"))
+    return out + ((((3 * k + 3, 3 * k + 4), "log_sat"),) if n > 3 * k + 3 else ())
 
 
 def _log_prior(theta: np.ndarray, k: int) -> float:
     out = 0.0
-    for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
-                          ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau"),
-                          ((3 * k + 2, 3 * k + 3), "logit_omega")):
+    for (lo, hi), key in _prior_blocks(k, theta.shape[0]):
         m, s = PRIOR[key]
         out -= 0.5 * float(np.sum(((theta[lo:hi] - m) / s) ** 2))
     return out
@@ -170,7 +204,8 @@ def _log_binom_mix(w, g, skill, mu, sd, pi, lgc):
     return np.logaddexp(np.log(pi) + atom, np.log1p(-pi) + normal)
 
 
-def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: int = 400) -> LearnerFit:
+def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: int = 400,
+                saturation: str = "auto") -> LearnerFit:
     """Fit the learner to `pilot` on `pool` (MAP + Laplace; see the module docstring).
 
     Args:
@@ -181,6 +216,10 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
             (same number of parameters) and keep "signal" only when its log likelihood is
             higher by more than `AUTO_MARGIN` nats. A uniform pilot barely tells them apart
             (its total signal changes little from step to step; docs/advise.md).
+        saturation: "auto" (fit the learner with and without a skill cap, s = (1 − e^(−c·x))/c
+            of the linear skill x, and keep the cap only when it raises the log likelihood by
+            more than `SAT_MARGIN`: a likelihood-ratio test at 5 %), "on" or "off" (c = 0:
+            the linear learner).
 
     Returns:
         A `LearnerFit`. O(K·T·G) per likelihood evaluation after one pass over the groups.
@@ -207,8 +246,11 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         raise InputError(f"fit_learner step_norm must be 'auto', 'batch' or 'signal'; got {step_norm!r}.")
     raw = np.zeros((n_t, k))
     np.add.at(raw, (tix, dom), sig)
+    if saturation not in ("auto", "on", "off"):
+        raise InputError(f"fit_learner saturation must be 'auto', 'on' or 'off'; got {saturation!r}.")
     if step_norm == "auto":
-        fb, fs = (fit_learner(pilot, pool, step_norm=n, maxiter=maxiter) for n in ("batch", "signal"))
+        fb, fs = (fit_learner(pilot, pool, step_norm=n, maxiter=maxiter, saturation=saturation)
+                  for n in ("batch", "signal"))
         if fs.log_lik > fb.log_lik + AUTO_MARGIN:
             return fs._replace(log_lik_other=fb.log_lik)
         return fb._replace(log_lik_other=fs.log_lik)
@@ -241,7 +283,9 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         p = _unpack(theta, k)
         m_t = transfer_matrix(rank, p.tau, p.omega)
         base = cum[:-1] @ m_t.T                                                     # [T, K]
-        skill = p.lr * base[r_t, r_k]                                               # [R]
+        lin = p.lr * base[r_t, r_k]                                                 # [R] linear skill x
+        skill = saturated_skill(lin, p.sat)                                         # [R]
+        slope = np.exp(-p.sat * lin)                                                # ∂skill/∂x (1 without a cap)
         mu, sd, pi = p.mu[r_k], p.sd[r_k], p.solved[r_k]
         z = _nodes()
         x = skill[:, None] - mu[:, None] - sd[:, None] * z[None, :]                 # [R, Q]
@@ -266,12 +310,12 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
         dm = np.where(gap > 0, gap * p.tau ** np.maximum(gap - 1, 0), 0.0)          # ∂M/∂τ
         dbase = (cum[:-1] @ dm.T)[r_t, r_k]
         dshared = (cum[:-1] @ (1.0 - np.eye(k)).T)[r_t, r_k]                        # ∂M/∂ω = 1 − I
+        d_x = d_s * slope                                                           # ∂ll/∂x
         grad = np.concatenate([np.bincount(r_k, d_mu, k), np.bincount(r_k, d_lsd, k), np.bincount(r_k, d_lpi, k),
-                               [float(d_s @ skill), float(d_s @ dbase) * p.lr * p.tau * (1 - p.tau),
-                                float(d_s @ dshared) * p.lr * p.omega * (1 - p.omega)]])
-        for (lo, hi), key in (((0, k), "mu"), ((k, 2 * k), "log_sd"), ((2 * k, 3 * k), "logit_pi"),
-                              ((3 * k, 3 * k + 1), "log_lr"), ((3 * k + 1, 3 * k + 2), "logit_tau"),
-                              ((3 * k + 2, 3 * k + 3), "logit_omega")):
+                               [float(d_x @ lin), float(d_x @ dbase) * p.lr * p.tau * (1 - p.tau),
+                                float(d_x @ dshared) * p.lr * p.omega * (1 - p.omega)],
+                               [float(d_s @ (lin * slope - skill))] if theta.shape[0] > 3 * k + 3 else []])
+        for (lo, hi), key in _prior_blocks(k, theta.shape[0]):
             mp, sp = PRIOR[key]
             grad[lo:hi] -= (theta[lo:hi] - mp) / sp ** 2
         return -(float(c @ ll) + _log_prior(theta, k)), -grad
@@ -281,12 +325,22 @@ def fit_learner(pilot: Pilot, pool: Pool, *, step_norm: str = "batch", maxiter: 
     theta0 = np.concatenate([-np.log(mean_rate / (1 - mean_rate)), np.zeros(k), np.full(k, -1.5),
                              [math.log(0.1), -1.0, PRIOR["logit_omega"][0]]])
     res = minimize(neg_log_post, theta0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
+    ll = -float(res.fun) - _log_prior(res.x, k)
+    sat_gain = math.nan
+    if saturation != "off" and n_t >= 2:
+        # the skill cap: one more parameter, started at the linear fit and the prior's c
+        res_c = minimize(neg_log_post, np.append(res.x, PRIOR["log_sat"][0]), jac=True, method="L-BFGS-B",
+                         options={"maxiter": maxiter})
+        ll_c = -float(res_c.fun) - _log_prior(res_c.x, k)
+        sat_gain = ll_c - ll
+        if saturation == "on" or sat_gain > SAT_MARGIN:
+            res, ll = res_c, ll_c
     theta = res.x
     cov = _laplace_cov(lambda th: neg_log_post(th)[1], theta)
     p = _unpack(theta, k)
-    return LearnerFit(tuple(pool.domain_names), p, theta, cov, rank, -float(res.fun) - _log_prior(theta, k),
+    return LearnerFit(tuple(pool.domain_names), p, theta, cov, rank, ll,
                       int(pos.shape[0]), int(n_t), int(g), int(b), seen, bool(n_t >= 2), step_norm, math.nan,
-                      {"pos": pos, "wins": wins, "n": n_of, "tix": tix, "dom": dom, "cum": cum})
+                      {"pos": pos, "wins": wins, "n": n_of, "tix": tix, "dom": dom, "cum": cum}, sat_gain)
 
 
 def _laplace_cov(grad, theta: np.ndarray, h: float = 1e-4) -> np.ndarray:
@@ -324,7 +378,8 @@ def prompt_difficulties(fit: LearnerFit, p: LearnerParams, n_pool: int, domain: 
     d[solved] = SOLVED_D + 0.5 * rng.standard_normal(int(solved.sum()))
     data = fit.data
     if data["pos"].size:
-        skill = (p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau, p.omega).T)[data["tix"], data["dom"]]   # [M]
+        skill = saturated_skill(p.lr * data["cum"][:-1] @ transfer_matrix(fit.rank, p.tau, p.omega).T,
+                                p.sat)[data["tix"], data["dom"]]                             # [M]
         w, g = data["wins"].astype(np.float64), data["n"].astype(np.float64)[:, None]   # [M], [M, 1]
         x = skill[:, None] - np.concatenate([np.full((skill.size, 1), SOLVED_D),
                                              p.mu[data["dom"]][:, None] + p.sd[data["dom"]][:, None] * z[None, :]],
@@ -401,10 +456,11 @@ def rate_discrepancy(pilot: Pilot, pool: Pool, fit: LearnerFit, *, split: float 
     sub = pilot._replace(prompt_ids=pilot.prompt_ids[early], step=pilot.step[early], rewards=pilot.rewards[early],
                          evals=[e for e in pilot.evals if e[0] < cut],
                          sizes=None if pilot.sizes is None else pilot.sizes[early])
-    fa = fit_learner(sub, pool, step_norm=fit.step_norm)
+    fa = fit_learner(sub, pool, step_norm=fit.step_norm, saturation="on" if fit.params.sat > 0 else "off")
     pa = fa.params
     d = fit.data
-    skill = (pa.lr * d["cum"][:-1] @ transfer_matrix(fa.rank, pa.tau, pa.omega).T)[d["tix"], d["dom"]]    # [M] early fit
+    skill = saturated_skill(pa.lr * d["cum"][:-1] @ transfer_matrix(fa.rank, pa.tau, pa.omega).T,
+                            pa.sat)[d["tix"], d["dom"]]                                        # [M] early fit
     late = d["tix"] >= n_early
     from scipy.special import gammaln
     logc = np.linspace(-3.0, 3.0, 121)

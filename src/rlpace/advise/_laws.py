@@ -104,7 +104,8 @@ def simulate_pilot(fit, pool, seed: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         simulate(sc, "uniform", steps=fit.n_steps, seed=seed, batch_size=fit.batch_size, group_size=fit.group_size,
-                 eval_every=max(fit.n_steps, 1), world=world, record=_Keep(), step_norm=fit.step_norm)
+                 eval_every=max(fit.n_steps, 1), world=world, record=_Keep(), step_norm=fit.step_norm,
+                 saturation=p.sat)
     return Pilot(np.concatenate(ids), np.concatenate(steps), np.concatenate(rewards), spent, [], (0.0, 1.0), 0.5,
                  "positions", "training")
 
@@ -112,9 +113,10 @@ def simulate_pilot(fit, pool, seed: int):
 def _replicate_delta(job) -> float:
     """Δ = ℓ_a − ℓ_b on one pilot simulated from `src` (one replicate of `law_weight`)."""
     from ._fit import fit_learner
-    src, pool, seed, norm_a, norm_b = job
+    src, pool, seed, (norm_a, sat_a), (norm_b, sat_b) = job
     sim = simulate_pilot(src, pool, seed=seed)
-    return fit_learner(sim, pool, step_norm=norm_a).log_lik - fit_learner(sim, pool, step_norm=norm_b).log_lik
+    return (fit_learner(sim, pool, step_norm=norm_a, saturation=sat_a).log_lik
+            - fit_learner(sim, pool, step_norm=norm_b, saturation=sat_b).log_lik)
 
 
 def law_weight(fit_a, fit_b, pool, *, replicates: int = 8, seed: int = 0, jobs: int = 1) -> LawWeight:
@@ -126,7 +128,9 @@ def law_weight(fit_a, fit_b, pool, *, replicates: int = 8, seed: int = 0, jobs: 
     if replicates < 2:
         raise InputError(f"law_weight replicates must be ≥ 2 (a spread needs two); got {replicates!r}.")
     delta = float(fit_a.log_lik - fit_b.log_lik)
-    work = [(src, pool, int(seed) * 1000 + 97 * j + r, fit_a.step_norm, fit_b.step_norm)
+    # each law refitted in the family its own fit ended in (with the skill cap or without: `fit_learner`)
+    law_a, law_b = ((f.step_norm, "on" if f.params.sat > 0 else "off") for f in (fit_a, fit_b))
+    work = [(src, pool, int(seed) * 1000 + 97 * j + r, law_a, law_b)
             for j, src in enumerate((fit_a, fit_b)) for r in range(replicates)]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor

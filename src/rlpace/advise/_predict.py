@@ -44,7 +44,7 @@ from ..sim import Scenario, World, simulate
 from ..types import Pool
 from ._laws import mixture_summary, pooled_seed_var, seed_terms
 from ._fit import (HELDOUT, EVAL_MODES, LearnerFit, LearnerParams, draw_params, eval_accuracy, greedy_from_sampled,
-                   heldout_difficulties, prompt_difficulties, transfer_matrix)
+                   heldout_difficulties, prompt_difficulties, saturated_skill, transfer_matrix)
 
 __all__ = ["Prediction", "PolicyPrediction", "predict", "default_candidates", "ORACLES", "unmodelled_signals"]
 
@@ -185,7 +185,8 @@ def _world(fit: LearnerFit, p: LearnerParams, pool: Pool, shift: np.ndarray, rng
     return World(pool, d, dom, np.arange(pool.n_domains, dtype=np.int64), held, m)
 
 
-def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure, step_norm):
+def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g, eval_every, measure, step_norm,
+         offset=None):
     k = world.transfer.shape[0]
     sc = Scenario(name="fitted", description="a learner fitted to a pilot", domains=world.pool.domain_names,
                   base_accuracy=(0.5,) * k, lr=params.lr, forgetting=0.0, target=0.999)
@@ -196,7 +197,7 @@ def _run(world: World, params: LearnerParams, policy: str, *, steps, seed, b, g,
         res = simulate(sc, policy, steps=steps, seed=seed, batch_size=b, group_size=g, eval_every=eval_every,
                        world=world, policy_kwargs=kw, measure_every=measure[0] if oracle else 0, measure_rollouts=measure[1],
                        measure_exact=measure[2],
-                       step_norm=step_norm)
+                       step_norm=step_norm, saturation=params.sat, skill_offset=offset if params.sat > 0 else None)
     return res.eval_rollouts.astype(np.float64), res.accuracy                    # [E], [E, K]
 
 
@@ -206,7 +207,8 @@ def _one_draw(job) -> tuple:
     (fit, pool, pj, j, run_names, seeds, seed, steps, eval_every, measure, from_start, offset, fraction, grid,
      rate_sd, heldout_eval) = job
     b, g, k = fit.batch_size, fit.group_size, pool.n_domains
-    shift = np.zeros(k) if from_start else (pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau, pj.omega).T)
+    shift = np.zeros(k) if from_start else saturated_skill(
+        pj.lr * fit.data["cum"][-1] @ transfer_matrix(fit.rank, pj.tau, pj.omega).T, pj.sat)
     # the model's own error (`rate_discrepancy`): every draw but the MAP its own per-domain rates
     rate = np.exp(rate_sd * np.random.default_rng([seed, j, 0xC0DE]).standard_normal(k)) if j and rate_sd else None
     curves = {p: [] for p in run_names}
@@ -219,7 +221,7 @@ def _one_draw(job) -> tuple:
         base = float(eval_accuracy(-shift, world.heldout, heldout_eval).mean())   # accuracy at the pilot's start
         for p in run_names:
             x, acc = _run(world, pj, p, steps=steps, seed=seed * 1000 + j * 31 + s, b=b, g=g,
-                          eval_every=eval_every, measure=measure, step_norm=fit.step_norm)
+                          eval_every=eval_every, measure=measure, step_norm=fit.step_norm, offset=shift)
             if heldout_eval == "greedy":
                 acc = greedy_from_sampled(acc, world.heldout)
             a = acc.mean(axis=1)

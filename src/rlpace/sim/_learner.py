@@ -13,6 +13,7 @@ One step (`simulate`):
         sig  = Σ_j keep·w·|A'| / Σ_j keep                                # [B] learning signal
     gain_k = c · Σ_{kept groups of domain k} sig / B                     # [K] batch-normalised
     s      = s0 + (1 − forgetting)(s − s0) + lr · M @ gain              # M: transfer matrix
+    (with `saturation=c` > 0 the last term becomes (1/c − s)(1 − e^(−c·lr·M @ gain)): a skill cap)
 
 A group whose rollouts all agree has A' = 0, hence no signal (as in GRPO). With
 `weight_norm="informative"` (default), c rescales the loss weights to mean 1 over the
@@ -297,7 +298,8 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
              policy_kwargs: dict | None = None, progress: bool = False, max_gen_batches: int = 10,
              stop_at_target: bool = False, weight_norm: str = "informative", measure_every: int = 0,
              measure_rollouts: int = 64, measure_exact: bool = True, world: World | None = None,
-             record: Any = None, step_norm: str = "batch") -> SimResult:
+             record: Any = None, step_norm: str = "batch", saturation: float = 0.0,
+             skill_offset: Any = None) -> SimResult:
     """Run `policy` on the synthetic learner of `scenario` for `steps` training steps.
 
     Args:
@@ -337,6 +339,13 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
             any signal has the same total size, spread over domains by their share of it — an
             Adam-like step whose scale does not follow the gradient's; `rlpace.advise` fits both
             and keeps the likelier).
+        saturation: c ≥ 0, a cap of 1/c logits on every domain's skill: the skill is
+            (1 − e^(−c·x))/c of the linear skill x the rule above accumulates, so each step
+            moves it by (1/c − s)(1 − e^(−c·Δ)) instead of Δ (0: no cap, the rule above
+            exactly). `rlpace.advise` fits c (docs/advise.md, "The skill cap").
+        skill_offset: float64[K] the absolute skill at this run's start (default 0), the
+            point of the cap the run starts from: `rlpace.advise` starts a run after its
+            pilot with the difficulties shifted by the pilot's skill. Used only with a cap.
         record: an object with `write(fb, rollouts=n, eval=acc_or_None)` (e.g.
             `rlpace.advise.PilotRecorder`) given every generated batch, refills included, with
             the held-out mean accuracy evaluated just before the step on its first batch.
@@ -364,6 +373,10 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         raise InputError(f"simulate step_norm must be 'batch' or 'signal'; got {step_norm!r}.")
     if weight_norm not in ("informative", "none"):
         raise InputError(f"simulate weight_norm must be 'informative' or 'none'; got {weight_norm!r}.")
+    if isinstance(saturation, bool) or not isinstance(saturation, (int, float, np.floating)) \
+            or not np.isfinite(saturation) or saturation < 0:
+        raise InputError(f"simulate saturation must be a finite number ≥ 0 (1 / the skill cap in logits); "
+                         f"got {saturation!r}.")
     target = float(scenario.target if target is None else target)
     if not 0.0 < target <= 1.0:
         raise InputError(f"simulate target must be in (0, 1]; got {target}.")
@@ -381,6 +394,11 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
     skill0 = np.zeros(k)
     skill = skill0.copy()
     lr, forget = float(scenario.lr), float(scenario.forgetting)
+    sat = float(saturation)
+    offset = np.zeros(k) if skill_offset is None else np.asarray(skill_offset, np.float64)
+    if offset.shape != (k,) or not np.all(np.isfinite(offset)) or (sat > 0 and np.any(offset * sat >= 1.0)):
+        raise InputError(f"simulate skill_offset must be {k} finite skills below the cap 1/saturation; "
+                         f"got shape {offset.shape}.")
     dom, diff, perm = world.domain, world.difficulty, world.pool_order
 
     ev_step, ev_roll, ev_acc = [], [], []
@@ -460,7 +478,12 @@ def simulate(scenario: Scenario | str, policy: Any, *, steps: int, seed: int = 0
         if weight_norm == "informative" and w_live > 0:
             gain *= n_live / w_live                  # mean weight 1 over kept informative rollouts
         norm = b if step_norm == "batch" else max(float(gain.sum()), 1e-12)
-        skill = skill0 + (1.0 - forget) * (skill - skill0) + lr * (world.transfer @ (gain / norm))
+        delta = lr * (world.transfer @ (gain / norm))                           # [K] Δ of the linear skill
+        if sat > 0:       # the cap: (1/c − s)(1 − e^(−cΔ)), s the absolute skill (`saturation`)
+            skill = skill0 + (1.0 - forget) * (skill - skill0)
+            skill = skill + (1.0 / sat - (offset + skill)) * -np.expm1(-sat * delta)
+        else:
+            skill = skill0 + (1.0 - forget) * (skill - skill0) + delta
         informative[t] = n_inf / max(n_gen, 1)
         kept_frac[t] = n_kept / max(n_gen, 1)
         dshare[t] = shares / max(shares.sum(), 1)
