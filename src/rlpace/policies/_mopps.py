@@ -146,7 +146,7 @@ def _draw_at_uniform_prior(rng, alpha: np.ndarray, beta: np.ndarray, flagged: np
     (their prompts may have left the prior), and only those still off Beta(1, 1) get gamma
     draws; every other candidate gets one uniform, in candidate order, without building the
     m-long α, β and flat arrays the two steps pass between them."""
-    moved = np.flatnonzero(flagged)
+    moved = flagged.nonzero()[0]         # np.flatnonzero of the 1-D mask, without its wrappers
     if 2 * moved.size > flagged.size:    # mostly moved: every candidate read, as _read_flagged
         ids = ids_of(slice(None))
         return _beta_draw(rng, alpha[ids], beta[ids])
@@ -177,7 +177,7 @@ def beta_posterior_update(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray,
     if ids.size == 0:
         return
     ordered = np.sort(ids)
-    if (ordered[1:] != ordered[:-1]).all():
+    if not np.count_nonzero(ordered[1:] == ordered[:-1]):
         # Every prompt once (the usual batch): with distinct ids the order of the writes does
         # not matter, so the one-term update below runs in batch order — one sort to check,
         # no argsort and no gathers of x. With λ = 1 (the default) 1·α + (0·α0 + x) is the
@@ -329,7 +329,7 @@ def _nearest_in_each_arm(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray) ->
     key = d + sub_arm
     by = np.argsort(key)
     k = key[by]
-    if (k[1:] == k[:-1]).any() or not k.size or d.max() > 1.0:
+    if np.count_nonzero(k[1:] == k[:-1]) or not k.size or d.max() > 1.0:
         by = _by_arm_then_distance(sub_arm, d)
     # by is (arm, distance) order, so arm a's kept candidates are by[s_a : s_a + lens[a]]
     # (s_a = lens[0] + ... + lens[a − 1]): its first keep[a] are its nearest
@@ -363,11 +363,11 @@ def _near_enough(arm: np.ndarray, dist: np.ndarray, keep: np.ndarray
     k8 = min(kth // 8, sample.size - 1)
     tau = np.partition(sample, k8)[k8]
     near = dist <= tau
-    kept = np.flatnonzero(near)
+    kept = near.nonzero()[0]
     sub_arm = arm[kept]
     have = np.bincount(sub_arm, minlength=keep.size)
     short = have < keep
-    if short.any():
+    if np.count_nonzero(short):
         ends = np.searchsorted(arm, np.flatnonzero(short), side="right")
         starts = np.searchsorted(arm, np.flatnonzero(short), side="left")
         if int((ends - starts).sum()) + kth > m // 4:
@@ -493,7 +493,7 @@ def _distinct_draw(rng: np.random.Generator, lo: np.ndarray, width: np.ndarray) 
     else:
         value = lo + np.multiply(u, width, out=u).astype(np.int64)
     value.sort()
-    again = np.flatnonzero(value[1:] == value[:-1])
+    again = (value[1:] == value[:-1]).nonzero()[0]
     if again.size:
         again += 1                                                    # every copy after the first
         # The few redraws (tens for m = 8192) in Python, in `again` order: a redraw is kept
