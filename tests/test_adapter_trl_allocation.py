@@ -255,3 +255,69 @@ def test_combinations_that_cannot_work_are_refused(lm, dataset, tmp_path):
     RlpaceGRPOTrainer(**kw, scheduler=Scheduler(pool, "dapo_dynamic_sampling+knapsack", max_n=8),
                       max_refill_rounds=0, args=GRPOConfig(**base))
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_the_pilot_record_holds_the_held_out_evaluations(lm, dataset, tmp_path, capsys):
+    """A uniform run of 12 steps with an eval dataset, evaluated at the start and every 4 steps:
+    the record holds the evaluations at steps 0, 4 and 8 on those steps' batches and the one
+    after the last step (12) as a line of its own; each acc_mean is the share of that
+    evaluation's completions whose weighted reward (1·f + (−0.5)·g) is ≥ the success threshold
+    0.5, computed here from the rewards the reward functions returned, `acc` the same per
+    data_source; TRL's logged eval_reward is the mean of those rewards; `rlpace advise` reads it."""
+    from rlpace.cli import main
+    from datasets import Dataset
+    evals = []
+
+    def f(prompts, completions, index, data_source, trainer_state, **kw):
+        if index[0] < 2000:                                   # training rows
+            return [outcome(i, j, trainer_state.global_step) for j, i in enumerate(index)]
+        r = [0.5 * ((i * 3 + j + trainer_state.global_step) % 3) for j, i in enumerate(index)]   # 0, 0.5, 1
+        evals.append((trainer_state.global_step, list(data_source), r))
+        return r
+
+    def g(prompts, completions, index, **kw):
+        return [0.0 if i < 2000 else 1.0 for i in index]
+
+    held = Dataset.from_list([{"prompt": p, "index": 2000 + i, "data_source": ["math", "logic"][i % 3 == 0]}
+                              for i, p in enumerate(PROMPTS)])
+    tok = AutoTokenizer.from_pretrained(lm)
+    cfg = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", seed=0,
+                     per_device_train_batch_size=B * G, per_device_eval_batch_size=B * G, num_generations=G,
+                     max_completion_length=3, max_steps=12, logging_steps=1, save_strategy="no", beta=0.0,
+                     dataloader_num_workers=0, gradient_checkpointing=False, learning_rate=1e-3,
+                     eval_strategy="steps", eval_steps=4, eval_on_start=True, reward_weights=[1.0, -0.5])
+    sched = Scheduler(pool_from_dataset(dataset), "uniform", seed=1)
+    trainer = RlpaceGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(lm), reward_funcs=[f, g], args=cfg,
+                                train_dataset=dataset, eval_dataset=held, processing_class=tok, scheduler=sched,
+                                record=tmp_path / "pilot.jsonl")
+    trainer.train()
+
+    want = {}
+    for step, names, r in evals:
+        w = want.setdefault(step, [[], []])
+        w[0] += [x - 0.5 for x in r]                          # the weighted sum 1·f − 0.5·g
+        w[1] += names
+    assert sorted(want) == [0, 4, 8, 12] and all(len(w[0]) == len(PROMPTS) * G for w in want.values())
+    lines = [json.loads(x) for x in (tmp_path / "pilot.jsonl").read_text().splitlines()[1:]]
+    got = {ln["step"]: ln["eval"] for ln in lines if ln.get("eval") is not None}
+    assert sorted(got) == [0, 4, 8, 12]
+    assert "rewards" not in lines[-1] and lines[-1]["step"] == 12                  # the final one, alone
+    assert sum(ln.get("eval") is not None for ln in lines if "rewards" in ln) == 3   # the others on batches
+    for step, (rew, names) in want.items():
+        ok = np.array(rew) >= 0.5
+        assert got[step]["acc_mean"] == pytest.approx(ok.mean(), abs=1e-12)
+        assert got[step]["acc"] == pytest.approx({d: ok[np.array(names) == d].mean() for d in ("logic", "math")})
+    logged = {h["step"]: h["eval_reward"] for h in trainer.state.log_history if "eval_reward" in h}
+    assert logged == pytest.approx({t: float(np.mean(w[0])) for t, w in want.items()}, abs=1e-6)
+    pilot = read_pilot(tmp_path / "pilot.jsonl")
+    assert [(t, n) for t, n, _ in pilot.evals] == [(0, 0), (4, 4 * B * G), (8, 8 * B * G), (12, 12 * B * G)]
+    assert [a for _, _, a in pilot.evals] == [got[t]["acc_mean"] for t in (0, 4, 8, 12)]
+    assert pilot.step.tolist() == [t for t in range(12) for _ in range(B)]
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"data_source": r["data_source"], "extra_info": {"index": r["index"]}}) + "\n"
+                            for r in dataset))
+    rc = main(["advise", "--pilot", str(tmp_path / "pilot.jsonl"), "--pool", str(pool), "--budget-rollouts",
+               str(12 * B * G * 5), "--policies", "dump", "--draws", "1", "--jobs", "1", "--out", str(tmp_path / "o")])
+    capsys.readouterr()
+    assert rc == 0
+    assert json.loads((tmp_path / "o" / "advice.json").read_text())["pilot_rollouts"] == 12 * B * G

@@ -430,6 +430,24 @@ def _to_rows(values: np.ndarray, layout: np.ndarray, fill: float) -> np.ndarray:
     return out
 
 
+def _eval_summary(rows: list) -> dict:
+    """The pilot record's evaluation from (success, distribution or None) per completion:
+    `acc_mean` the share of successes, `acc` per distribution when every row names one.
+
+    Examples:
+        >>> _eval_summary([(True, "math"), (False, "math"), (True, "logic"), (True, "logic")])
+        {'acc_mean': 0.75, 'acc': {'logic': 1.0, 'math': 0.5}}
+        >>> _eval_summary([(True, None), (False, None)])
+        {'acc_mean': 0.5}
+    """
+    ok = np.array([s for s, _ in rows], dtype=np.float64)
+    names = [d for _, d in rows]
+    out = {"acc_mean": float(ok.mean())}
+    if all(d is not None for d in names):
+        out["acc"] = {d: float(ok[[x == d for x in names]].mean()) for d in sorted(set(names))}
+    return out
+
+
 def _check_allocation(scheduler: Scheduler, cfg, grad_features: str, max_refill_rounds: int) -> None:
     """Refuse what an allocation method cannot do in TRL (each with the fix)."""
     name = f"method {scheduler.name!r} allocates rollouts ({scheduler.method.allocation.name})"
@@ -485,7 +503,10 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             "Pilot records"), one line per generated chunk — what the built-in trainer's
             `record=` writes; the main process writes it, a resumed run keeps its lines
             before the resumed step. record_reward_range: (low, high) the rewards' weighted
-            sum lies in (a reward outside is refused when written).
+            sum lies in (a reward outside is refused when written). With an `eval_dataset`,
+            each evaluation goes into the record too: `acc_mean` the share of evaluation
+            completions whose weighted reward reaches the Scheduler's success_threshold, `acc`
+            the same per value of `record_domain_column` when every evaluation row has it.
 
     Example:
         >>> pool = pool_from_dataset(ds)                                # doctest: +SKIP
@@ -497,7 +518,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
                  loss_weights: bool = False, grad_features: str = "auto", grad_params: str = "lm_head",
                  grad_dim: int = 256, grad_reference: str = "previous", target_column: str | None = None,
                  answer_extractor=None, max_refill_rounds: int = 4, record=None,
-                 record_reward_range: tuple = (0.0, 1.0), **kwargs):
+                 record_reward_range: tuple = (0.0, 1.0), record_domain_column: str | None = "data_source",
+                 **kwargs):
         check_trl_version(trl.__version__)
         _require(missing_trl_methods(GRPOTrainer))
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
@@ -543,6 +565,11 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         self.rlpace_allocates = allocates
         # the pilot record (`rlpace advise`): its path until the first batch opens it, main process only
         self.rlpace_record, self.rlpace_record_reward_range = record, record_reward_range
+        self.rlpace_record_domain_column = record_domain_column
+        # held-out evaluations for the record: this evaluate()'s (success, distribution) per
+        # completion, its nesting depth (a dict eval_dataset recurses), and the evaluation
+        # (step, rows) waiting for the next generation batch (main process)
+        self._rlpace_eval_rows, self._rlpace_eval_depth, self._rlpace_eval_pending = [], 0, None
         self._rlpace_chunk = None                 # zero-lag: the chunk _rlpace_swap proposed
         self._rlpace_batches, self._rlpace_layout = [], None   # this generation batch's rounds; ragged rows
         n_local = self.args.per_device_train_batch_size * self.args.steps_per_generation
@@ -586,7 +613,10 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
+            output = super()._generate_and_score_completions(inputs)
+            if self.rlpace_record is not None and self._rlpace_eval_depth:
+                self._rlpace_eval_collect(inputs)
+            return output
         self._rlpace_check_replicas()        # before anything of this batch is proposed or generated
         self._rlpace_batches = []            # (pool positions [B], rewards [B, G]) per round: the pilot record
         if self.rlpace_zero_lag:
@@ -916,17 +946,68 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
 
     def _rlpace_record(self, rollouts: int) -> None:
         """The pilot record's lines for this generation batch (main process): one per generated
-        chunk, each generated group of G a row (a prompt with k copies has k rows)."""
+        chunk, each generated group of G a row (a prompt with k copies has k rows); an evaluation
+        made at this step goes with the first, an earlier one is a line of its own before it."""
         if self.rlpace_record is None or not self.accelerator.is_main_process:
             return
+        ev, pending = None, self._rlpace_eval_pending
+        if pending is not None and pending[0] == self.state.global_step:
+            ev, self._rlpace_eval_pending = _eval_summary(pending[1]), None
+        elif pending is not None:
+            self._rlpace_flush_eval()
+        fbs = [Feedback(p, r, step=self.state.global_step) for p, r in self._rlpace_batches]
+        self._rlpace_recorder().write_step(fbs, rollouts=rollouts, eval=ev)
+
+    def _rlpace_recorder(self) -> PilotRecorder:
         if isinstance(self.rlpace_record, (str, os.PathLike)):
-            # opened at the first batch: a resumed run (global_step k) keeps the lines before step k
+            # opened at the first line: a resumed run (global_step k) keeps the lines before step k
             self.rlpace_record = PilotRecorder(self.rlpace_record, self.scheduler.pool,
                                                reward_range=self.rlpace_record_reward_range,
                                                success_threshold=self.scheduler.success_threshold,
                                                restart_at=self.state.global_step)
-        fbs = [Feedback(p, r, step=self.state.global_step) for p, r in self._rlpace_batches]
-        self.rlpace_record.write_step(fbs, rollouts=rollouts)
+        return self.rlpace_record
+
+    def evaluate(self, *args, **kwargs):
+        """transformers' evaluation; with `record=`, its completions' successes become the
+        record's evaluation at this step (written with the next generation batch, or as a line
+        of its own when no batch of this step follows)."""
+        if self.rlpace_record is None:
+            return super().evaluate(*args, **kwargs)
+        if self._rlpace_eval_depth == 0:
+            self._rlpace_eval_rows = []
+        self._rlpace_eval_depth += 1
+        try:
+            metrics = super().evaluate(*args, **kwargs)
+        finally:
+            self._rlpace_eval_depth -= 1
+        if self._rlpace_eval_depth == 0 and self._rlpace_eval_rows and self.accelerator.is_main_process:
+            if self._rlpace_eval_pending is not None:     # an earlier evaluation no batch followed
+                self._rlpace_flush_eval()
+            self._rlpace_eval_pending = (self.state.global_step, self._rlpace_eval_rows)
+            if not self.is_in_train:                      # evaluate() called outside train(): no batch follows
+                self._rlpace_flush_eval()
+        return metrics
+
+    def train(self, *args, **kwargs):
+        out = super().train(*args, **kwargs)
+        if self._rlpace_eval_pending is not None:         # the evaluation after the last step
+            self._rlpace_flush_eval()
+        return out
+
+    def _rlpace_eval_collect(self, inputs: list[dict]) -> None:
+        """Each local evaluation completion's (success, distribution), gathered from every rank
+        as transformers gathers metrics (the padding of the last batch dropped). TRL's rewards
+        are already gathered over the ranks; this rank's rows are its slice of them."""
+        n, rank, col = len(inputs), self.accelerator.process_index, self.rlpace_record_domain_column
+        reward = self._rlpace_rewards[rank * n:(rank + 1) * n].tolist()
+        rows = [(bool(r >= self.scheduler.success_threshold), None if col is None or col not in x else str(x[col]))
+                for r, x in zip(reward, inputs)]
+        self._rlpace_eval_rows.extend(self.accelerator.gather_for_metrics(rows, use_gather_object=True))
+
+    def _rlpace_flush_eval(self) -> None:
+        step, rows = self._rlpace_eval_pending
+        self._rlpace_eval_pending = None
+        self._rlpace_recorder().write_eval(step, _eval_summary(rows))
 
     def _rlpace_check_replicas(self) -> None:
         """On several ranks, all-gather an 8-byte digest of the Scheduler's and the sampler's state
