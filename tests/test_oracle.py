@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlpace import Feedback, Pool, Scheduler
-from rlpace.policies._oracle import expected_group_signal
+from rlpace.policies._oracle import distinct_values, expected_group_signal
 from rlpace.sim import build_world, group_signal, make_scenario, oracle_kwargs, proposal_names, sigmoid, simulate
 
 
@@ -67,6 +67,29 @@ def test_expected_group_signal_matches_enumeration():
     for p in (0.0, 0.1, 0.5, 0.83, 1.0):
         ref = float(np.sum(p ** k * (1 - p) ** (g - k) * sig))
         assert expected_group_signal(np.array([p]), g)[0] == pytest.approx(ref, abs=1e-12)
+
+
+@pytest.mark.parametrize("case", ["grid", "half_and_grid", "off_grid", "shared_key", "nan", "signed_zero"])
+def test_distinct_values_equal_np_unique(case):
+    """The keyed dedup of measured rates gives np.unique's values and inverse (the grid
+    k/m, m ≤ 16, and 1/2 of an unmeasured prompt), and falls back to it where the key could
+    merge two values or cannot be formed (NaN); the oracle's group signal over the pool is
+    the per-prompt one, element for element."""
+    rng = np.random.default_rng(3)
+    n = 5000
+    p = {"grid": rng.integers(0, 17, n) / 16,
+         "half_and_grid": np.where(rng.random(n) < 0.4, 0.5, rng.integers(0, 9, n) / 8),
+         "off_grid": rng.integers(0, 4, n) / 3 + 1e-3 * (rng.random(n) < 0.01),
+         "shared_key": np.where(rng.random(n) < 0.5, 0.25, 0.25 + 1e-12),   # one key, two values
+         "nan": np.where(rng.random(n) < 0.1, np.nan, rng.integers(0, 17, n) / 16),
+         "signed_zero": np.where(rng.random(n) < 0.5, -0.0, rng.integers(0, 5, n) / 4)}[case]
+    u, inv = distinct_values(p)
+    ru, rinv = np.unique(p, return_inverse=True)
+    np.testing.assert_array_equal(u, ru)
+    np.testing.assert_array_equal(inv.reshape(-1), rinv.reshape(-1))
+    ok = ~np.isnan(p)
+    each = np.array([expected_group_signal(np.array([v]), 16)[0] for v in p[ok]])
+    np.testing.assert_array_equal(expected_group_signal(p, 16)[ok], each)
 
 
 def test_progress_picks_domain_by_hand_computed_value():

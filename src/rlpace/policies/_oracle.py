@@ -120,6 +120,35 @@ def oracle_boundary() -> DataPolicy:
                       reads=frozenset({"measurement"}))
 
 
+# lcm(1, …, 16): a rate k/m with m ≤ 16 times this is an integer (up to the division's rounding)
+_RATE_GRID = 720720
+
+
+def distinct_values(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(u float64[U], inv int64[N]) with u[inv] == p element for element (flat `p`): the
+    distinct values of `p` and where each element's is, like np.unique(p, return_inverse=True)
+    but without its argsort when `p` holds rates k/m, m ≤ 16 (a measured pass rate): such
+    values are keyed by rint(p·720720) and counted, and the keyed values are checked equal
+    to `p` bit for bit (any other input, or two values on one key, takes np.unique).
+    u is sorted and holds each value once either way; only the cost differs.
+    """
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    key = np.rint(p * _RATE_GRID)
+    if p.size and (key >= 0).all() and (key <= _RATE_GRID).all():          # NaN fails both
+        key = key.astype(np.int64)
+        present = np.zeros(_RATE_GRID + 1, bool)
+        present[key] = True
+        keys = np.flatnonzero(present)
+        slot = np.empty(_RATE_GRID + 1, np.int64)
+        slot[keys] = np.arange(keys.size)
+        inv = slot[key]
+        u = np.empty(keys.size)
+        u[inv] = p
+        if (u[inv] == p).all() and (np.diff(u) > 0).all():
+            return u, inv
+    return np.unique(p, return_inverse=True)
+
+
 def expected_group_signal(p: np.ndarray, group_size: int, eps: float = 1e-6) -> np.ndarray:
     """float64[...] E[mean_j |A_j|] of a GRPO group of `group_size` binary rollouts of a
     prompt with pass rate p: the learner's per-group signal (`rlpace.sim.group_signal`).
@@ -137,7 +166,7 @@ def expected_group_signal(p: np.ndarray, group_size: int, eps: float = 1e-6) -> 
         # measured pass rates take few values (multiples of 1/m, and 1/2 before a measurement):
         # the sum once per distinct value, then a gather — the same numbers, and a 10⁵-prompt
         # oracle_progress simulation no longer spends most of its time here
-        u, inv = np.unique(p, return_inverse=True)
+        u, inv = distinct_values(p)
         if u.size * 8 < p.size:
             return expected_group_signal(u, g, eps)[inv].reshape(p.shape)
     k = np.arange(g + 1, dtype=np.float64)
