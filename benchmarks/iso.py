@@ -127,11 +127,15 @@ def overhead(args):
         st = pstats.Stats(prof).stats
         total = sum(v[3] for k, v in st.items() if k[2] == "step" and k[0].endswith("_iso.py"))
         phases = {"chain rule": "frame_gradients", "tangent projection": "project_tangent",
-                  "polar retraction": "_polar_many", "W = U·Σ·Vᵀ": "_write_weights", "stacking frames": "_stack",
+                  "chain rule + projection": "_riemannian_frame_gradients",
+                  "frames' AdamW (stacked)": "_adamw_step_stacked", "polar retraction": "_polar_many",
+                  "W = U·Σ·Vᵀ": "_write_weights", "stacking frames": "_stack",
                   "non-finite check": "_nonfinite_gradient"}
         out = {}
         for label, fn in phases.items():
-            out[label] = sum(v[3] for k, v in st.items() if k[2] == fn and k[0].endswith("_iso.py"))
+            t = sum(v[3] for k, v in st.items() if k[2] == fn and k[0].endswith("_iso.py"))
+            if t:                                  # the phases this version of _iso.py has
+                out[label] = t
         out["base optimizer step"] = sum(v[3] for k, v in st.items() if k[2] == "step" and "torch/optim" in k[0]
                                          and "_chain" not in k[0])
         if opt.base.__class__.__name__ == "ChainedOptimizer":

@@ -21,7 +21,8 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     - `adamw`: `torch.optim.AdamW` over every parameter;
     - `iso_adamw`: `IsoSpectral(base="adamw")`: AdamW on the frames of the hidden matrices
       (`default_managed`), AdamW on the rest; frames in float32 (float64 for a float64 model);
-    - `muon`: `torch.optim.Muon` (as `BatchedMuon`, the same numbers) on the hidden matrices (`adjust_lr_fn="match_rms_adamw"`,
+    - `muon`: `torch.optim.Muon` on the hidden matrices, as `BatchedMuon` (its update, one Newton–Schulz
+      loop per shape; the same numbers but for rare bfloat16 roundings) (`adjust_lr_fn="match_rms_adamw"`,
       Moonshot's scaling, arXiv 2502.16982, so AdamW's `lr` carries over), AdamW on
       embeddings, head, norms and biases;
     - `iso_muon`: `IsoSpectral(base="muon")`: the same Muon on the frames.

@@ -175,7 +175,8 @@ class IsoSpectral(torch.optim.Optimizer):
             2-D weights except embeddings and the head) or an iterable of parameters (then
             every 2-D parameter is managed: pass a model to exclude embeddings).
         base: "adamw" (`torch.optim.AdamW` over frames and the rest), "muon"
-            (`torch.optim.Muon` over the frames, AdamW over the rest), or a callable
+            (`torch.optim.Muon` over the frames, as `BatchedMuon`: one Newton–Schulz loop
+            per shape; AdamW over the rest), or a callable
             `base(param_groups) -> torch.optim.Optimizer`, called with two groups:
             `[{"params": frames}, {"params": other parameters}]` (the second may be empty).
         manage: `(name, param) -> bool`, which parameters get frames.
