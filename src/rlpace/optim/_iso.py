@@ -339,17 +339,18 @@ class IsoSpectral(torch.optim.Optimizer):
 
     def _nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose gradient holds a NaN or an inf, else None;
-        one host sync per device."""
+        one host sync per device and dtype."""
         named = [(n, p.grad) for n, p in zip(self.managed, self._weights) if p.grad is not None]
         named += [(n, p.grad) for n, p in zip(self._other_names, self._others) if p.grad is not None]
         if not named:
             return None
         by_device: dict = {}
         for _, g in named:
-            by_device.setdefault(g.device, []).append(g)
-        for device, grads in by_device.items():
-            # AMP's check: one call over every gradient, found = 1 where an entry is NaN or inf
-            # (it also multiplies each gradient by 1.0 in place, which changes no value)
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), grads in by_device.items():
+            # AMP's check (grouped as GradScaler groups it): one call over the gradients, found
+            # = 1 where an entry is NaN or inf (it also multiplies each by 1.0 in place, which
+            # changes no value)
             found, one = torch.zeros((), device=device), torch.ones((), device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
             if bool(found):
