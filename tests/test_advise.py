@@ -737,3 +737,32 @@ def test_cli_trainer_pilot_is_not_run_for_a_bad_measurement_seeds(tmp_path, caps
                     "--policies", "dump", "--measurement-seeds", "8", "--out", str(out)], capsys)
     assert rc == 2 and len(err) == 1 and "--seeds 2" in err[0] and "measurement_seeds" in err[0]
     assert ran == [] and not out.exists() and not (tmp_path / "pilot").exists()
+
+
+def test_fit_recovers_a_skill_cap_and_keeps_the_linear_learner_without_one(tmp_path):
+    """The skill cap (saturation c: skill (1 − e^(−c·x))/c of the linear skill x). On a pilot of
+    a learner capped at 2 logits (c = 0.5; 60 steps of 128 × 16) the likelihood-ratio gate
+    opens and ĉ is within a factor 2 of c, the truth inside ĉ·e^(±2 se); on the same pilot of
+    the uncapped learner the gate stays shut and the fit is the linear fit to the last bit."""
+    from rlpace.advise._fit import SAT_MARGIN
+    w = build_world(SC)
+    fits = {}
+    for c in (0.5, 0.0):
+        path = tmp_path / f"cap{c}.jsonl"
+        simulate(SC, "uniform", steps=60, seed=0, batch_size=128, group_size=16, record=PilotRecorder(path, pool=w.pool),
+                 saturation=c)
+        fits[c] = (fit_learner(read_pilot(path), w.pool), fit_learner(read_pilot(path), w.pool, saturation="off"))
+    capped, linear = fits[0.5]
+    assert capped.saturation_gain > SAT_MARGIN, capped.saturation_gain
+    assert abs(np.log(capped.params.sat / 0.5)) < np.log(2.0), capped.params.sat
+    se = float(np.sqrt(capped.cov[-1, -1]))                   # log c is θ's last entry
+    assert abs(np.log(capped.params.sat / 0.5)) < 2 * se, (capped.params.sat, se)
+    assert capped.log_lik > linear.log_lik + SAT_MARGIN
+    assert capped.to_json()["skill_cap"] == pytest.approx(1 / capped.params.sat)
+    auto, off = fits[0.0]
+    assert auto.saturation_gain < SAT_MARGIN and auto.params.sat == 0.0
+    np.testing.assert_array_equal(auto.theta, off.theta)
+    np.testing.assert_array_equal(auto.cov, off.cov)
+    assert auto.to_json()["skill_cap"] is None
+    with pytest.raises(InputError, match="saturation"):
+        fit_learner(read_pilot(tmp_path / "cap0.0.jsonl"), w.pool, saturation="yes")
