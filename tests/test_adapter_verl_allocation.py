@@ -12,6 +12,7 @@ the actor would train on) → `on_batch_end`.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import numpy as np
@@ -313,3 +314,56 @@ def test_allocation_without_the_mixin_or_with_a_bad_budget_is_refused(tmp_path, 
     with pytest.raises(ValueError, match="record_reward_range"):
         rv.feedback_from_config(t.train_dataset.scheduler.pool, cfg)
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_legacy_pilot_record_holds_verls_validations(tmp_path, tok, monkeypatch):
+    """The mixin's `_val_metrics_update` (what verl's `_validate` hands its per-sample data sources
+    and rewards to) puts each validation into the record: before training (on step 1's line),
+    after step 2 (on step 3's line) and after the last step 3 (a line of its own at step 4, written
+    by the mixin's `fit` when verl's returns; verl's fit is replaced here by those calls in order). acc_mean is the share of samples whose
+    `acc` (else, where a sample has none, its `reward`) is ≥ the success threshold 0.5, computed
+    here by hand, acc the same per data source; verl's own metrics are still returned. A resume
+    keeps the header and the checkpoint's batch lines, counted without the evaluation lines."""
+    from rlpace.adapters._verl_core import _truncate_record
+    rec = tmp_path / "p.jsonl"
+    t = make_trainer(tmp_path, tok, "uniform", record=rec)
+    it = iter(t.train_dataloader)
+    src = np.array(["gsm8k", "gsm8k", "gsm8k", "math", "math"], dtype=object)
+    vals = [  # (acc per sample or None, the sequence score `reward`) per validation
+        ([1.0, 0.0, 1.0, 0.0, 0.0], [1.0, -1.0, 1.0, -1.0, -1.0]),      # 2/5; gsm8k 2/3, math 0
+        ([1.0, None, 0.0, 1.0, None], [1.0, 0.7, -1.0, 1.0, 0.2]),       # 0.7 passes, 0.2 fails: 3/5; 2/3, 1/2
+        ([1.0, 1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0, -1.0])]        # 4/5; gsm8k 1, math 1/2
+    want = [dict(acc_mean=2 / 5, acc={"gsm8k": 2 / 3, "math": 0.0}),
+            dict(acc_mean=3 / 5, acc={"gsm8k": 2 / 3, "math": 1 / 2}),
+            dict(acc_mean=4 / 5, acc={"gsm8k": 1.0, "math": 1 / 2})]
+
+    def validate(k):
+        acc, reward = vals[k]
+        infos = {"reward": list(reward), "acc": list(acc)}
+        m = t._val_metrics_update(src, [f"u{i}" for i in range(5)], infos, [])
+        assert any(key.startswith("val-core/gsm8k/") for key in m)        # verl's metrics, unchanged
+
+    def fit(self):              # verl's loop reduced to its validations and steps, in its order
+        validate(0)
+        legacy_step(self, it, 1)
+        legacy_step(self, it, 2)
+        validate(1)
+        legacy_step(self, it, 3)
+        validate(2)
+        assert len(rec.read_text().splitlines()) == 1 + 3          # the last validation waits for fit's end
+
+    monkeypatch.setattr(RayPPOTrainer, "fit", fit)
+    t.fit()
+    lines = [json.loads(x) for x in rec.read_text().splitlines()[1:]]
+    assert [ln["step"] for ln in lines] == [1, 2, 3, 4] and "rewards" not in lines[-1]
+    got = [lines[0]["eval"], lines[2]["eval"], lines[3]["eval"]]
+    assert lines[1]["eval"] is None
+    for g, w in zip(got, want):
+        assert g["acc_mean"] == pytest.approx(w["acc_mean"]) and g["acc"] == pytest.approx(w["acc"])
+    pilot = read_pilot(rec)
+    assert [(s, n) for s, n, _ in pilot.evals] == [(1, 0), (3, 2 * B * N), (4, 3 * B * N)]
+    assert [a for _, _, a in pilot.evals] == pytest.approx([w["acc_mean"] for w in want])
+    _truncate_record(str(rec), 3)                     # a checkpoint after step 3: the final evaluation goes
+    assert [json.loads(x)["step"] for x in rec.read_text().splitlines()[1:]] == [1, 2, 3]
+    _truncate_record(str(rec), 1)
+    assert [json.loads(x).get("eval") for x in rec.read_text().splitlines()[1:]] == [lines[0]["eval"]]

@@ -167,3 +167,39 @@ def test_v1_pilot_record_round_trips(tmp_path, trainer_mode):
     np.testing.assert_array_equal(pilot.rewards, np.concatenate([o[2] for o in obs]))
     assert pilot.rollouts == 24 and sorted(pilot.prompt_ids) == list(range(100, 108))
     assert_mode(out, trainer_mode)
+
+
+def test_v1_pilot_record_holds_verls_validations(tmp_path, monkeypatch):
+    """rlpace's V1 trainer hands what verl's V1 `_validate` passes to `_val_metrics_update` (per
+    sample data source and rewards; verl's own method still computes the metrics) to the record:
+    the validation before training goes on the first line written, the one after the last line
+    is written alone (step 2: the last line's + 1) when verl's fit returns. acc_mean by hand: the
+    share with acc (else reward) ≥ 0.5. In process; verl's fit is replaced by those calls."""
+    import json
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from rlpace import Pool, Scheduler
+    from rlpace.adapters import _verl_v1_trainer
+    from rlpace.adapters._verl_core import VerlFeedback, _RecordSpec
+    from rlpace.advise import read_pilot
+    from rlpace.types import Feedback
+    rec = tmp_path / "p.jsonl"
+    sched = Scheduler(Pool(["a", "a", "b", "b"], ids=[10, 11, 12, 13]), "uniform", seed=0)
+    bridge = VerlFeedback(sched, reward_key="acc", record=_RecordSpec(str(rec), (0.0, 1.0), 0.5))
+    t = object.__new__(_verl_v1_trainer.RlpacePPOTrainerSync)
+    t.train_dataset = type("Dataset", (), {"rlpace": bridge})
+    src = ["a", "a", "b", "b"]
+
+    def fit(self, manager):
+        m = self._val_metrics_update(src, ["u0", "u1", "u2", "u3"], {"reward": [1.0, -1.0, 0.9, -1.0],
+                                     "acc": [1.0, 0.0, None, 0.0]}, [], expected_acc_counts=None)
+        assert any(k.startswith("val-core/a/") for k in m)
+        bridge.write_record(Feedback(np.array([0, 2]), np.array([[1.0, 0.0], [0.0, 0.0]]), step=1))
+        self._val_metrics_update(src, ["u0", "u1", "u2", "u3"], {"reward": [1.0, 1.0, 1.0, -1.0],
+                                 "acc": [1.0, 1.0, 1.0, 0.0]}, [], expected_acc_counts=None)
+
+    monkeypatch.setattr(PPOTrainerSync, "fit", fit)
+    t.fit(None)
+    lines = [json.loads(x) for x in rec.read_text().splitlines()[1:]]
+    assert lines[0]["eval"] == {"acc_mean": 0.5, "acc": {"a": 0.5, "b": 0.5}}      # 0.9 (no acc) passes
+    assert lines[1] == {"step": 2, "eval": {"acc_mean": 0.75, "acc": {"a": 1.0, "b": 0.5}}}
+    assert [(s, n, a) for s, n, a in read_pilot(rec).evals] == [(1, 0, 0.5), (2, 4, 0.75)]

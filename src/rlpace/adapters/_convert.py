@@ -22,7 +22,7 @@ import numpy as np
 from ..types import Feedback, Pool, group_advantages, kept_group_advantages
 from ._supervision import SIGNALS as _SIGNALS   # the per-rollout signals a Feedback carries
 
-__all__ = ["Rows", "group_rows", "feedbacks_from_rows", "dataproto_rows", "scatter_to_rows"]
+__all__ = ["Rows", "group_rows", "feedbacks_from_rows", "dataproto_rows", "scatter_to_rows", "eval_summary"]
 
 
 class Rows(NamedTuple):
@@ -126,6 +126,25 @@ def chosen_rewards(fields, reward_key: str | None, score) -> np.ndarray:
     if reward_key and reward_key in fields:
         return np.asarray(fields[reward_key], dtype=np.float64)
     return np.asarray(score() if callable(score) else score, dtype=np.float64)
+
+
+def eval_summary(rows: Sequence) -> dict:
+    """A pilot record's held-out evaluation from (success, distribution or None) per evaluated
+    completion: `acc_mean` the share of successes, `acc` the share per distribution when every
+    row names one (the TRL and verl adapters' evaluations).
+
+    Examples:
+        >>> eval_summary([(True, "math"), (False, "math"), (True, "logic"), (True, "logic")])
+        {'acc_mean': 0.75, 'acc': {'logic': 1.0, 'math': 0.5}}
+        >>> eval_summary([(True, None), (False, None)])
+        {'acc_mean': 0.5}
+    """
+    ok = np.array([s for s, _ in rows], dtype=np.float64)
+    names = [d for _, d in rows]
+    out = {"acc_mean": float(ok.mean())}
+    if all(d is not None for d in names):
+        out["acc"] = {d: float(ok[[x == d for x in names]].mean()) for d in sorted(set(names))}
+    return out
 
 
 def admitted_advantages(rewards: np.ndarray, keep: np.ndarray, full_group_advantages: bool = False

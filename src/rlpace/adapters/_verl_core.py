@@ -243,6 +243,7 @@ class VerlFeedback:
         self.allocated: dict[str, Any] = {}   # uid -> Allocation of the submitted batches not yet observed
         self.record_lines = 0                 # batch lines this run's pilot record holds
         self._recorder, self._record_keep, self._allocation_applied = None, None, False
+        self._eval_pending, self._last_step = None, None   # record: a validation awaiting its line; last line's step
         self.zero_singletons = False          # V1: a one-rollout group trains on weight 0 (set by rlpace's V1 trainer)
         self.v1_buffer = None                 # V1: the replay buffer deciding groups for this Scheduler (saved with it)
         self.v1_restored = None               # V1: that buffer's state read from data.pt, until the buffer takes it
@@ -324,14 +325,47 @@ class VerlFeedback:
         header and first n batch lines (what the checkpoint's Scheduler had observed)."""
         if self.record is None or fb.batch_size == 0:
             return
+        sizes = fb.group_sizes
+        self._open_record().write(fb, rollouts=int(fb.rewards.size if sizes is None else sizes.sum()),
+                                  eval=self._eval_pending)
+        self._eval_pending, self._last_step = None, int(fb.step)
+        self.record_lines += 1
+
+    def _open_record(self):
         if self._recorder is None:
             from ..advise._record import PilotRecorder
             _truncate_record(self.record.path, self._record_keep)
             self._recorder = PilotRecorder(self.record.path, self.scheduler.pool, reward_range=self.record.reward_range,
                                            success_threshold=self.record.success_threshold)
-        sizes = fb.group_sizes
-        self._recorder.write(fb, rollouts=int(fb.rewards.size if sizes is None else sizes.sum()))
-        self.record_lines += 1
+        return self._recorder
+
+    def record_eval(self, data_sources, reward_extra_infos_dict: dict) -> None:
+        """A validation for the pilot record, from what verl's `_val_metrics_update` receives
+        (one entry per validation sample): each sample succeeds when its `reward_key` value
+        (else its sequence score, `reward`: `chosen_rewards`' rule) is ≥ success_threshold;
+        `acc_mean` is the share of successes, `acc` the share per data source. It goes with the
+        next line written; an earlier validation no line followed is written alone first."""
+        if self.record is None:
+            return
+        from ._convert import eval_summary
+        score = list(reward_extra_infos_dict.get("reward", []))
+        own = list(reward_extra_infos_dict.get(self.reward_key, [])) if self.reward_key else []
+        value = [o if o is not None else r for o, r in zip(own, score)] if own else score
+        if not value:
+            return
+        if self._eval_pending is not None:
+            self.flush_eval()
+        thr = self.record.success_threshold
+        self._eval_pending = eval_summary([(float(v) >= thr, str(d)) for v, d in zip(value, data_sources)])
+
+    def flush_eval(self) -> None:
+        """Write the validation no line followed (the one after the last step) as a line of its
+        own, at the step a next batch would have: the last line's step + 1."""
+        if self.record is None or self._eval_pending is None:
+            return
+        step = 0 if self._last_step is None else self._last_step + 1
+        self._open_record().write_eval(step, self._eval_pending)
+        self._eval_pending = None
 
     def restore_record(self, lines: int) -> None:
         """A resumed run: its record keeps the header and the first `lines` batch lines."""
@@ -430,9 +464,12 @@ def _truncate_record(path: str, keep: int | None) -> None:
         return
     with open(path, encoding="utf-8") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    kept = lines[:1 + int(keep)]
-    if len(kept) < 1 + int(keep):
-        raise InputError(f"the pilot record {path} holds {len(lines) - 1} batch lines but the checkpoint was written "
+    import json
+    batch = np.array([i > 0 and "rewards" in json.loads(ln) for i, ln in enumerate(lines)])   # not evaluations alone
+    end = int(np.flatnonzero(batch)[int(keep) - 1]) + 1 if 0 < int(keep) <= int(batch.sum()) else 1
+    kept = lines[:end]
+    if int(batch.sum()) < int(keep):
+        raise InputError(f"the pilot record {path} holds {int(batch.sum())} batch lines but the checkpoint was written "
                          f"after {keep}: it is not this run's record. Point data.rlpace.record at this run's file.")
     with open(path, "w", encoding="utf-8") as f:
         f.write("".join(ln + "\n" for ln in kept))

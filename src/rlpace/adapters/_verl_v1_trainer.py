@@ -112,6 +112,17 @@ class RlpaceV1TrainerMixin:
                              f"old-log-prob pass; algorithm.rollout_correction.bypass_mode=True skips it. "
                              f"Set bypass_mode=False.")
 
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
+        # verl's `_validate` hands its per-sample data sources and rewards here: the pilot
+        # record's evaluation, written with the next line the buffer writes
+        self.train_dataset.rlpace.record_eval(data_sources, reward_extra_infos_dict)
+        return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs)
+
+    def fit(self, *args, **kwargs):
+        out = super().fit(*args, **kwargs)
+        self.train_dataset.rlpace.flush_eval()      # the validation after the last step: a line of its own
+        return out
+
     def _submit_batch_to_rollout(self, batch):
         from ._verl_allocation import GROUP_ESTIMATORS, allocates
         bridge = self.train_dataset.rlpace

@@ -125,7 +125,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("rlpace.adapters.trl needs trl: pip install 'rlpace[trl]'") from e
 from ..train.gradfeatures import GradFeatures, needs_grad_features
-from ._convert import admitted_advantages
+from ._convert import admitted_advantages, eval_summary as _eval_summary
 from ._supervision import has_supervision_places
 from ._trl_supervision import TrlSupervision
 
@@ -427,24 +427,6 @@ def _to_rows(values: np.ndarray, layout: np.ndarray, fill: float) -> np.ndarray:
     """float64[n] ragged [B, W] `values` at the generation batch's rows (`ragged_layout`)."""
     out = np.full(int((layout >= 0).sum()), fill)
     out[layout[layout >= 0]] = values[layout >= 0]
-    return out
-
-
-def _eval_summary(rows: list) -> dict:
-    """The pilot record's evaluation from (success, distribution or None) per completion:
-    `acc_mean` the share of successes, `acc` per distribution when every row names one.
-
-    Examples:
-        >>> _eval_summary([(True, "math"), (False, "math"), (True, "logic"), (True, "logic")])
-        {'acc_mean': 0.75, 'acc': {'logic': 1.0, 'math': 0.5}}
-        >>> _eval_summary([(True, None), (False, None)])
-        {'acc_mean': 0.5}
-    """
-    ok = np.array([s for s, _ in rows], dtype=np.float64)
-    names = [d for _, d in rows]
-    out = {"acc_mean": float(ok.mean())}
-    if all(d is not None for d in names):
-        out["acc"] = {d: float(ok[[x == d for x in names]].mean()) for d in sorted(set(names))}
     return out
 
 

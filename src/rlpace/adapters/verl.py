@@ -203,7 +203,8 @@ class RlpaceTrainerMixin:
     `repeat(rollout.n)` of the prompt batch and of the generation batch repeat row i N_i times:
     N_i rows sharing the uid, Σ N_i rows (`rlpace.adapters._verl_allocation`). `_update_actor`
     observes them as one ragged Feedback and sets the advantage of a one-rollout prompt to 0.
-    The pilot record (`data.rlpace.record`) is written by the dataset's `VerlFeedback`.
+    The pilot record (`data.rlpace.record`) is written by the dataset's `VerlFeedback`, with
+    verl's validations (`_val_metrics_update` receives their per-sample rewards).
 
     Supervision transforms (a method with a target, reward or advantage place: `ttrl`,
     `olr`, `trapo`, `entropy_min`, ...; `rlpace.adapters._verl_supervision`): `fit` wraps
@@ -257,6 +258,12 @@ class RlpaceTrainerMixin:
         finally:
             self._rlpace_validating = False
 
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
+        # verl's `_validate` hands its per-sample data sources and rewards here (merged validation
+        # too): the pilot record's evaluation, written with the next step's line
+        self._rlpace().record_eval(data_sources, reward_extra_infos_dict)
+        return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs)
+
     # -- supervision transforms (`rlpace.adapters._verl_supervision`) ------------------------------
     rlpace_answer_extractor = None   # str -> str | None; None: `_supervision.extract_answer`
 
@@ -274,7 +281,9 @@ class RlpaceTrainerMixin:
         if allocates(sched):
             check_legacy_allocation(self._rlpace(), self.config)
         if not needs_supervision_pass(sched):
-            return super().fit()
+            out = super().fit()
+            self._rlpace().flush_eval()          # the validation after the last step: a line of its own
+            return out
         check_token_signals(sched)
         from ._supervision import TOKEN_SIGNALS, needs
         corr = self.config.algorithm.get("rollout_correction", None) or {}
@@ -291,9 +300,11 @@ class RlpaceTrainerMixin:
             return original(batch)
         ray_trainer.extract_reward = extract_reward
         try:
-            return super().fit()
+            out = super().fit()
         finally:
             ray_trainer.extract_reward = original
+        self._rlpace().flush_eval()
+        return out
 
     def _rlpace_supervise(self, batch) -> None:
         from ._supervision import extract_answer
