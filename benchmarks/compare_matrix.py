@@ -300,12 +300,21 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
         last = [x for x in err.strip().splitlines() if x.strip()]
         print(f"FAILED {rid}: {last[-1] if last else err}")
     done = sum(n_by_suite.values())
+    # policies the trainer refuses (InputError, e.g. gvm: an allocation with gradient features)
+    # cost the matrix nothing: the projection counts the policies that run
+    label_of = {spec.run_id: spec.label for spec in grid.runs()}
+    refused = sorted({label_of[json.loads(f.read_text())["run_id"]] for f in (out / "failed").glob("*.json")
+                      if "InputError" in json.loads(f.read_text())["error"]
+                      and json.loads(f.read_text())["run_id"] in label_of})
+    n_run = len(pols) - len(refused)
+    if refused:
+        print(f"refused by the trainer (not counted in the projection): {', '.join(refused)}")
     # Per suite: the mean measured run × every policy (a random subset of the policies when the
     # slice was stopped early; the whole registry once it is complete).
-    cpu = sum(cpu_by_suite[x] / warm_by_suite[x] * len(pols) for x in suites if warm_by_suite[x])
+    cpu = sum(cpu_by_suite[x] / warm_by_suite[x] * n_run for x in suites if warm_by_suite[x])
     if any(n_by_suite[x] < len(pols) for x in suites):
         print(f"PARTIAL slice: {', '.join(f'{x} {n_by_suite[x]}/{len(pols)}' for x in suites)} policies "
-              f"measured; each suite's Σ is its mean run × {len(pols)}")
+              f"measured; each suite's Σ is its mean run × {n_run}")
     scale = full_seeds / seeds
     built, missing = _base_builds(suites, full_seeds)
     # a base build's seconds as its builder timed them (wall time, under whatever load it ran at):
@@ -330,7 +339,7 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
     print(f"held-out evaluation: median {100 * np.median(eval_share) if eval_share else float('nan'):.0f}% "
           f"of a run's wall time")
     print(f"measured: {done} of {len(grid.runs())} runs, Σ CPU {sum(cpu_by_suite.values()):.0f} s "
-          f"(all {len(pols)} policies: {cpu:.0f} s); this call's wall {t_grid:.0f} s")
+          f"(all {n_run} policies that run: {cpu:.0f} s); this call's wall {t_grid:.0f} s")
     print(f"base policies of seeds 0-{full_seeds - 1}: {len(built)} cached, {len(missing)} to build "
           f"({', '.join(f'{a}/{b}' for a, b in missing) or 'none'}; ≈ {build_missing:.0f} s of one core at "
           f"the cached builds' mean)")
@@ -340,7 +349,7 @@ def bench_registry(out: Path, workers: int, suites: list[str], steps: int, seeds
         by_label.setdefault(label, {})[suite] = v
     full = {k: v for k, v in by_label.items() if len(v) == len(suites)}
     dear = sorted(full, key=lambda k: -sum(full[k].values()))[:6]
-    mean_row = cpu / len(pols) if pols else float("nan")
+    mean_row = cpu / n_run if n_run else float("nan")
     print(f"dearest policies (CPU s per run, over the {len(suites)} suites; the mean policy {mean_row:.1f} s): "
           + "; ".join(f"{k} {sum(full[k].values()):.1f} (" + ", ".join(f"{full[k][x]:.1f}" for x in suites) + ")"
                       for k in dear))
