@@ -957,11 +957,18 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             return super().evaluate(*args, **kwargs)
         if self._rlpace_eval_depth == 0:
             self._rlpace_eval_rows = []
+        start = len(self._rlpace_eval_rows)
         self._rlpace_eval_depth += 1
         try:
             metrics = super().evaluate(*args, **kwargs)
         finally:
             self._rlpace_eval_depth -= 1
+        # several ranks: accelerate pads the last evaluation batch with samples from the start; they
+        # come last in the gathered order, so the dataset's len × num_generations_eval rows are kept
+        ds = kwargs.get("eval_dataset", args[0] if args else None)
+        ds = self.eval_dataset if ds is None else self.eval_dataset[ds] if isinstance(ds, str) else ds
+        if not isinstance(ds, dict) and hasattr(ds, "__len__"):
+            del self._rlpace_eval_rows[start + len(ds) * self.num_generations_eval:]
         if self._rlpace_eval_depth == 0 and self._rlpace_eval_rows and self.accelerator.is_main_process:
             if self._rlpace_eval_pending is not None:     # an earlier evaluation no batch followed
                 self._rlpace_flush_eval()
@@ -978,13 +985,15 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
 
     def _rlpace_eval_collect(self, inputs: list[dict]) -> None:
         """Each local evaluation completion's (success, distribution), gathered from every rank
-        as transformers gathers metrics (the padding of the last batch dropped). TRL's rewards
-        are already gathered over the ranks; this rank's rows are its slice of them."""
+        in rank order (`evaluate` drops the padding of the last batch). TRL's rewards are already
+        gathered over the ranks; this rank's rows are its slice of them. (accelerate's
+        `gather_for_metrics` would cut the last batch at len(dataset) % batch, counting prompts,
+        not TRL's num_generations_eval samples per prompt.)"""
         n, rank, col = len(inputs), self.accelerator.process_index, self.rlpace_record_domain_column
         reward = self._rlpace_rewards[rank * n:(rank + 1) * n].tolist()
         rows = [(bool(r >= self.scheduler.success_threshold), None if col is None or col not in x else str(x[col]))
                 for r, x in zip(reward, inputs)]
-        self._rlpace_eval_rows.extend(self.accelerator.gather_for_metrics(rows, use_gather_object=True))
+        self._rlpace_eval_rows.extend(gather_object(rows))
 
     def _rlpace_flush_eval(self) -> None:
         step, rows = self._rlpace_eval_pending
