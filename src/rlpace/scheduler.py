@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .policies._base import (ADVANTAGE, ALLOCATION, MIXTURE, REWARD, TARGET, Admission, Method,
-                             _no_update, active_supervision_places)
+                             _no_update, active_supervision_places, is_neutral)
 from .policies._registry import hyperparameters, make_method
 from .policies._state_checks import COUNT_MAX, bad, check_tree, count_limit
 from .stats._window import window_init, window_mean, window_push
@@ -166,6 +166,11 @@ class _Places(NamedTuple):
     #: what `step` builds: the full batch (admission and weights read it) and the shortcuts
     #: the updating policies declared (`types.BATCH_FULL` | `batch_fields`)
     step_fields: frozenset | None
+    #: the fields every build of this method's batch holds (`Scheduler._batch_and_counts`):
+    #: `step_fields` (as a set) when a place acts after rollout (admission, reweighting or a
+    #: supervision place), so the batch `observe` builds also serves `admit`, `loss_weights`,
+    #: `targets`, ... on the same Feedback; None (what each call asks for) otherwise
+    build_fields: frozenset | None
 
 
 class Scheduler:
@@ -302,10 +307,14 @@ class Scheduler:
             reads = [p.batch_reads for _, p in updating]
             fields = (None if TARGET in supervision or any(r is None for r in reads)
                       else frozenset().union(*reads))
+            step_fields = None if fields is None else BATCH_FULL | fields
+            after = bool(supervision) or not (is_neutral(self.method.admission)
+                                              and is_neutral(self.method.reweighting))
             cached = self._places_cache = _Places(
                 self.method, policies, frozenset(policies),
                 frozenset(k for k, p in policies.items() if p.reads & FEATURE_SIGNALS),
-                supervision, updating, fields, None if fields is None else BATCH_FULL | fields)
+                supervision, updating, fields, step_fields,
+                (BATCH_FULL if step_fields is None else step_fields) if after else None)
         return cached
 
     @property
@@ -348,6 +357,22 @@ class Scheduler:
 
     def _batch_and_counts(self, feedback: Feedback, fields: frozenset | None = None
                           ) -> tuple[Batch, np.ndarray, np.ndarray]:
+        """(`Batch`, wins, informative) of `feedback` with at least `fields` (None: BATCH_FULL),
+        built once per Feedback: a trainer's step calls `observe`, `admit` and `loss_weights`
+        (and `targets`, `rewards`, `advantage_weights`) on the same Feedback, and each would
+        otherwise rebuild the batch, a pass over [B, G] and the pool's gathers. The last build
+        of a method with an after-rollout place (`_Places.build_fields`; the others' calls ask
+        for different fields) is kept on this Scheduler (never in `state_dict`) with what it
+        depends on: the Feedback object, the pool object and the success threshold (no policy
+        state). An identity check on the Feedback is safe: its arrays are read-only (`Feedback`)
+        and the kept reference keeps its id from being reused; the pool's arrays are read-only
+        too. The arrays built here are made read-only as well, so no policy can change what a
+        later call reads."""
+        want = BATCH_FULL if fields is None else fields
+        last = self.__dict__.get("_last_batch")
+        if (last is not None and last[0] is feedback and last[1] is self.pool
+                and last[2] == self.success_threshold and want <= last[3]):
+            return last[4]
         if not isinstance(feedback, Feedback):
             raise TypeError(f"expected an rlpace.Feedback; got {type(feedback).__name__}. Build one "
                             f"with Feedback(prompt_ids, rewards, advantages=None, step=...).")
@@ -355,7 +380,17 @@ class Scheduler:
         if ids.size and ids.max() >= len(self.pool):
             raise InputError(f"Feedback.prompt_ids has ids ≥ pool size {len(self.pool)} (max "
                              f"{int(ids.max())}); ids are pool positions 0..{len(self.pool) - 1}.")
-        return _batch_and_counts(feedback, self.pool, self.success_threshold, fields=fields)
+        build = self._places().build_fields
+        if build is None:       # no after-rollout place: no later call shares this batch
+            return _batch_and_counts(feedback, self.pool, self.success_threshold, fields=want)
+        want = want | build
+        out = _batch_and_counts(feedback, self.pool, self.success_threshold, fields=want)
+        batch, wins, informative = out
+        for a in (batch.pass_rate, batch.advantages, wins, informative):
+            if a is not None and a.flags.writeable:
+                a.setflags(write=False)
+        self._last_batch = (feedback, self.pool, self.success_threshold, want, out)
+        return out
 
     def observe(self, feedback: Feedback) -> None:
         """Update history and every policy's state from one step's feedback (all groups,
