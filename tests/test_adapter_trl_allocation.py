@@ -217,18 +217,24 @@ def test_the_pilot_record_is_what_the_trainer_generated(allocated):
     assert pilot.step_rollouts == {t: B * G for t in range(STEPS)}
 
 
-def test_rlpace_advise_accepts_a_trl_pilot(lm, dataset, tmp_path, capsys):
-    """A uniform TRL run of 12 steps records a pilot that `rlpace advise --pilot` fits and advises on."""
+def advise_on_pilot(dataset, tmp_path, capsys) -> int:
+    """`rlpace advise --pilot tmp_path/pilot.jsonl` on the dataset's pool (dump, one draw) into
+    tmp_path/o; its exit code."""
     from rlpace.cli import main
-    sched = Scheduler(pool_from_dataset(dataset), "uniform", seed=1)
-    run(lm, dataset, tmp_path, record=tmp_path / "pilot.jsonl", steps=12, sched=sched)
     pool = tmp_path / "pool.jsonl"
     pool.write_text("".join(json.dumps({"data_source": r["data_source"], "extra_info": {"index": r["index"]}}) + "\n"
                             for r in dataset))
     rc = main(["advise", "--pilot", str(tmp_path / "pilot.jsonl"), "--pool", str(pool), "--budget-rollouts",
                str(12 * B * G * 5), "--policies", "dump", "--draws", "1", "--jobs", "1", "--out", str(tmp_path / "o")])
     capsys.readouterr()
-    assert rc == 0
+    return rc
+
+
+def test_rlpace_advise_accepts_a_trl_pilot(lm, dataset, tmp_path, capsys):
+    """A uniform TRL run of 12 steps records a pilot that `rlpace advise --pilot` fits and advises on."""
+    sched = Scheduler(pool_from_dataset(dataset), "uniform", seed=1)
+    run(lm, dataset, tmp_path, record=tmp_path / "pilot.jsonl", steps=12, sched=sched)
+    assert advise_on_pilot(dataset, tmp_path, capsys) == 0
     adv = json.loads((tmp_path / "o" / "advice.json").read_text())
     assert adv["pilot_rollouts"] == 12 * B * G
 
@@ -264,7 +270,6 @@ def test_the_pilot_record_holds_the_held_out_evaluations(lm, dataset, tmp_path, 
     evaluation's completions whose weighted reward (1·f + (−0.5)·g) is ≥ the success threshold
     0.5, computed here from the rewards the reward functions returned, `acc` the same per
     data_source; TRL's logged eval_reward is the mean of those rewards; `rlpace advise` reads it."""
-    from rlpace.cli import main
     from datasets import Dataset
     evals = []
 
@@ -313,11 +318,5 @@ def test_the_pilot_record_holds_the_held_out_evaluations(lm, dataset, tmp_path, 
     assert [(t, n) for t, n, _ in pilot.evals] == [(0, 0), (4, 4 * B * G), (8, 8 * B * G), (12, 12 * B * G)]
     assert [a for _, _, a in pilot.evals] == [got[t]["acc_mean"] for t in (0, 4, 8, 12)]
     assert pilot.step.tolist() == [t for t in range(12) for _ in range(B)]
-    pool = tmp_path / "pool.jsonl"
-    pool.write_text("".join(json.dumps({"data_source": r["data_source"], "extra_info": {"index": r["index"]}}) + "\n"
-                            for r in dataset))
-    rc = main(["advise", "--pilot", str(tmp_path / "pilot.jsonl"), "--pool", str(pool), "--budget-rollouts",
-               str(12 * B * G * 5), "--policies", "dump", "--draws", "1", "--jobs", "1", "--out", str(tmp_path / "o")])
-    capsys.readouterr()
-    assert rc == 0
+    assert advise_on_pilot(dataset, tmp_path, capsys) == 0
     assert json.loads((tmp_path / "o" / "advice.json").read_text())["pilot_rollouts"] == 12 * B * G

@@ -12,24 +12,17 @@ import pytest
 
 pytest.importorskip("trl")
 
+from _isolated import DDP_WORKER_HEAD  # noqa: E402
 from _tiny_lm import build_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
-WORKER = textwrap.dedent('''
-    import sys
-    import torch
-    from datasets import Dataset
+WORKER = DDP_WORKER_HEAD + textwrap.dedent('''
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
-    from rlpace import Scheduler
-    from rlpace.adapters.trl import RlpaceGRPOTrainer, pool_from_dataset
+    from rlpace.adapters.trl import RlpaceGRPOTrainer
 
-    lm, out = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(1)
     G = 2
-    ds = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 1000 + i,
-                             "data_source": ["math", "logic"][i % 2]} for i in range(8)])
     held = Dataset.from_list([{"prompt": f"what is {i} plus 3?", "index": 2000 + i,
                                "data_source": ["math", "logic"][i % 2]} for i in range(5)])
 

@@ -55,25 +55,11 @@ def test_dp_ties_go_to_the_first_item_and_the_infogain_asymmetry():
 def full_table_dp(p, k_max, budget, min_n):
     """The DP as the plain loop over every budget row: column k of item i's table is
     dp[w − k] + Value(min_n + k, p_i) (−inf where w < k), the first maximum over k wins, then
-    the choices are walked back from the largest budget the items can fill."""
-    m = len(p)
-    if budget <= 0 or m == 0 or k_max <= 0:
-        return np.zeros(m, np.int64)
-    table_choice = np.zeros((m, budget + 1), np.int64)
-    best = np.concatenate([[0.0], np.full(budget, -np.inf)])
-    for i, p_i in enumerate(p):
-        value = [0.0] + [float(knapsack_value(np.array(min_n + k), np.array(p_i))) for k in range(1, k_max + 1)]
-        cols = np.full((budget + 1, k_max + 1), -np.inf)
-        for k in range(min(k_max, budget) + 1):
-            cols[k:, k] = best[: budget + 1 - k] + value[k]
-        table_choice[i] = cols.argmax(axis=1)
-        best = cols[np.arange(budget + 1), table_choice[i]]
-    w = int(np.flatnonzero(np.isfinite(best)).max())
-    extras = np.zeros(m, np.int64)
-    for i in reversed(range(m)):
-        extras[i] = table_choice[i, w]
-        w -= extras[i]
-    return extras
+    the choices are walked back from the largest budget the items can fill
+    (`full_table_choose` on the table of Knapsack RL's values)."""
+    gains = np.array([[0.0] + [float(knapsack_value(np.array(min_n + k), np.array(p_i))) for k in range(1, k_max + 1)]
+                      for p_i in p]).reshape(len(p), k_max + 1)
+    return full_table_choose(gains, budget)
 
 
 @pytest.mark.parametrize("seed", range(6))

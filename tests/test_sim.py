@@ -116,50 +116,12 @@ def test_group_signal_hand_values():
     np.testing.assert_allclose(group_signal(r[:1], full[:1], w[:1]), [(2 + 0 + 1 + 1) * (0.5 / (0.5 + 1e-6)) / 4])
 
 
-def reference_run(sc, seed, steps, b, g, eval_every):
-    """The obvious per-group loop for a uniform run: same rollout draws, plain Python math."""
-    world = build_world(sc)
-    sched = Scheduler(world.pool, "uniform", seed=seed)
-    k = sc.n_domains
-    m = sc.transfer_matrix().tolist()
-    skill = [0.0] * k
-    curve = [[float(np.mean([1 / (1 + math.exp(-(skill[d] - h))) for h in world.heldout[d]]))
-              for d in range(k)]]
-    for t in range(steps):
-        rng = np.random.default_rng([seed, t, 0x5101])
-        ids = sched.propose(b)
-        u = rng.random((b, g))
-        rewards = [[1.0 if u[i, j] < 1 / (1 + math.exp(-(skill[world.domain[p]] - world.difficulty[p])))
-                    else 0.0 for j in range(g)] for i, p in enumerate(ids)]
-        sched.observe(Feedback(ids, rewards, step=t))
-        gain = [0.0] * k
-        for p, row in zip(ids, rewards):
-            mean = sum(row) / g
-            sd = math.sqrt(sum((x - mean) ** 2 for x in row) / g)
-            sig = sum(abs(x - mean) / (sd + 1e-6) for x in row) / g if sd > 0 else 0.0
-            gain[world.domain[p]] += sig
-        skill = [(1 - sc.forgetting) * skill[d] + sc.lr * sum(m[d][j] * gain[j] / b for j in range(k))
-                 for d in range(k)]
-        if (t + 1) % eval_every == 0 or t + 1 == steps:
-            curve.append([float(np.mean([1 / (1 + math.exp(-(skill[d] - h))) for h in world.heldout[d]]))
-                          for d in range(k)])
-    return np.array(curve)
-
-
-def test_learner_equals_reference_loop():
-    res = simulate(TINY, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5)
-    ref = reference_run(TINY, 3, 23, 16, 6, 5)
-    assert res.eval_step.tolist() == [0, 5, 10, 15, 20, 23]
-    np.testing.assert_allclose(res.accuracy, ref, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(res.mean_accuracy, ref.mean(axis=1), rtol=1e-9)
-    assert res.accuracy[-1].mean() > res.accuracy[0].mean()             # it learns
-
-
-def capped_reference_run(sc, seed, steps, b, g, eval_every, cap, offset):
-    """The same uniform run with a skill cap of 1/cap logits, in closed form on the linear skill
-    x (Σ of the steps' lr·M·gain/B): absolute skill a = (1 − (1 − cap·a₀)·e^(−cap·x))/cap from
-    a₀ = offset, the run's skill a − a₀ (no forgetting)."""
-    assert sc.forgetting == 0.0
+def reference_run(sc, seed, steps, b, g, eval_every, cap=0.0, offset=None):
+    """The obvious per-group loop for a uniform run: same rollout draws, plain Python math.
+    With a skill cap of 1/cap logits (no forgetting) the skill is the closed form on the linear
+    skill x (Σ of the steps' lr·M·gain/B): absolute skill a = (1 − (1 − cap·a₀)·e^(−cap·x))/cap
+    from a₀ = offset, the run's skill a − a₀. Returns the curve and the final skills."""
+    assert cap == 0.0 or sc.forgetting == 0.0
     world = build_world(sc)
     sched = Scheduler(world.pool, "uniform", seed=seed)
     k = sc.n_domains
@@ -182,11 +144,24 @@ def capped_reference_run(sc, seed, steps, b, g, eval_every, cap, offset):
             mean = sum(row) / g
             sd = math.sqrt(sum((v - mean) ** 2 for v in row) / g)
             gain[world.domain[p]] += sum(abs(v - mean) / (sd + 1e-6) for v in row) / g if sd > 0 else 0.0
-        x = [x[d] + sc.lr * sum(m[d][j] * gain[j] / b for j in range(k)) for d in range(k)]
-        skill = [(1 - (1 - cap * offset[d]) * math.exp(-cap * x[d])) / cap - offset[d] for d in range(k)]
+        step = [sc.lr * sum(m[d][j] * gain[j] / b for j in range(k)) for d in range(k)]
+        if cap == 0.0:
+            skill = [(1 - sc.forgetting) * skill[d] + step[d] for d in range(k)]
+        else:
+            x = [x[d] + step[d] for d in range(k)]
+            skill = [(1 - (1 - cap * offset[d]) * math.exp(-cap * x[d])) / cap - offset[d] for d in range(k)]
         if (t + 1) % eval_every == 0 or t + 1 == steps:
             curve.append(acc())
     return np.array(curve), np.array(skill)
+
+
+def test_learner_equals_reference_loop():
+    res = simulate(TINY, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5)
+    ref, _ = reference_run(TINY, 3, 23, 16, 6, 5)
+    assert res.eval_step.tolist() == [0, 5, 10, 15, 20, 23]
+    np.testing.assert_allclose(res.accuracy, ref, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.mean_accuracy, ref.mean(axis=1), rtol=1e-9)
+    assert res.accuracy[-1].mean() > res.accuracy[0].mean()             # it learns
 
 
 def test_learner_with_a_skill_cap_equals_the_closed_form():
@@ -197,7 +172,7 @@ def test_learner_with_a_skill_cap_equals_the_closed_form():
     offset = np.linspace(0.0, 1.0, sc.n_domains)
     res = simulate(sc, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5, saturation=0.4,
                    skill_offset=offset)
-    ref, skill = capped_reference_run(sc, 3, 23, 16, 6, 5, 0.4, offset)
+    ref, skill = reference_run(sc, 3, 23, 16, 6, 5, cap=0.4, offset=offset)
     np.testing.assert_allclose(res.accuracy, ref, rtol=1e-9, atol=1e-12)
     assert np.all(skill + offset < 1 / 0.4) and skill.max() > 0.3          # it learns, under the cap
     plain = simulate(sc, "uniform", steps=23, seed=3, batch_size=16, group_size=6, eval_every=5)
