@@ -376,7 +376,7 @@ def test_lean_batch_keeps_every_count_observe_reads(rewards):
         kw["advantages"] = rng.normal(size=(30, g))
     fb = Feedback(rng.integers(0, 300, size=30), r, step=4, **kw)
     full, wins, inf = _batch_and_counts(fb, pool, 0.5)
-    lean, wins_l, inf_l = _batch_and_counts(fb, pool, 0.5, lean=True)
+    lean, wins_l, inf_l = _batch_and_counts(fb, pool, 0.5, fields=frozenset())
     assert wins_l.tolist() == wins.tolist() and inf_l.tolist() == inf.tolist()
     for field in ("success", "pass_rate", "domains", "prompt_ids", "rewards"):
         assert getattr(lean, field).tobytes() == getattr(full, field).tobytes(), field

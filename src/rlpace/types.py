@@ -1027,7 +1027,7 @@ class Batch(NamedTuple):
         return _batch_and_counts(fb, pool, success_threshold)[0]
 
 
-def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: bool = False,
+def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float,
                       fields: frozenset | None = None) -> tuple[Batch, np.ndarray, np.ndarray]:
     """(`Batch`, wins int64[B] successes per group, informative bool[B]) — what
     `Batch.from_feedback` and the Scheduler's history need, each computed once.
@@ -1039,8 +1039,8 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     (the group means and |A| are shortcuts read through `group_mean_abs_advantage` and
     `rollout_abs_advantages`, which compute them from the advantages when they are None).
     A field left out is None, except the advantages of a non-binary batch (the informative
-    flags are read from them). `lean=True` is `fields=frozenset()` (a method none of whose
-    places reads the batch in `observe`: `uniform`, `fixed_mixture`, `epiplexity`).
+    flags are read from them). `fields=frozenset()` is what `observe` of a method none of
+    whose places reads the batch there asks for (`uniform`, `fixed_mixture`, `epiplexity`).
 
     The mean |A| of a binary group with G a power of two ≤ 16 is read from a table over its
     2^G success patterns (`_binary_mean_abs_table`), each entry the plain formula of that
@@ -1053,7 +1053,7 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     (every reward 0 or 1) the advantages and the informative flag follow from the count
     k of each group (see `_binary_advantage_table`).
     """
-    want = frozenset() if lean else BATCH_FULL if fields is None else fields
+    want = BATCH_FULL if fields is None else fields
     r = fb.rewards
     success = r >= success_threshold
     b = r.shape[0]
@@ -1112,7 +1112,7 @@ def _batch_and_counts(fb: Feedback, pool: Pool, success_threshold: float, lean: 
     mean_abs = None
     if "mean_abs_advantage" in want:
         # the plain formula's arithmetic (row sum, then / G: `.mean(axis=1)`'s), or its table
-        mean_abs = mean_table.take(pattern) if mean_table is not None else abs_signal(adv).sum(axis=1) / g
+        mean_abs = mean_table.take(pattern) if mean_table is not None else mean_abs_signal(adv)
         mean_abs.setflags(write=False)
     abs_adv = None
     if "abs_advantages" in want:
@@ -1158,8 +1158,14 @@ def group_mean_abs_advantage(batch: Batch) -> np.ndarray:
     """
     if batch.mean_abs_advantage is not None:
         return batch.mean_abs_advantage
-    adv = batch.advantages
-    return abs_signal(adv).sum(axis=1) / adv.shape[1]
+    return mean_abs_signal(batch.advantages)
+
+
+def mean_abs_signal(advantages: np.ndarray) -> np.ndarray:
+    """float64[B] of float[B, G] advantages: each row's mean of min(|A|, SIGNAL_MAX), as the
+    row sum divided by G (`.mean(axis=1)`'s own arithmetic) — the one formula behind the
+    batch's `mean_abs_advantage`, its binary table and `group_mean_abs_advantage`."""
+    return abs_signal(advantages).sum(axis=1) / advantages.shape[1]
 
 
 def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clusters,
@@ -1239,7 +1245,7 @@ def _binary_mean_abs_table(g: int) -> np.ndarray | None:
         p = np.arange(start, min(start + 4096, 1 << g))
         bits = ((p[:, None] >> np.arange(g)) & 1).astype(bool)            # [rows, G] successes
         adv = table[2].take(bits + 2 * bits.sum(axis=1)[:, None])
-        out[start:start + p.shape[0]] = abs_signal(adv).sum(axis=1) / g
+        out[start:start + p.shape[0]] = mean_abs_signal(adv)
     out.setflags(write=False)
     return out
 

@@ -36,6 +36,7 @@ from ..stats._window import Window, window_init, window_mean, window_push
 from ._base import MIXTURE, DataPolicy, shifted_softmax, with_floor
 from ..types import rollout_abs_advantages
 from ._checks import check_choice, check_int, check_real
+from ._sec import arm_batch_reads
 
 
 class DumpState(NamedTuple):
@@ -121,7 +122,7 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
     # update reads only |A| per rollout (and the clusters when they are the arms): `observe`
     # builds only these (`DataPolicy.batch_reads`), |A| without the signed advantages
     p = DataPolicy(MIXTURE, init, update, apply, arms=arms, name="dump", metrics=metrics,
-                   batch_reads=frozenset({"abs_advantages"} | ({"clusters"} if arms == "cluster" else set())))
+                   batch_reads=arm_batch_reads(arms, "abs_advantages"))
     # the floor is `with_floor`'s (one rule, checked for feasibility when the Scheduler is built);
     # the name stays "dump": the floor is one of dump's recorded hyperparameters
     return with_floor(p, floor)._replace(name="dump") if floor else p

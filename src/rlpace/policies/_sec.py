@@ -41,10 +41,11 @@ def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, 
     return total / np.maximum(count, 1), count > 0
 
 
-def arm_batch_reads(arms: str) -> frozenset:
-    """`DataPolicy.batch_reads` of a mixture updated from `arm_mean_abs_advantage`: the group
-    means, and the clusters when its arms are clusters."""
-    return frozenset({"mean_abs_advantage"} | ({"clusters"} if arms == "cluster" else set()))
+def arm_batch_reads(arms: str, signal: str = "mean_abs_advantage") -> frozenset:
+    """`DataPolicy.batch_reads` of a mixture whose update reads `signal` per arm (the group
+    means of `arm_mean_abs_advantage` by default; DUMP: "abs_advantages"), and the clusters
+    when its arms are clusters."""
+    return frozenset({signal} | ({"clusters"} if arms == "cluster" else set()))
 
 
 class SecState(NamedTuple):
