@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: demo test install clean test-main test-verl07 test-docs test-trinity
 
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PIP) || python3 -m venv --clear $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[$(EXTRAS)]"
@@ -57,7 +57,7 @@ clean:
 # installs torch, then PINS (pip requirement words; kept in a variable, as they may hold commas),
 # then rlpace with its dev extra, and touches DIR/.rlpace-installed. Each line is a recipe line.
 define side_venv
-test -x $(1)/bin/python || python3 -m venv $(1)
+test -x $(1)/bin/pip || python3 -m venv --clear $(1)
 $(1)/bin/pip install -q --upgrade pip
 $(1)/bin/pip install -q torch==2.13.0
 $(1)/bin/pip install -q $(2)
