@@ -603,3 +603,59 @@ def test_batch_reads_names_only_fields_built_on_request():
         assert "mine" in str(e.value)
     assert make(frozenset({"abs_advantages", "clusters"})).batch_reads == {"abs_advantages", "clusters"}
     assert make(None).batch_reads is None
+
+
+def test_pcg64_states_are_numpys_for_every_entropy_layout():
+    """The block hash against numpy's own SeedSequence and PCG64, for entropies of 3 to 6 words
+    (seeds and steps of one and two words; more words than SeedSequence's pool of 4)."""
+    from rlpace._seeding import pcg64_states, seed_sequence_words
+    for seed in SEEDS:
+        for steps in ([0, 1, 2, 255, 256], [2**32 - 2, 2**32 - 1], [2**32, 2**32 + 7], [2**62 - 1]):
+            rows = [_uint32_words(seed) + _uint32_words(t) + _uint32_words(_STREAM_PROPOSE) for t in steps]
+            entropy = np.array(rows, dtype=np.uint32)
+            want_words = np.array([np.random.SeedSequence(r).generate_state(8) for r in rows])
+            assert seed_sequence_words(entropy).tolist() == want_words.tolist(), (seed, steps)
+            for row, (state, inc) in zip(rows, pcg64_states(entropy)):
+                want = np.random.PCG64(np.random.SeedSequence(row)).state["state"]
+                assert (state, inc) == (want["state"], want["inc"]), (seed, row)
+
+
+@pytest.mark.parametrize("start", [0, 250, 2**32 - 3])
+def test_proposals_across_hash_blocks_follow_the_documented_generator(start):
+    """Proposal t of a Scheduler whose step counter crosses a block of hashed states (256
+    steps) and the 2**32 boundary, where the step takes a second entropy word: each is what
+    `default_rng([seed, t, stream])` draws; a seed changed by a restore is picked up."""
+    pool = Pool(np.arange(50) % 3)
+    s = Scheduler(pool, "uniform", seed=2**33 + 5)
+    s.counters.proposals[()] = start
+    for t in range(start, start + 10):
+        want = np.random.default_rng([2**33 + 5, t, _STREAM_PROPOSE]).integers(0, 50, size=9, dtype=np.int64)
+        assert s.propose(9).tolist() == want.tolist(), t
+    other = Scheduler(pool, "uniform", seed=4)
+    other.propose(3)
+    s.load_state_dict(other.state_dict())
+    want = np.random.default_rng([4, 1, _STREAM_PROPOSE]).integers(0, 50, size=9, dtype=np.int64)
+    assert s.propose(9).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("counting", ["cumulative", "windowed"])
+def test_dump_scores_in_python_floats_equal_the_array_formula(counting):
+    """DUMP's apply (base="arms") against its rule written with numpy arrays, bit for bit:
+    windows of every fill (empty arms included), counts up to 10**12, |A| up to 1e100."""
+    from rlpace.policies._dump import DumpState
+    from rlpace.stats._window import Window, window_mean
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        k, w = int(rng.integers(1, 70)), int(rng.integers(1, 40))
+        c, temp = float(rng.choice([0.0, 1.0, rng.random() * 3])), float(rng.choice([0.1, 1.0, rng.random() + 0.01]))
+        policy = make_policy("dump", c=c, temperature=temp, window=w, counting=counting)
+        filled = rng.integers(0, w + 1, size=k)
+        values = rng.random((k, w)) * 10.0 ** rng.integers(-3, 101, size=(k, 1))
+        values[np.arange(w)[None, :] >= filled[:, None]] = 0.0
+        count = np.maximum(filled, rng.integers(0, 10 ** int(rng.integers(1, 13)), size=k))
+        state = DumpState(Window(values, rng.integers(0, w, size=k), filled), count)
+        n = count if counting == "cumulative" else filled
+        score = window_mean(state.window) + c * np.sqrt(2.0 * np.log(max(1, int(n.sum())) + 1) / (n + 1))
+        want = softmax(shifted(score), temp)
+        got = policy.apply(state, Pool(np.arange(k)))
+        assert got.dtype == np.float64 and got.tobytes() == want.tobytes(), trial

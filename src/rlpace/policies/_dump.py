@@ -28,6 +28,7 @@ Deviations and options:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -91,8 +92,9 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         if window_unit == "rollouts":
             # [B, G] with one arm per row: window_push keeps row order then column order,
             # i.e. rollouts in arrival order, sorting B rows instead of B·G values.
-            window_push(state.window, arm, abs_adv)
-            state.count[:] += np.bincount(arm, minlength=state.count.shape[0]) * abs_adv.shape[1]
+            rows = np.bincount(arm, minlength=state.count.shape[0])   # groups per arm, counted once
+            window_push(state.window, arm, abs_adv, rows=rows)
+            state.count[:] += rows * abs_adv.shape[1]
             return state
         elif window_unit == "prompts":
             a, v = arm, abs_adv.mean(axis=1)
@@ -107,6 +109,8 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         return state
 
     def apply(state, pool, *_):
+        if base == "arms":
+            return _ucb_softmax(state)
         mu = window_mean(state.window)
         n = state.count if counting == "cumulative" else state.window.filled
         total = max(1, int(n.sum()))
@@ -115,6 +119,23 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
             with np.errstate(divide="ignore"):
                 score = score + temperature * np.log(pool.arm_share(arms))
         return shifted_softmax(score, temperature)
+
+    def _ucb_softmax(state):
+        """`apply` of base="arms": the lines below for K scores, the K-sized arithmetic in Python
+        floats (+, −, ×, ÷ and sqrt round as numpy's do, bit for bit); the row sums, the log and
+        the exp stay numpy's own calls on the same values (their results may differ from the
+        math module's in the last bit)."""
+        win = state.window
+        sums = win.values.sum(axis=1).tolist()                    # window_mean's row sums
+        filled = win.filled.tolist()
+        n = state.count.tolist() if counting == "cumulative" else filled
+        lg = float(2.0 * np.log(max(1, sum(n)) + 1))
+        score = [(s / f if f > 0 else 0.0) + c * math.sqrt(lg / (m + 1)) for s, f, m in zip(sums, filled, n)]
+        top = max(score)                                          # finite: |A| ≤ 1e100, counts < 2**53
+        z = np.array([(x - top) / temperature for x in score])    # shifted_softmax, from here on
+        np.exp(z, out=z)
+        z /= z.sum()
+        return z
 
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}

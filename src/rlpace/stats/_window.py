@@ -29,7 +29,7 @@ def window_init(n_arms: int, width: int) -> Window:
                   np.zeros(n_arms, dtype=np.int64))
 
 
-def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
+def window_push(win: Window, arms: np.ndarray, values: np.ndarray, rows: np.ndarray | None = None) -> Window:
     """Append `values[j]` to the window of `arms[j]`, in order j = 0..M-1 (in place).
 
     `values` may also be 2-D [B, G] with `arms` [B]: row i's G values go to arm i in
@@ -40,6 +40,9 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
     slot by slot over the whole ring (`_push_slots`, ~10 numpy calls whatever the rows);
     a smaller one row by row, over the rows that can still survive (`_push_rows`). Both
     give the per-item loop's result bit for bit.
+
+    `rows`: `np.bincount(arms, minlength=K)` when the caller counted it already (DUMP counts
+    the same rows for its n_d).
     """
     values = np.asarray(values)
     arms = np.asarray(arms, dtype=np.int64).ravel()
@@ -54,11 +57,11 @@ def window_push(win: Window, arms: np.ndarray, values: np.ndarray) -> Window:
     key = arms.astype(np.uint8) if k <= 1 << 8 else arms.astype(np.uint16) if k <= 1 << 16 else arms
     order = np.argsort(key, kind="stable")
     if k * w <= values.size:
-        return _push_slots(win, arms, values, g, order)
-    return _push_rows(win, arms, values, g, order)
+        return _push_slots(win, arms, values, g, order, rows)
+    return _push_rows(win, arms, values, g, order, rows)
 
 
-def _push_slots(win: Window, arms, values, g, order) -> Window:
+def _push_slots(win: Window, arms, values, g, order, rows=None) -> Window:
     """`window_push` for a push at least as large as the ring (K·W ≤ M values): one pass
     over the [K, W] slots, whatever M. Only an arm's last L = ceil(W / g) rows can hold a
     survivor; they are gathered into `tail` [K, L·g], the arm's newest value in the last
@@ -69,7 +72,8 @@ def _push_slots(win: Window, arms, values, g, order) -> Window:
     masked copy write every surviving value, with no per-row cases (a row cut by the
     window's edge or wrapping the ring is slots like any other)."""
     k, w = win.values.shape
-    rows = np.bincount(arms, minlength=k)             # rows (entries, or groups of g) per arm
+    if rows is None:
+        rows = np.bincount(arms, minlength=k)         # rows (entries, or groups of g) per arm
     counts = rows * g                                 # values per arm
     span = -(-w // g)                                 # L
     newest = np.cumsum(rows) - 1                      # [K] position in `order` of each arm's newest row
@@ -103,12 +107,13 @@ def _row_starts(k: int, width: int) -> np.ndarray:
     return out
 
 
-def _push_rows(win: Window, arms, values, g, order) -> Window:
+def _push_rows(win: Window, arms, values, g, order, rows=None) -> Window:
     """`window_push` for a push smaller than the ring: row by row, only the rows that can
     still hold a survivor."""
     k, w = win.values.shape
     a_sorted = arms[order]
-    rows = np.bincount(arms, minlength=k)             # rows (entries, or groups of g) per arm
+    if rows is None:
+        rows = np.bincount(arms, minlength=k)         # rows (entries, or groups of g) per arm
     counts = rows * g                                 # values per arm
     # Rows counted back from the arm's newest: only the last ceil(w / g) of each arm can
     # hold a survivor (the arm's last w values); older rows are skipped before any
