@@ -85,3 +85,43 @@ def test_stage_pass_is_the_whole_array_formula_bit_for_bit(target, epsilon, thre
     assert norm[1] == cmax and norm[2] == z
     np.testing.assert_array_equal(cdf, ref)
     assert cdf[-1] == 1.0
+
+
+@pytest.mark.parametrize("features,difficulty,clusters", [(False, True, True), (True, True, True),
+                                                          (False, False, True), (False, True, False)])
+def test_logits_into_reused_buffers_equal_the_term_by_term_sum(features, difficulty, clusters):
+    """The stage pass scores each piece into buffers it reuses (`out`, `scratch`): the sum lands
+    in `out`, bit for bit the term-by-term sum, whatever the buffers held before."""
+    pool = _pool(5000, 6, features, difficulty, clusters)
+    theta = np.random.default_rng(7).normal(0.0, 1.5, size=dim(pool))
+    out, scratch = np.full(1200, np.nan), np.full(1200, 1e300)
+    got = logits(theta, pool, slice(1000, 2200), out=out, scratch=scratch)
+    assert got is out
+    np.testing.assert_array_equal(out, _plain_logits(theta, pool, np.arange(1000, 2200)))
+
+
+@pytest.mark.parametrize("target", ["learnability", "failure"])
+def test_criticality_written_in_place_equals_the_formula(target):
+    z = np.random.default_rng(8).normal(0.0, 3.0, size=4000)
+    pi = 0.5 * (1.0 + np.tanh(0.5 * z))
+    out = np.empty(4000)
+    got = _criticality(z, target, out=out)
+    assert got is out
+    np.testing.assert_allclose(out, 4.0 * pi * (1.0 - pi) if target == "learnability" else 1.0 - pi,
+                               rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(out, _criticality(z, target))
+
+
+def test_the_uniform_part_of_the_cdf_is_built_once_per_pool():
+    """ε·(i + 1)/N depends on (N, ε) only: the second stage switch reads the array the first
+    built (the same object), and its entries are the piecewise products the pass used to form."""
+    from rlpace.policies._criticality import _epsilon_ramp
+    n = _CHUNK + 10
+    pool = _pool(n, 9)
+    theta = np.random.default_rng(10).normal(size=dim(pool))
+    _stage_proposal(theta, pool, "learnability", 3.0, 0.1, 0.0, 0.01)
+    first = _epsilon_ramp(pool, n, 0.1)
+    _stage_proposal(-theta, pool, "learnability", 3.0, 0.1, 0.0, 0.01)
+    assert _epsilon_ramp(pool, n, 0.1) is first
+    np.testing.assert_array_equal(first[_CHUNK:], np.arange(_CHUNK + 1, n + 1, dtype=np.float64) * (0.1 / n))
+    assert _epsilon_ramp(pool, n, 0.2)[-1] == 0.2 and _epsilon_ramp(pool, n, 0.2) is not first

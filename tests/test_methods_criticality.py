@@ -225,7 +225,8 @@ def test_a_stage_switch_scores_the_pool_once_and_refits_once(monkeypatch):
         s.observe(Feedback(ids, (rng.random((b, 8)) < 0.4).astype(float), step=t))
     scored = []
     real = crit_mod.logits
-    monkeypatch.setattr(crit_mod, "logits", lambda th, pl, ids=None: scored.append(real(th, pl, ids)) or scored[-1])
+    monkeypatch.setattr(crit_mod, "logits", lambda th, pl, ids=None, **kw: scored.append(real(th, pl, ids, **kw))
+                        or scored[-1])
     solves = []
     real_solve = np.linalg.solve
     monkeypatch.setattr(np.linalg, "solve", lambda a, v: solves.append(1) or real_solve(a, v))

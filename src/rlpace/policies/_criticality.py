@@ -118,13 +118,15 @@ def weight_metrics(state, pool) -> dict:
     ess, b = float(state.ess[0]), float(state.ess[1])
     return {"criticality/ess": ess, "criticality/ess_fraction": ess / b if b else 1.0}
 
-def _criticality(z: np.ndarray, target: str) -> np.ndarray:
+def _criticality(z: np.ndarray, target: str, out: np.ndarray | None = None) -> np.ndarray:
     """c of logits z: with π = σ(z) = (1 + t)/2, t = tanh(z/2), 4π(1 − π) = 1 − t² (learnability)
-    and 1 − π = (1 − t)/2 (failure), two operations fewer per prompt than through π."""
-    t = np.multiply(z, 0.5)
+    and 1 − π = (1 − t)/2 (failure), two operations fewer per prompt than through π. `out`
+    (float64, z's shape) receives c: the stage pass writes each piece in place, no copy."""
+    t = np.multiply(z, 0.5, out=out)
     np.tanh(t, out=t)
     if target == "failure":
-        return 0.5 * (1.0 - t)
+        np.subtract(1.0, t, out=t)
+        return np.multiply(t, 0.5, out=t)
     t *= t
     return np.subtract(1.0, t, out=t)
 
@@ -143,22 +145,25 @@ def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, thre
     n = len(pool)
     c = np.empty(n)
     cmax = -np.inf
+    buf = np.empty(min(n, _CHUNK))                # one piece's scratch, reused by every pass
     for s in range(0, n, _CHUNK):
         part = c[s:s + _CHUNK]
-        part[...] = _criticality(logits(theta, pool, slice(s, s + _CHUNK)), target)
+        _criticality(logits(theta, pool, slice(s, s + _CHUNK), out=part, scratch=buf[:part.shape[0]]),
+                     target, out=part)
         cmax = max(cmax, float(part.max()))
     if not cmax > threshold:
         return np.array([0.0, cmax, float(n), 0.0]), np.arange(1, n + 1, dtype=np.float64) / n
     cdf = c                                       # reused: c[s:] is read before cdf[s:] is written
     z, run = 0.0, 0.0
     for s in range(0, n, _CHUNK):
-        e = c[s:s + _CHUNK] - cmax
+        part = cdf[s:s + _CHUNK]
+        e = np.subtract(part, cmax, out=buf[:part.shape[0]])
         e *= alpha
         np.exp(e, out=e)
         z += float(e.sum())
-        np.cumsum(e, out=cdf[s:s + _CHUNK])
-        cdf[s:s + _CHUNK] += run
-        run = float(cdf[min(s + _CHUNK, n) - 1])
+        np.cumsum(e, out=part)
+        part += run
+        run = float(part[-1])
     # cdf_i = Σ_{j ≤ i} q_j = (1 − ε)·E_i/Z + ε·(i + 1)/N, E the cumulative exp; then divided
     # by its last entry. One pass in cache-sized pieces, each entry through the same
     # operations in the same order as the whole-array formula (so the same bits).
@@ -167,11 +172,12 @@ def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, thre
     if epsilon:
         last += np.array([float(n)]) * (epsilon / n)
     last = float(last[0])
+    ramp = _epsilon_ramp(pool, n, epsilon) if epsilon else None
     for s in range(0, n, _CHUNK):
         part = cdf[s:s + _CHUNK]
         part *= scale
         if epsilon:
-            part += np.arange(s + 1, s + 1 + part.shape[0], dtype=np.float64) * (epsilon / n)
+            part += ramp[s:s + _CHUNK]
         part /= last
     m = 0.0
     if weight_threshold > 0 and ((1.0 - epsilon) / z + epsilon / n) * (n * weight_threshold) > 1.0:
@@ -181,6 +187,19 @@ def _stage_proposal(theta, pool, target: str, alpha: float, epsilon: float, thre
             q, _, fb = _q_of(cc, norm, n, alpha, epsilon, weight_threshold)
             m += float(q[fb].sum())
     return np.array([1.0, cmax, z, m]), cdf
+
+
+def _epsilon_ramp(pool, n: int, epsilon: float) -> np.ndarray:
+    """float64[N] ε·(i + 1)/N, the uniform part of the CDF (the same product as the piecewise
+    `np.arange(s + 1, ...) · (ε/N)`): a function of (N, ε) only, so it is built once per pool
+    and read by every stage switch (three passes of each switch's affine map become one)."""
+    memo = pool._cache.get("criticality/epsilon_ramp")
+    if memo is None or memo[0] != (n, epsilon):
+        ramp = np.arange(1, n + 1, dtype=np.float64)
+        ramp *= epsilon / n
+        ramp.setflags(write=False)
+        memo = pool._cache["criticality/epsilon_ramp"] = ((n, epsilon), ramp)
+    return memo[1]
 
 
 def _q_of(c: np.ndarray, norm: np.ndarray, n: int, alpha: float, epsilon: float,

@@ -257,11 +257,17 @@ def _xt_w_x(rows: _Rows, w: np.ndarray) -> np.ndarray:
     return h
 
 
-def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None) -> np.ndarray:
+def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None,
+           out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
     """float64[m] θ·x_i for the prompts `ids` (None: the whole pool, in chunks of 65536 rows;
     a slice: that range of pool positions),
     computed without building the one-hot columns: θ_0 + z(f_i)·θ_f + θ_diff·(difficulty
-    columns) + θ_dom[d_i] + θ_cl[c_i]."""
+    columns) + θ_dom[d_i] + θ_cl[c_i].
+
+    `out` and `scratch` (float64[m] each, a slice only) take the sum and the gathered terms:
+    the criticality stage pass scores the pool piece by piece into buffers it reuses, as a
+    fresh piece-sized temporary costs more than the arithmetic on it (page faults). The same
+    operations in the same order, so the same bits."""
     f = 0 if pool.features is None else pool.features.shape[1]
     k = pool.n_domains
     dcols = _difficulty_columns(pool)
@@ -278,26 +284,31 @@ def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None) -> np.n
     else:
         offset = theta[0]
 
-    def part(sel):
+    def part(sel, z=None, tmp=None):
         dom = pool.domains[sel]
+        if z is None:
+            z = np.empty(dom.shape[0])
         if f or not dcols:
-            z = np.full(dom.shape[0], offset)
+            z[...] = offset
             if f:
                 z += np.asarray(pool.features[sel], dtype=np.float32) @ u32
             terms = zip(dcols, t_d)
         else:               # offset + t·c as t·c + offset: the same sum, one pass fewer
-            z = t_d[0] * dcols[0][sel]
+            np.multiply(dcols[0][sel], t_d[0], out=z)
             z += offset
             terms = zip(dcols[1:], t_d[1:])
         for c, t in terms:
-            z += t * c[sel]
-        z += t_dom[dom]
+            z += np.multiply(c[sel], t, out=tmp)
+        # the gathers into the scratch buffer when there is one ('clip': the codes are in
+        # range, and a take with `out` and the default mode would buffer)
+        z += t_dom[dom] if tmp is None else t_dom.take(dom, out=tmp, mode="clip")
         if t_cl is not None:
-            z += t_cl[pool.clusters[sel]]
+            cl = pool.clusters[sel]
+            z += t_cl[cl] if tmp is None else t_cl.take(cl, out=tmp, mode="clip")
         return z
 
     if isinstance(ids, slice):                 # a contiguous range of the pool (chunked scoring)
-        return part(ids)
+        return part(ids, out, scratch)
     if ids is not None:
         return part(np.asarray(ids, dtype=np.int64))
     n = len(pool)
