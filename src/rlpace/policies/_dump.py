@@ -109,9 +109,10 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         return state
 
     def apply(state, pool, *_):
-        if base == "arms":
-            return _ucb_softmax(state)
-        mu = window_mean(state.window)
+        z = _ucb_softmax(state, None if base == "arms" else _log_share(pool))
+        if z is not None:
+            return z
+        mu = window_mean(state.window)                            # the rule as array lines
         n = state.count if counting == "cumulative" else state.window.filled
         total = max(1, int(n.sum()))
         score = mu + c * np.sqrt(2.0 * np.log(total + 1) / (n + 1))
@@ -120,18 +121,32 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
                 score = score + temperature * np.log(pool.arm_share(arms))
         return shifted_softmax(score, temperature)
 
-    def _ucb_softmax(state):
-        """`apply` of base="arms": the lines below for K scores, the K-sized arithmetic in Python
-        floats (+, −, ×, ÷ and sqrt round as numpy's do, bit for bit); the row sums, the log and
-        the exp stay numpy's own calls on the same values (their results may differ from the
-        math module's in the last bit)."""
+    def _log_share(pool):
+        """log of the pool's arm shares (−inf for an empty arm) as Python floats: numpy's own
+        log, taken once per pool instead of at every proposal."""
+        key = ("dump/log_share", arms)
+        if key not in pool._cache:
+            with np.errstate(divide="ignore"):
+                pool._cache[key] = np.log(pool.arm_share(arms)).tolist()
+        return pool._cache[key]
+
+    def _ucb_softmax(state, log_share=None):
+        """`apply`: the lines below for K scores, the K-sized arithmetic in Python floats (+, −,
+        ×, ÷ and sqrt round as numpy's do, bit for bit); the row sums, the log and the exp stay
+        numpy's own calls on the same values (their results may differ from the math module's
+        in the last bit). `log_share` (base="pool") adds T·log s_k to each score, as the array
+        lines do. None when the largest score is not finite (the array lines handle it)."""
         win = state.window
         sums = win.values.sum(axis=1).tolist()                    # window_mean's row sums
         filled = win.filled.tolist()
         n = state.count.tolist() if counting == "cumulative" else filled
         lg = float(2.0 * np.log(max(1, sum(n)) + 1))
         score = [(s / f if f > 0 else 0.0) + c * math.sqrt(lg / (m + 1)) for s, f, m in zip(sums, filled, n)]
+        if log_share is not None:
+            score = [x + temperature * ls for x, ls in zip(score, log_share)]
         top = max(score)                                          # finite: |A| ≤ 1e100, counts < 2**53
+        if not math.isfinite(top):
+            return None
         z = np.array([(x - top) / temperature for x in score])    # shifted_softmax, from here on
         np.exp(z, out=z)
         z /= z.sum()
