@@ -264,3 +264,56 @@ def test_read_only_float32_grads_are_kept_without_a_copy():
     w_copied = Scheduler(pool, "diem", importance="loo").loss_weights(copied)
     np.testing.assert_array_equal(w_kept, w_copied)
     assert not np.allclose(w_kept, 1.0)                     # loo: non-uniform weights
+
+
+# ---- the direct solve: LU solves instead of the eigendecomposition on a well-conditioned Gram --
+def _default_weights_reference(g):
+    """float64[B] the default diem weights of float32 features g [B, G, d], written out: group
+    sums by a loop over rollouts, P = F·Fᵀ pseudo-inverted through the SVD (np.linalg.pinv) on
+    the B × B matrix, Î = F·g_B = P·1, rescaled to ‖WᵀF‖ = ‖1ᵀF‖, ReLU, rescaled again."""
+    f = np.zeros((g.shape[0], g.shape[2]))
+    for j in range(g.shape[1]):
+        f += g[:, j].astype(np.float64)
+    f /= np.abs(f).max()
+    p = f @ f.T
+    c = float(f.sum(axis=0) @ f.sum(axis=0))
+    w = np.linalg.pinv(p, rcond=1e-10, hermitian=True) @ (p @ np.ones(len(f)))
+    w = np.maximum(w * np.sqrt(c / (w @ p @ w)), 0.0)
+    return w * np.sqrt(c / (w @ p @ w)), f
+
+
+@pytest.mark.parametrize("b, g, d", [(64, 8, 8),      # the stream digest's batches
+                                     (512, 16, 64),   # the overhead benchmark's
+                                     (16, 8, 256)])   # the built-in trainer's (N ≤ d)
+def test_direct_solve_within_1e_10_of_the_float64_pseudo_inverse(b, g, d):
+    from rlpace.policies._diem import _inverse_applies
+    rng = np.random.default_rng(b + d)
+    grads = rng.standard_normal((b, g, d)).astype(np.float32)
+    ref, f = _default_weights_reference(grads)
+    gram = f.T @ f if b > d else f @ f.T
+    assert _inverse_applies(gram, 1e-10)                 # the direct route is the one taken
+    assert ref.max() < MAX_WEIGHT                         # the cap does not bind: the rule alone
+    fb = Feedback(np.arange(b), rng.integers(0, 2, (b, g)).astype(float), step=0, grads=grads)
+    pool = Pool(list(range(b)))
+    w = diem().apply((), pool, Batch.from_feedback(fb, pool, 0.5))
+    assert np.abs(w - ref[:, None]).max() <= 1e-10 * np.abs(ref).max()
+    if b > d:
+        assert np.abs(ref - 1.0).max() > 1e-3            # N > d: not the trivial all-ones answer
+
+
+def test_inverse_applies_only_when_every_eigenvalue_clears_the_margin():
+    from rlpace.policies._diem import _DIRECT_COND, _inverse_applies
+    rng = np.random.default_rng(0)
+    v, _ = np.linalg.qr(rng.standard_normal((6, 6)))     # a random orthogonal basis
+    top = np.array([4.0, 3.0, 2.0, 1.0, 0.5])
+    fro = lambda e: np.sqrt(np.sum(e ** 2))              # ‖V diag(e) Vᵀ‖_F
+    for factor, want in ((2.0, True), (0.5, False)):      # smallest eigenvalue 2δ or δ/2, δ = ‖m‖_F / 1e4
+        e = np.append(top, 0.0)
+        for _ in range(50):                               # the fixed point e_min = factor·‖m‖_F / 1e4
+            e[-1] = factor * fro(e) / _DIRECT_COND
+        assert _inverse_applies(v @ np.diag(e) @ v.T, 1e-10) is want
+    rank4 = v @ np.diag(np.append(top[:4], [0.0, 0.0])) @ v.T
+    assert not _inverse_applies(rank4, 1e-10)            # rank deficient: the pseudo-inverse cuts
+    assert not _inverse_applies(np.zeros((3, 3)), 1e-10)
+    assert not _inverse_applies(np.eye(3), 1e-3)          # a coarse cut-off: the eigendecomposition decides
+    assert _inverse_applies(np.eye(3), 1e-10)

@@ -32,13 +32,18 @@ CHANGED = {
     "recommended": "MoPPS's candidates inside each arm are drawn for all arms at once (the same "
                    "law as one Generator.choice per arm, another stream)",
     "diem": "its weights are solved on the d x d Gram matrix of the features instead of the "
-            "n x n one: equal to 1e-12 relative, not bit for bit (checked against the n x n "
-            "solve and an SVD in tests/test_after_rollout_vectorised.py)",
+            "n x n one, and by LU solves instead of an eigendecomposition when that matrix is "
+            "well conditioned: equal to 1e-12 relative, not bit for bit (checked against the "
+            "n x n solve and an SVD in tests/test_after_rollout_vectorised.py and "
+            "tests/test_methods_diem.py)",
 }
 #: The digest of a changed stream, recorded after its change (from 6fe649c, state keys added
 #: since left out as for the fixture), so later speed-ups must keep that stream bit for bit.
 RECORDED_AFTER_CHANGE = {
     "recommended": "1e2abb03cc859f87e55b87b39387cc03b58142b64011b00b85c4351570d42581",
+    # the direct solve on well-conditioned Gram matrices (within 1e-10 of a float64 pseudo-inverse:
+    # tests/test_methods_diem.py); before it, 40d10a34711e3cadc7fc25a83e798d53b0e027511e05eb63b074ca8d54dd800b
+    "diem": "db7d5a93c9a96a1ed7409a22a6e6ddd07b75a7d5eed8bf35652210181925c989",
 }
 
 
