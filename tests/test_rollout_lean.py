@@ -1,0 +1,97 @@
+"""The lean one-token decode forward gives the bits `model(...)` gives.
+
+`rollout.generate` decodes a stock Qwen2 causal LM through `_lean_decoder` (the same ops on
+the same weights, without Hugging Face's wrappers). Every field of the rollout — tokens,
+masks, per-token entropy, self-certainty and log-probability — must equal the rollout of
+the plain `model(...)` call bit for bit, with and without left padding, sampled and greedy;
+any other model (eager attention, a forward hook, training mode) keeps the plain call; and
+a trainer run writes the same metrics and ends at the same weights either way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _tiny_train import read_log, tiny_config
+from rlpace.train import rollout, train
+from rlpace.train.model import tiny_causal_lm
+
+torch.set_num_threads(1)
+
+
+def _model(seed: int, attn: str = "sdpa"):
+    model = tiny_causal_lm(23, hidden=32, layers=2, heads=4, seed=seed)
+    model.config._attn_implementation = attn
+    return model.eval()
+
+
+def _prompts(seed: int, padded: bool):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(2, 9, (5,), generator=g).tolist() if padded else [6] * 5
+    return [torch.randint(4, 23, (n,), generator=g).tolist() for n in lens]
+
+
+def _generate(model, prompts, **kw):
+    return rollout.generate(model, prompts, max_new_tokens=9, eos_id=2, pad_id=0, stats=True, **kw)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_lean_decode_equals_the_model_call_bit_for_bit(seed, padded, greedy, monkeypatch):
+    model, prompts = _model(seed), _prompts(seed, padded)
+    assert rollout._lean_decoder(model) is not None
+    kw = dict(greedy=greedy, repeats=1 if greedy else 4)
+    lean = _generate(model, prompts, generator=torch.Generator().manual_seed(seed), **kw)
+    monkeypatch.setattr(rollout, "_lean_decoder", lambda m: None)
+    plain = _generate(model, prompts, generator=torch.Generator().manual_seed(seed), **kw)
+    assert lean.completion_ids.shape[1] > 1                  # the decode loop ran
+    for name, a, b in zip(lean._fields, lean, plain):
+        assert torch.equal(a, b), name
+
+
+def test_lean_decode_logits_equal_the_model_call_at_each_step():
+    """One decode step on a padded batch: the logits equal `model(...)`'s exactly."""
+    from transformers import DynamicCache
+
+    model = _model(7)
+    ids, mask = rollout.left_pad(_prompts(7, padded=True), 0)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    step = rollout._lean_decoder(model)
+    with torch.no_grad():
+        caches = []
+        for _ in range(2):
+            c = DynamicCache()
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=c, use_cache=True)
+            caches.append(c)
+        tok, nxt = torch.tensor([5, 9, 11, 2, 17]), pos[:, -1:] + 1
+        for _ in range(3):
+            mask = torch.cat([mask, torch.ones(5, 1, dtype=mask.dtype)], 1)
+            ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt, past_key_values=caches[0],
+                        use_cache=True).logits
+            got = step(tok, mask.bool()[:, None, None, :], nxt, caches[1])
+            assert got.shape == ref.shape and torch.equal(got, ref)
+            tok, nxt = ref[:, -1].argmax(-1), nxt + 1
+
+
+def test_other_models_keep_the_model_call():
+    assert rollout._lean_decoder(_model(0, attn="eager")) is None
+    hooked = _model(0)
+    hooked.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert rollout._lean_decoder(hooked) is None
+    assert rollout._lean_decoder(_model(0).train()) is None
+
+
+def test_a_run_with_the_lean_decode_equals_one_with_the_model_call(tmp_path, cache, monkeypatch):
+    lean = tiny_config(tmp_path / "lean", cache, steps=3)
+    train(lean)
+    monkeypatch.setattr(rollout, "_lean_decoder", lambda m: None)
+    plain = tiny_config(tmp_path / "plain", cache, steps=3)
+    train(plain)
+    timing = {"seconds", "train_seconds", "seconds_total"}
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in timing} for r in recs]   # noqa: E731
+    assert strip(read_log(lean.out)) == strip(read_log(plain.out))
+    a = torch.load(tmp_path / "lean" / "checkpoint" / "model.pt", weights_only=False)
+    b = torch.load(tmp_path / "plain" / "checkpoint" / "model.pt", weights_only=False)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
