@@ -547,18 +547,25 @@ def test_projected_frame_gradients_from_one_q_by_q_product_equal_the_two_project
     assert torch.allclose(raw[0][1], frame_gradients(g[1], u[1], s[1], v[1])[0], atol=1e-14, rtol=0)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype):
-    """base="adamw" steps each shape's frames as one stack (AdamW's moments stacked too); a
-    per-frame torch AdamW (foreach off, a loop over the frames) through the same ISO step is
-    the reference: 6 steps with a step where two matrices have no gradient (their group goes
-    frame by frame, their step counts fall behind) and a state dict round trip; weights and
-    frames equal to rounding, and each saved frame keeps its own step count."""
+def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype, fused):
+    """base="adamw" steps each shape's frames as one stack (AdamW's moments stacked too) and
+    the unmanaged parameters (the biases) in the same functional AdamW call; a per-frame
+    torch AdamW (foreach off, a loop over the frames; its fused kernel with fused=True)
+    through the same ISO step is the reference: 6 steps with a step where two matrices have
+    no gradient (their group goes frame by frame, their step counts fall behind), steps where
+    the biases' group has its own lr (a second call) and a state dict round trip; weights,
+    biases and frames equal to rounding, and each saved frame keeps its own step count."""
     kw = dict(lr=3e-2, betas=(0.9, 0.99), weight_decay=0.01)
     nets = [_shapes_net(dtype), _shapes_net(dtype)]
-    fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, **kw)
-    ref = IsoSpectral(nets[1], lambda groups: torch.optim.AdamW(groups, foreach=False, **kw), frame_dtype=dtype)
+    fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, fused=fused, **kw)
+    ref = IsoSpectral(nets[1], lambda groups: torch.optim.AdamW(groups, foreach=False, fused=fused or None, **kw),
+                      frame_dtype=dtype)
+    assert fast.param_groups[0]["fused"] is fused and fast.param_groups[0]["foreach"] is not fused
     for t in range(6):
+        for opt in (fast, ref):
+            opt.param_groups[1]["lr"] = 1e-2 if t in (4, 5) else kw["lr"]
         for net, opt in zip(nets, (fast, ref)):
             opt.zero_grad()
             loss_at_shapes = (net(torch.randn(16, 6, generator=torch.Generator().manual_seed(300 + t), dtype=dtype))
@@ -574,7 +581,7 @@ def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype):
             assert min(steps) == 3 and max(steps) == 4        # the two matrices sat one step out
             buf = io.BytesIO()
             torch.save(sd, buf)
-            fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, **kw)
+            fast = IsoSpectral(nets[0], "adamw", frame_dtype=dtype, fused=fused, **kw)
             fast.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for (n, (u, s, v)), (_, (ru, rs, rv)) in zip(fast.frames().items(), ref.frames().items()):

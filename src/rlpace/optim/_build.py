@@ -20,7 +20,9 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
 
     - `adamw`: `torch.optim.AdamW` over every parameter;
     - `iso_adamw`: `IsoSpectral(base="adamw")`: AdamW on the frames of the hidden matrices
-      (`default_managed`), AdamW on the rest; frames in float32 (float64 for a float64 model);
+      (`default_managed`), AdamW on the rest, both by torch's fused AdamW kernel (`fused=True`:
+      one pass per tensor where the multi-tensor code makes ten; the same update, rounded
+      differently); frames in float32 (float64 for a float64 model);
     - `muon`: `torch.optim.Muon` on the hidden matrices, as `BatchedMuon` (its update, one Newton–Schulz
       loop per shape; the same numbers but for rare bfloat16 roundings) (`adjust_lr_fn="match_rms_adamw"`,
       Moonshot's scaling, arXiv 2502.16982, so AdamW's `lr` carries over), AdamW on
@@ -46,7 +48,7 @@ def build_optimizer(name: str, model: torch.nn.Module, *, lr: float, betas=(0.9,
     # frame products' time (docs/methods/iso.md, "Cost")
     frames = torch.float64 if any(p.dtype == torch.float64 for p in model.parameters()) else torch.float32
     if name == "iso_adamw":
-        return IsoSpectral(model, "adamw", frame_dtype=frames, **adamw)
+        return IsoSpectral(model, "adamw", frame_dtype=frames, fused=True, **adamw)
     if name == "iso_muon":
         return IsoSpectral(model, "muon", aux_kwargs=adamw, frame_dtype=frames, **muon)
     rule = default_managed(model)

@@ -174,7 +174,8 @@ class IsoSpectral(torch.optim.Optimizer):
         model_or_params: an `nn.Module` (managed by `manage`, default `default_managed`:
             2-D weights except embeddings and the head) or an iterable of parameters (then
             every 2-D parameter is managed: pass a model to exclude embeddings).
-        base: "adamw" (`torch.optim.AdamW` over frames and the rest), "muon"
+        base: "adamw" (`torch.optim.AdamW` over frames and the rest; `fused=True` runs its
+            fused kernel instead of the multi-tensor code, faster on a CPU), "muon"
             (`torch.optim.Muon` over the frames, as `BatchedMuon`: one Newton–Schulz loop
             per shape; AdamW over the rest), or a callable
             `base(param_groups) -> torch.optim.Optimizer`, called with two groups:
@@ -313,9 +314,15 @@ class IsoSpectral(torch.optim.Optimizer):
             self._unshare_steps(k)
             for j, gu_j, gv_j in zip(pos, gu, gv):
                 self._u[idx[j]].grad, self._v[idx[j]].grad = gu_j, gv_j
+        # base="adamw" with every frame on its stack: one functional AdamW call per set of
+        # hyperparameters steps the frames and the rest, without AdamW.step's per-parameter
+        # bookkeeping; else the base optimizer steps what the stacks did not
+        others = self._adamw_others() if stacked_grads and len(stacked_grads) == len(live) == len(
+            self._by_shape) else None
         if stacked_grads:
-            self._adamw_step_stacked(stacked_grads)
-        self.base.step()
+            self._adamw_step_stacked(stacked_grads, others or [])
+        if others is None:
+            self.base.step()
         # one retraction for every frame of the step: U and V of every shape share q × q Gram
         # matrices wherever their q agree (all of them, when every matrix has one short side)
         retracted = _polar_many([x for k, pos in live for x in self._stack(k, pos)[:2]])
@@ -369,9 +376,7 @@ class IsoSpectral(torch.optim.Optimizer):
         (first step, a loaded state dict, a step some matrices of the group sat out); None
         where the group's frames have different step counts or the base optimizer's first
         group asks for more than plain AdamW (then each frame goes through the base step)."""
-        group = self.base.param_groups[0]
-        if (group.get("amsgrad") or group.get("maximize") or group.get("capturable") or group.get("differentiable")
-                or group.get("fused") or not group.get("decoupled_weight_decay", True)):
+        if not _plain_adamw(self.base.param_groups[0]):
             return None
         held = [self._adam_stacks.get((k, side)) for side in (0, 1)]
         state = self.base.state
@@ -389,7 +394,8 @@ class IsoSpectral(torch.optim.Optimizer):
                 return None
             moments = [torch.stack([st[key] if key in st else torch.zeros_like(f) for st, f in zip(sts, frames)])
                        for key in ("exp_avg", "exp_avg_sq")]
-            step = torch.tensor(steps.pop(), dtype=torch.float32)
+            step = torch.tensor(steps.pop(), dtype=torch.float32, device=self._stacks[k][side].device
+                                if self.base.param_groups[0].get("fused") else None)
             views = [list(m.unbind(0)) for m in moments]
             for f, a, b in zip(frames, *views):
                 state[f] = {**state.get(f, {}), "step": step, "exp_avg": a, "exp_avg_sq": b}
@@ -408,11 +414,35 @@ class IsoSpectral(torch.optim.Optimizer):
                         st["step"] = st["step"].clone()
                 del self._adam_stacks[(k, side)]
 
-    def _adamw_step_stacked(self, stacked_grads) -> None:
-        """torch's AdamW (its functional multi-tensor code, the base's first group's
-        hyperparameters) on the frame stacks: the per-frame update elementwise, in a few
-        calls for all the frames instead of a few per frame."""
-        group = self.base.param_groups[0]
+    def _adamw_others(self):
+        """The base AdamW's second group (the unmanaged parameters) as (params with a
+        gradient, their exp_avg, exp_avg_sq, step), the state made as torch's AdamW makes it
+        on a first step; None where that group asks for more than plain AdamW or holds a
+        sparse or complex gradient (then the base optimizer steps it)."""
+        groups = self.base.param_groups
+        if not self._own_adamw or len(groups) != 2 or not _plain_adamw(groups[1]):
+            return None
+        params = [p for p in groups[1]["params"] if p.grad is not None]
+        if any(p.grad.is_sparse or torch.is_complex(p) for p in params):
+            return None
+        fused = bool(groups[1].get("fused"))
+        cols = ([], [], [], [])
+        for p in params:
+            st = self.base.state[p]
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else None)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            for col, x in zip(cols, (p, st["exp_avg"], st["exp_avg_sq"], st["step"])):
+                col.append(x)
+        return cols
+
+    def _adamw_step_stacked(self, stacked_grads, others) -> None:
+        """torch's AdamW (its functional code: multi-tensor, or its fused kernel where the
+        group says fused=True) on the frame stacks with the first group's hyperparameters, and
+        on `others` ((params, exp_avg, exp_avg_sq, step) of the second group, or []) with the
+        second's: the per-frame update elementwise in a few calls for all the frames, one
+        call for both groups when their hyperparameters agree."""
         params, grads, avgs, sqs, steps = [], [], [], [], []
         for k, gu, gv in stacked_grads:
             for h, g in zip(self._adam_stacks_now(k), (gu, gv)):
@@ -421,10 +451,19 @@ class IsoSpectral(torch.optim.Optimizer):
                 avgs.append(h["moments"][0])
                 sqs.append(h["moments"][1])
                 steps.append(h["step"])
-        beta1, beta2 = group["betas"]
-        adam(params, grads, avgs, sqs, [], steps, foreach=True, decoupled_weight_decay=True,
-             amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-             eps=group["eps"], maximize=False)
+        calls = [(self.base.param_groups[0], (params, grads, avgs, sqs, steps))]
+        if others and others[0]:
+            rest = (others[0], [p.grad for p in others[0]], *others[1:])
+            if _adamw_key(self.base.param_groups[1]) == _adamw_key(calls[0][0]):
+                calls[0] = (calls[0][0], tuple(a + list(b) for a, b in zip(calls[0][1], rest)))
+            else:
+                calls.append((self.base.param_groups[1], rest))
+        for group, (ps, gs, ms, vs, ts) in calls:
+            beta1, beta2 = group["betas"]
+            fused = bool(group.get("fused"))
+            adam(ps, gs, ms, vs, [], ts, foreach=not fused, fused=fused or None, decoupled_weight_decay=True,
+                 amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+                 eps=group["eps"], maximize=False)
 
     def _adam_stacks_now(self, k: int):
         return [self._adam_stacks[(k, side)] for side in (0, 1)]
@@ -485,6 +524,17 @@ class IsoSpectral(torch.optim.Optimizer):
         self._write_weights()
 
 
+def _plain_adamw(group: dict) -> bool:
+    """Whether an AdamW param group asks for nothing but the plain update (foreach or fused)."""
+    return not (group.get("amsgrad") or group.get("maximize") or group.get("capturable")
+                or group.get("differentiable") or not group.get("decoupled_weight_decay", True))
+
+
+def _adamw_key(group: dict):
+    """What one functional AdamW call takes from a param group."""
+    return tuple(group[k] for k in ("lr", "betas", "eps", "weight_decay")) + (bool(group.get("fused")),)
+
+
 def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.Optimizer:
     if callable(base) and not isinstance(base, str):
         opt = base([{"params": frames}, {"params": others}])
@@ -494,7 +544,7 @@ def _make_base(base, frames, others, kw: dict, aux: dict | None) -> torch.optim.
     # foreach: AdamW's update as one multi-tensor kernel per op instead of a Python loop over
     # the frames and parameters (torch leaves it off on CPU); the same numbers bit for bit
     if base == "adamw":
-        return torch.optim.AdamW([{"params": frames}, {"params": others}], **{"foreach": True, **kw})
+        return torch.optim.AdamW([{"params": frames}, {"params": others}], **{"foreach": not kw.get("fused"), **kw})
     if base == "muon":
         aux = dict(aux if aux is not None else {k: kw[k] for k in ("lr", "weight_decay") if k in kw})
         aux.setdefault("foreach", True)
