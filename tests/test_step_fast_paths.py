@@ -690,3 +690,64 @@ def test_mixture_cdf_in_python_floats_equals_numpys_and_the_draws_equal_choice()
         assert ids.tolist() == [int(order[offsets[a] + int(u * sizes[a])]) for a, u in zip(arm, ref_rng.random(40))]
     for bad in ([0.0, 0.0], [np.nan, 1.0], [-0.5, 1.0], [np.inf, 1.0]):
         assert _mixture_cdf(np.array(bad)) is None
+
+
+def test_softmax_of_floats_equals_shifted_softmax():
+    from rlpace.policies._base import softmax_of_floats
+    for scores, temp in _score_cases():
+        want = shifted_softmax(np.asarray(scores, dtype=np.float64), temp)
+        got = softmax_of_floats(np.asarray(scores, dtype=np.float64).tolist(), temp)
+        assert got.dtype == np.float64 and np.array_equal(got, want, equal_nan=True), (scores, temp)
+        assert got.tobytes() == want.tobytes() or np.isnan(want).any()
+
+
+def _mixture_batch(rng, k):
+    """A Batch of b groups over k arms (some arms absent) with group mean |A| up to 1e100."""
+    b = int(rng.integers(1, 40))
+    arm = rng.integers(0, k, size=b)
+    mean_abs = rng.random(b) * 10.0 ** rng.integers(-5, 101, size=b)
+    return Batch(np.arange(b), None, None, None, None, arm, arm, 0, mean_abs_advantage=mean_abs)
+
+
+def test_sec_and_exp3_updates_in_floats_equal_their_array_rules():
+    """SEC's and EXP3's update (and SEC's softmax) against their rules written with numpy arrays
+    (`arm_mean_abs_advantage`), bit for bit, over random states and batches: absent arms, |A| up
+    to 1e100, a tiny scale, and EXP3 states whose π is 0 for a present arm (restored by hand)."""
+    from rlpace.policies._exp3 import Exp3State
+    from rlpace.policies._sec import SecState
+    rng = np.random.default_rng(21)
+    for trial in range(300):
+        k = int(rng.integers(1, 70))
+        pool = Pool(np.arange(k))
+        batch = _mixture_batch(rng, k)
+        r, present = arm_mean_abs_advantage(pool, batch, "domain", k)
+        alpha, temp = float(rng.random() * 0.99 + 0.01), float(rng.random() + 0.05)
+        sec = make_policy("sec", alpha=alpha, temperature=temp)
+        q = rng.random(k) * 10.0 ** float(rng.integers(-3, 3))
+        want_q = q.copy()
+        np.copyto(want_q, alpha * r + (1.0 - alpha) * want_q, where=present)
+        got = sec.update(SecState(q.copy()), pool, batch)
+        assert got.q.tobytes() == want_q.tobytes(), trial
+        assert sec.apply(got, pool).tobytes() == shifted_softmax(want_q, temp).tobytes()
+
+        scale = float(rng.choice([10.0, 1e-300, rng.random() + 0.1]))
+        exp3 = make_policy("exp3", scale=scale)
+        prob = rng.dirichlet(np.ones(k))
+        if trial % 5 == 0:
+            prob[int(rng.integers(0, k))] = 0.0          # π_i = 0, present or not
+        state = Exp3State(rng.random(k) * 10.0 ** float(rng.integers(-3, 300)), prob,
+                          np.array(float(rng.random()) / k), np.array(int(rng.integers(0, 10**6)), np.int64))
+        ref = Exp3State(*(np.array(x, copy=True) for x in state))
+        with np.errstate(all="ignore"):
+            gain = r / scale
+            np.divide(gain, ref.prob, out=gain, where=present)
+            np.add(ref.reward, gain, out=ref.reward, where=present)
+            np.minimum(ref.reward, 1e300, out=ref.reward)
+            t = int(ref.t) + 1
+            eps_prev, eps = float(ref.eps), min(1.0 / k, float(np.sqrt(np.log(k) / (k * t))))
+            w = shifted_softmax(ref.reward * eps_prev, 1.0) * (1.0 - k * eps) + eps
+            want_prob = w / w.sum()
+            got = exp3.update(state, pool, batch)
+        assert got.reward.tobytes() == ref.reward.tobytes(), trial
+        assert np.array_equal(got.prob, want_prob, equal_nan=True), trial
+        assert int(got.t) == t and float(got.eps) == eps

@@ -436,6 +436,20 @@ def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
     return z
 
 
+def softmax_of_floats(scores: list, temperature: float) -> np.ndarray:
+    """`shifted_softmax(np.array(scores), temperature)` bit for bit, for K scores held as Python
+    floats (a mixture's K-sized arithmetic done in floats: + − × ÷ round as numpy's do): the
+    max and the shift in Python, the exp and the normalisation numpy's own calls. Scores with
+    an inf or a NaN (or a sum that overflows) take the array function itself."""
+    if not math.isfinite(sum(scores)):
+        return shifted_softmax(np.array(scores, dtype=np.float64), temperature)
+    top = max(scores)
+    z = np.array([(x - top) / temperature for x in scores])
+    np.exp(z, out=z)
+    z /= z.sum()
+    return z
+
+
 def shifted_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
     """`softmax(shifted(scores), temperature)` bit for bit, in six numpy calls instead of
     eleven: once the maximum is subtracted the largest entry is exactly 0 (top − top), so is its

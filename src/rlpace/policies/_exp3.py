@@ -23,17 +23,25 @@ trainer iteration (equal when it updates every step without warm-up).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
 
-from ._base import MIXTURE, DataPolicy, shifted_softmax
+from ._base import MIXTURE, DataPolicy, softmax_of_floats
 from ._checks import check_choice, check_real
-from ._sec import arm_batch_reads, arm_mean_abs_advantage
+from ._sec import arm_batch_reads, arm_mean_abs_advantage, arm_sums
 
 __all__ = ["exp3"]
 
 _REWARD_CAP = 1e300
+
+
+@functools.lru_cache(maxsize=64)
+def _log(k: int) -> float:
+    """numpy's log of the arm count (the exploration rate's ln K), computed once per K."""
+    return float(np.log(k))
 
 
 class Exp3State(NamedTuple):
@@ -71,20 +79,34 @@ def exp3(scale: float = 10.0, arms: str = "domain") -> DataPolicy:
         if batch.prompt_ids.size == 0:
             return state
         k = state.prob.shape[0]
-        r, present = arm_mean_abs_advantage(pool, batch, arms, k)
-        # R̂_i += (r_i / scale) / π_i where present (divide and add skip the others: no 0 / 0
-        # warning for an absent arm of a restored π_i = 0)
-        gain = r / scale
-        np.divide(gain, state.prob, out=gain, where=present)
-        np.add(state.reward, gain, out=state.reward, where=present)
-        # r ≤ 1e100 (clipped), but a tiny `scale` or π could still push R̂ past the float
-        # range: cap it where exp(ε·R̂) has long saturated anyway (module docstring).
-        np.minimum(state.reward, _REWARD_CAP, out=state.reward)
-        state.t[()] = int(state.t) + 1                   # item write: ~10× cheaper than += on 0-d
+        count, total = arm_sums(batch, arms, k)
+        # R̂_i += ((total_i / count_i) / scale) / π_i where present (absent arms are skipped: no
+        # 0 / 0 for an absent arm of a restored π_i = 0). r ≤ 1e100 (clipped), but a tiny
+        # `scale` or π could still push R̂ past the float range: cap it where exp(ε·R̂) has long
+        # saturated anyway (module docstring). The K-sized arithmetic in Python floats, which
+        # round as numpy's arrays do (`arm_mean_abs_advantage` is the array form of r).
+        prob = state.prob.tolist()
+        if any(c and not p for c, p in zip(count, prob)):
+            # a present arm of a restored π_i = 0: numpy's x / 0 (inf, or NaN for 0 / 0), as
+            # the array rule gives it, where Python would raise
+            r, present = arm_mean_abs_advantage(pool, batch, arms, k)
+            gain = r / scale
+            np.divide(gain, state.prob, out=gain, where=present)
+            np.add(state.reward, gain, out=state.reward, where=present)
+            np.minimum(state.reward, _REWARD_CAP, out=state.reward)
+            reward = state.reward.tolist()
+        else:
+            reward = [min(x + t / c / scale / p if c else x, _REWARD_CAP)
+                      for x, c, t, p in zip(state.reward.tolist(), count, total, prob)]
+            state.reward[:] = reward
+        t = int(state.t) + 1
+        state.t[()] = t                                  # item write: ~10× cheaper than += on 0-d
         eps_prev = float(state.eps)
-        eps = min(1.0 / k, float(np.sqrt(np.log(k) / (k * int(state.t)))))
-        w = shifted_softmax(state.reward * eps_prev, 1.0) * (1.0 - k * eps) + eps
-        state.prob[:] = w / w.sum()
+        eps = min(1.0 / k, math.sqrt(_log(k) / (k * t)))
+        w = softmax_of_floats([x * eps_prev for x in reward], 1.0)
+        w *= 1.0 - k * eps
+        w += eps
+        np.divide(w, w.sum(), out=state.prob)
         state.eps[...] = eps
         return state
 

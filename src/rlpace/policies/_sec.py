@@ -21,10 +21,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..types import group_mean_abs_advantage
-from ._base import MIXTURE, DataPolicy, shifted_softmax
+from ._base import MIXTURE, DataPolicy, softmax_of_floats
 from ._checks import check_choice, check_real
 
-__all__ = ["sec", "arm_mean_abs_advantage"]
+__all__ = ["sec", "arm_mean_abs_advantage", "arm_sums"]
 
 
 def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,6 +39,15 @@ def arm_mean_abs_advantage(pool, batch, arms: str, k: int) -> tuple[np.ndarray, 
     total = np.bincount(arm, weights=group_mean_abs_advantage(batch), minlength=k)
     # an arm without groups has total 0.0 (bincount's start), and 0.0 / 1 is the 0 it gets
     return total / np.maximum(count, 1), count > 0
+
+
+def arm_sums(batch, arms: str, k: int) -> tuple[list, list]:
+    """([int] groups, [float] sum of the groups' mean |A|) per arm, as Python numbers: the two
+    bincounts of `arm_mean_abs_advantage`, for mixtures that do their K-sized arithmetic in
+    floats (its mean is total / count where count > 0)."""
+    arm = batch.domains if arms == "domain" else batch.clusters
+    return (np.bincount(arm, minlength=k).tolist(),
+            np.bincount(arm, weights=group_mean_abs_advantage(batch), minlength=k).tolist())
 
 
 def arm_batch_reads(arms: str, signal: str = "mean_abs_advantage") -> frozenset:
@@ -83,13 +92,15 @@ def sec(alpha: float = 0.5, temperature: float = 0.2, arms: str = "domain") -> D
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        r, present = arm_mean_abs_advantage(pool, batch, arms, state.q.shape[0])
-        # over every arm, written where present: the same values as indexing both sides by it
-        np.copyto(state.q, alpha * r + (1.0 - alpha) * state.q, where=present)
+        count, total = arm_sums(batch, arms, state.q.shape[0])
+        # Q ← α·r + (1 − α)·Q where the arm is present, r = total / count: the array rule
+        # (`arm_mean_abs_advantage`) in floats for K arms, bit for bit
+        state.q[:] = [alpha * (t / c) + (1.0 - alpha) * q if c else q
+                      for c, t, q in zip(count, total, state.q.tolist())]
         return state
 
     def apply(state, pool, *_):
-        return shifted_softmax(state.q, temperature)
+        return softmax_of_floats(state.q.tolist(), temperature)
 
     def metrics(state, pool):
         return {"sec/q_max": float(state.q.max()), "sec/q_min": float(state.q.min())}
