@@ -125,3 +125,22 @@ def test_the_uniform_part_of_the_cdf_is_built_once_per_pool():
     assert _epsilon_ramp(pool, n, 0.1) is first
     np.testing.assert_array_equal(first[_CHUNK:], np.arange(_CHUNK + 1, n + 1, dtype=np.float64) * (0.1 / n))
     assert _epsilon_ramp(pool, n, 0.2)[-1] == 0.2 and _epsilon_ramp(pool, n, 0.2) is not first
+
+
+def test_refit_hessian_mirror_equals_the_triangle_indices():
+    """The refit's Xᵀ·diag(w)·X fills its lower triangle with one masked copy of its transpose:
+    the same bits as mirroring through np.triu_indices, and equal to the dense product."""
+    from rlpace.predict._logistic import _rows, _xt_w_x, design
+    pool = _pool(3000, 11, features=True)
+    ids = np.random.default_rng(12).integers(0, 3000, size=800)
+    w = np.random.default_rng(13).random(800)
+    h = _xt_w_x(_rows(pool, ids), w)
+    ref = h.copy()
+    ref[np.tril_indices(ref.shape[0], -1)] = 0.0
+    iu = np.triu_indices(ref.shape[0], 1)
+    ref[iu[1], iu[0]] = ref[iu]
+    assert h.tobytes() == ref.tobytes()
+    x = design(pool, ids)
+    np.testing.assert_allclose(h, x.T @ (x * w[:, None]), rtol=1e-12, atol=1e-12)
+    from rlpace.predict._logistic import _strict_lower
+    assert _strict_lower(h.shape[0]).sum() == h.shape[0] * (h.shape[0] - 1) // 2

@@ -38,6 +38,7 @@ prompts those know nothing about.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -251,10 +252,19 @@ def _xt_w_x(rows: _Rows, w: np.ndarray) -> np.ndarray:
         h[:e, e + k:] = np.stack([np.bincount(cl, weights=wx[:, j], minlength=c) for j in range(e)])
         h[e + k:, e + k:] = np.diag(np.bincount(cl, weights=w, minlength=c))
         h[e:e + k, e + k:] = np.bincount(dom * c + cl, weights=w, minlength=k * c).reshape(k, c)
-    # the lower triangle mirrors the upper one (H is symmetric)
-    iu = np.triu_indices(d, 1)
-    h[iu[1], iu[0]] = h[iu]
+    # the lower triangle mirrors the upper one (H is symmetric): one masked copy of Hᵀ, the
+    # same values as writing h[j, i] = h[i, j] through np.triu_indices (~0.2 ms a call at d = 78,
+    # five calls per refit)
+    np.copyto(h, h.T, where=_strict_lower(d))
     return h
+
+
+@functools.lru_cache(maxsize=16)
+def _strict_lower(d: int) -> np.ndarray:
+    """bool[d, d] read-only: True below the diagonal."""
+    mask = np.tri(d, d, -1, dtype=bool)
+    mask.setflags(write=False)
+    return mask
 
 
 def logits(theta: np.ndarray, pool: Pool, ids: np.ndarray | None = None,
