@@ -128,33 +128,79 @@ def test_answers_factorised_once_per_feedback(method, monkeypatch):
 
 
 def test_olr_decides_once_per_feedback(monkeypatch):
-    """OLR's decision pass (its walk over the batch's histories) runs once per Feedback:
-    `targets`, the decision log in `observe` and the history `update` share it. The targets,
-    the log and the state equal a Scheduler given a fresh Feedback for each call (nothing to
-    share there), and the numbers are the rule's by hand: "7" has 2 of 3 votes on every
-    visit, so from visit 1 on (start_step 0) it is the unique majority of a history of "7"s."""
+    """OLR decides once per Feedback, with nothing kept on the Feedback or its votes: the
+    Scheduler hands what `targets` returned to `observe` (its decision log and, through
+    `Batch.targets`, OLR's update, which appends the visit under that decision), and an
+    `observe` without `targets` asks the target place once. The targets, the log and the
+    state equal a Scheduler given a fresh Feedback for each call, and the numbers are the
+    rule's by hand: "7" has 2 of 3 votes on every visit, so from visit 1 on (start_step 0) it is
+    the unique majority of a history of "7"s."""
     from rlpace.policies import _olr
     calls = []
-    real = _olr._unique_inverse
-    monkeypatch.setattr(_olr, "_unique_inverse", lambda ids: calls.append(1) or real(ids))
+    real = _olr.ols_slopes
+    monkeypatch.setattr(_olr, "ols_slopes", lambda y, n: calls.append(1) or real(y, n))
     pool = Pool(["a"] * 3)
     kw = dict(start_step=0, slope_threshold=-1.0)
-    s, ref = Scheduler(pool, "olr", **kw), Scheduler(pool, "olr", **kw)
+    s, ref, alone = (Scheduler(pool, "olr", **kw) for _ in range(3))
     rows = [["7", "7", "8"], ["1", "2", None], ["4", " 4", "4"]]
     for t in range(3):
         fb = Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows)
         before = len(calls)
         got = s.targets(fb)
         s.observe(fb)
-        assert len(calls) - before == 1                     # one pass: targets, the log, update
+        assert len(calls) - before == (t > 0)               # one decision: targets; log and update reuse it
+        before = len(calls)
+        alone.observe(Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows))
+        assert len(calls) - before == (t > 0)               # observe alone: one decision, log and update
         want = ref.targets(Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows))
         ref.observe(Feedback([0, 1, 2], np.ones((3, 3)), step=t, answers=rows))
         assert got == want == ([None, None, None] if t == 0 else ["7", None, "4"])
-    assert s.supervision_log() == ref.supervision_log()
+    assert s.supervision_log() == ref.supervision_log() == alone.supervision_log()
     assert [d["evidence"]["pass_rate"] for d in s.supervision_log()] == [2 / 3, 1.0, 2 / 3, 1.0]
     for key, val in ref.state_dict().items():
         np.testing.assert_array_equal(s.state_dict()[key], val)
+        np.testing.assert_array_equal(alone.state_dict()[key], val)
     assert s.metrics()["supervision/relabels"] == 4.0
+    assert not hasattr(fb.answer_votes, "derived")         # nothing kept on the Feedback's votes
+
+
+def test_olr_targets_of_another_feedback_or_state_are_not_handed_over():
+    """`targets(fb1)`, `targets(fb2)`, `observe(fb1)`, `observe(fb2)`: fb1's observe decides
+    again (the kept targets are fb2's) and fb2's too (fb1's update changed the state), so the
+    log and the state equal the plain sequence of one Feedback at a time."""
+    pool = Pool(["a"] * 2)
+    kw = dict(start_step=0, slope_threshold=-1.0)
+    s, ref = Scheduler(pool, "olr", **kw), Scheduler(pool, "olr", **kw)
+    for t in range(3):
+        fb1 = Feedback([0, 1], np.ones((2, 3)), step=t, answers=[["7", "7", "8"], ["5", "6", "6"]])
+        fb2 = Feedback([0, 1], np.ones((2, 3)), step=t, answers=[["7", "7", "7"], ["6", "6", "6"]])
+        s.targets(fb1), s.targets(fb2)
+        s.observe(fb1), s.observe(fb2)
+        for fb in (fb1, fb2):
+            ref.observe(fb)
+    assert s.supervision_log() == ref.supervision_log() and len(ref.supervision_log()) == 10   # every visit but the first
+    for key, val in ref.state_dict().items():
+        np.testing.assert_array_equal(s.state_dict()[key], val)
+
+
+def test_olr_update_appends_under_the_handed_decision():
+    """`Batch.targets` carries the target place's decision into OLR's update: a visit handed
+    as relabelled counts as a relabel and records no label pass rate; handed as kept, the
+    reverse — whatever OLR's own rule would decide (here: a first visit, never relabelled)."""
+    from rlpace.policies import make_policy
+    from rlpace.types import Batch
+    pool = Pool(["a"] * 2)
+    p = make_policy("olr")
+    fb = Feedback([0, 1], np.array([[1.0, 1, 0], [0.0, 0, 0]]), step=0, answers=[["5", "5", "6"], ["1", "1", "1"]])
+    batch = Batch.from_feedback(fb, pool, 0.5)
+    own = p.update(p.init(pool), pool, batch)
+    handed = p.update(p.init(pool), pool, batch._replace(targets=["5", None]))
+    assert (int(own.relabels), int(own.kept)) == (0, 2)
+    assert (int(handed.relabels), int(handed.kept)) == (1, 1)
+    assert own.label_rate.tolist() == [2 / 3, 0.0]
+    assert np.isnan(handed.label_rate[0]) and handed.label_rate[1] == 0.0
+    for st in (own, handed):    # the visit itself is appended either way: P = 2/3 and 1
+        assert st.rate[:, 0].tolist() == [2 / 3, 1.0] and st.visits.tolist() == [1, 1]
 
 
 def test_olr_pass_is_not_reused_for_a_changed_state():
@@ -172,3 +218,49 @@ def test_olr_pass_is_not_reused_for_a_changed_state():
     assert p.apply(s1, pool, batch).labels == ["5"]         # visit 1 on the new state: relabel
     assert s1.visits.tolist() == [1] and s1.rate[0, :1].tolist() == [2 / 3]
 
+
+
+def _plain_row_majority(row, ties):
+    """(winner code or −1, top count) of one row of codes, −1 = no answer, one code at a time."""
+    counts: dict = {}
+    for c in row:
+        if c >= 0:
+            counts[c] = counts.get(c, 0) + 1                    # dict keeps first-seen order
+    if not counts:
+        return -1, 0
+    top = max(counts.values())
+    leaders = [c for c, k in counts.items() if k == top]
+    if ties == "abstain" and len(leaders) > 1:
+        return -1, top
+    return leaders[0], top
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_majorities_of_few_codes_equal_a_plain_loop(seed):
+    """`group_majorities` told the codes' range (`n_values`: one bincount over (row, code),
+    the path the votes take) against a loop over each row, both tie rules, with rows without
+    answers, ties, a single column and every value count up to 4·G."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        b, g = int(rng.integers(0, 9)), int(rng.integers(1, 9))
+        n_values = int(rng.integers(1, 4 * g))
+        codes = rng.integers(-1, n_values, size=(b, g))
+        codes[rng.random(b) < 0.2] = -1                         # groups without any answer
+        for ties in ("first", "abstain"):
+            win, count = _votes.group_majorities(codes, ties, n_values=n_values)
+            want = [_plain_row_majority(r, ties) for r in codes.tolist()]
+            assert win.tolist() == [w for w, _ in want] and count.tolist() == [c for _, c in want]
+
+
+def test_winner_hashes_equal_a_plain_loop():
+    """`answer_hashes` (one blake2b per distinct winner, gathered) against `answer_hash` of
+    each winner's value, NO_MAJORITY (0) for −1."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        values = [str(v) for v in rng.integers(0, 50, size=int(rng.integers(1, 12)))]
+        winners = rng.integers(-1, len(values), size=int(rng.integers(0, 20)))
+        got = _votes.answer_hashes(values, winners)
+        assert got.dtype == np.int64
+        assert got.tolist() == [_votes.NO_MAJORITY if w < 0 else _votes.answer_hash(values[w])
+                                for w in winners.tolist()]
+    assert _votes.answer_hashes(["a"], np.full(3, -1)).tolist() == [0, 0, 0]

@@ -446,7 +446,9 @@ class Scheduler:
             self._tally(parts)
             return
         # validates; nothing changed before. Only the fields its policies read (`_Places.batch_fields`)
-        self._observe(*self._batch_and_counts(feedback, self._places().batch_fields))
+        handed = self.__dict__.pop("_handed_targets", None)    # `targets` of this Feedback, this state
+        self._observe(*self._batch_and_counts(feedback, self._places().batch_fields),
+                      targets=handed[1] if handed is not None and handed[0] is feedback else None)
 
     # ---- ragged feedback (an allocation gave prompts different numbers of rollouts) --------
     def _parts(self, feedback: Feedback) -> list:
@@ -567,9 +569,11 @@ class Scheduler:
         return out if unit == 1 else _round_to_unit(out, unit)
 
     def _observe(self, batch: Batch, wins: np.ndarray, informative: np.ndarray,
-                 defer: frozenset = frozenset(), tally: bool = True) -> None:
+                 defer: frozenset = frozenset(), tally: bool = True, targets=None) -> None:
         """`observe` of a validated batch; the policies of the kinds in `defer` are left for
-        `_update_deferred` (`step` with `features`: the policies that read the features)."""
+        `_update_deferred` (`step` with `features`: the policies that read the features).
+        `targets`: what `targets` returned for this batch's Feedback on the current state (None:
+        the target place is asked here); the updates read its labels (`Batch.targets`)."""
         b = batch.prompt_ids.shape[0]
         if b == 0:
             return
@@ -581,7 +585,10 @@ class Scheduler:
             # (what `targets` returned for this feedback), with their evidence. Taken before
             # anything changes: a target policy's ValueError (e.g. ttrl's vote_rollouts > G)
             # then leaves the state as it was.
-            decisions = target.apply(self.states[TARGET], self.pool, batch).decisions
+            if targets is None:
+                targets = target.apply(self.states[TARGET], self.pool, batch)
+            decisions = targets.decisions
+            batch = batch._replace(targets=list(targets.labels))
         g = batch.rewards.shape[1]
         h = self.history
         np.add.at(h.attempts, batch.prompt_ids, g)
@@ -666,7 +673,7 @@ class Scheduler:
             out = features(adm)
             grads, ref = out if isinstance(out, tuple) else (out, None)
             feedback = feedback.with_grads(grads, ref)               # validates the features
-            batch = batch._replace(grads=feedback.grads, ref_grad=feedback.ref_grad)
+            batch = batch._replace(grads=feedback.grads, ref_grad=feedback.ref_grad, grad_sums=feedback.grad_sums)
             self._update_deferred(batch, defer)
         return StepResult(adm.keep, adm.refill, adm.full_group_advantages, self._loss_weights(batch),
                           self._advantage_weights(batch), feedback)
@@ -690,11 +697,13 @@ class Scheduler:
             grads, ref = out if isinstance(out, tuple) else (out, None)
             feedback = feedback.with_grads(grads, ref)               # validates the features
             for (_, batch, _, _), (_, sub) in zip(parts, feedback.by_size()):
-                self._update_deferred(batch._replace(grads=sub.grads, ref_grad=sub.ref_grad), defer)
+                self._update_deferred(batch._replace(grads=sub.grads, ref_grad=sub.ref_grad, grad_sums=sub.grad_sums),
+                                      defer)
         return StepResult(adm.keep, adm.refill, adm.full_group_advantages, self.loss_weights(feedback),
                           self.advantage_weights(feedback), feedback)
 
     def _update_deferred(self, batch: Batch, kinds) -> None:
+        self.__dict__.pop("_handed_targets", None)     # decided on the state this call changes
         for kind, policy in self._places().updating:
             if kind not in kinds:
                 continue
@@ -734,6 +743,7 @@ class Scheduler:
                              f"domain count); codes are positions in Pool.domain_names.")
         for kind, policy in self.method.policies().items():
             if policy.update_losses is not None:
+                self.__dict__.pop("_handed_targets", None)
                 self.states[kind] = policy.update_losses(self.states[kind], self.pool, losses)
 
     # ---- supervision places (target, reward, advantage) ------------------------------------
@@ -771,6 +781,9 @@ class Scheduler:
         if len(labels) != batch.prompt_ids.shape[0] or not all(t is None or isinstance(t, str) for t in labels):
             raise RuntimeError(f"target policy {target.name!r} returned {len(labels)} targets (expected "
                                f"{batch.prompt_ids.shape[0]}, each str or None): a bug in that policy.")
+        # handed to `observe` of this Feedback (its decision log and updates), so the target place
+        # decides once per visit; any change of the policies' state drops it first
+        self._handed_targets = (feedback, out)
         return labels
 
     def rewards(self, feedback: Feedback) -> np.ndarray:
@@ -1010,6 +1023,7 @@ class Scheduler:
         self.history, self.domain_window = tree["history"], tree["domain_window"]
         self._prompts_seen = int(np.count_nonzero(self.history.attempts))   # once per load
         self.counters, self.states = tree["counters"], tree["policy"]
+        self.__dict__.pop("_handed_targets", None)
 
     def check_state_dict(self, state: dict) -> None:
         """Run every check of `load_state_dict` without changing anything: a ValueError

@@ -708,9 +708,15 @@ def _feedback_stat(name: str, values: Any, shape: tuple, low: float | None = Non
     return arr
 
 
-def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
-    """float32[B, G, d] per-rollout gradient features (a copy; a read-only view of a float32
-    array that is itself read-only), or a ValueError naming Feedback.grads."""
+def _feedback_grads(values: Any, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(float32[B, G, d] per-rollout gradient features (a copy; a read-only view of a float32
+    array that is itself read-only), float64[B, d] each group's sum of them), or a ValueError
+    naming Feedback.grads.
+
+    The group sums are the check: G float32 values add up to a finite float64 (|sum| ≤
+    G·3.4e38) unless one of them is NaN or ±inf, which makes its group's sum NaN or ±inf. So one
+    pass over [B, G, d] validates the features and gives the group gradient features that
+    group-level readers need (`Feedback.grad_sums`, `group_grad_sums`)."""
     raw = _numeric("grads", values)
     if raw.dtype == np.float32 and not raw.flags.writeable:
         # marked read-only by the caller (rlpace's trainer and TRL adapter mark theirs): its
@@ -720,20 +726,31 @@ def _feedback_grads(values: Any, shape: tuple) -> np.ndarray:
         # float32 input (the trainers') is checked as float32: no float64 copy of [B, G, d]
         arr = np.array(raw, dtype=np.float32 if raw.dtype == np.float32 else np.float64)
     if shape[0] == 0 and arr.size == 0:
-        return np.zeros((0, shape[1], arr.shape[-1] if arr.ndim == 3 else 0), np.float32)
+        d = arr.shape[-1] if arr.ndim == 3 else 0
+        return np.zeros((0, shape[1], d), np.float32), np.zeros((0, d))
     if arr.ndim != 3 or arr.shape[:2] != shape or arr.shape[2] == 0:
         raise InputError(f"Feedback.grads has shape {arr.shape} but must be [B, G, d] = [{shape[0]}, "
                          f"{shape[1]}, d ≥ 1] (rewards has {shape}): one d-dim gradient feature per "
                          f"rollout (rlpace.train.gradfeatures computes them).")
-    # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused
-    # (NaN and ±inf fail the comparison too). Two reductions, no [B, G, d] temporaries: min and
-    # max propagate NaN, so both bounds hold exactly when every |value| ≤ the float32 maximum.
     top = np.finfo(np.float32).max
-    if not (arr.min() >= -top and arr.max() <= top):
-        bad = np.argwhere(~(np.abs(arr) <= top))[0].tolist()
-        raise InputError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
-                         f"check the loss for overflow or drop those rollouts.")
-    return arr.astype(np.float32, copy=False)                 # arr is already a fresh copy
+    if arr.dtype != np.float32:
+        # float32 storage: values beyond its range (±3.4e38) would become inf, so they are refused
+        # (NaN and ±inf fail the comparison too): min and max propagate NaN, so both bounds hold
+        # exactly when every |value| ≤ the float32 maximum
+        if not (arr.min() >= -top and arr.max() <= top):
+            _bad_grads(arr, top)
+        arr = arr.astype(np.float32)
+    # each group's rollouts added in order in float64; finite exactly when every value is
+    sums = np.einsum("bgd->bd", arr, dtype=np.float64)
+    if not np.isfinite(sums).all():
+        _bad_grads(arr, top)
+    return arr, sums
+
+
+def _bad_grads(arr: np.ndarray, top: float):
+    bad = np.argwhere(~(np.abs(arr) <= top))[0].tolist()
+    raise InputError(f"Feedback.grads has NaN, inf or values beyond float32 range (first at {bad}); "
+                     f"check the loss for overflow or drop those rollouts.")
 
 
 def _feedback_ref_grad(values: Any, grads: np.ndarray | None) -> np.ndarray:
@@ -880,7 +897,7 @@ class Feedback:
                 raise InputError(f"Feedback.advantages has shape {adv.shape} but rewards has "
                                  f"{rew.shape}; give one advantage per rollout.")
         lens = None if lengths is None else _feedback_lengths(lengths, rew.shape)
-        grd = None if grads is None else _feedback_grads(grads, rew.shape)
+        grd, gsum = (None, None) if grads is None else _feedback_grads(grads, rew.shape)
         ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
         ans = None if answers is None else _feedback_answers(answers, rew.shape)
         ent = None if token_entropy is None else _feedback_stat("token_entropy", token_entropy, rew.shape,
@@ -889,13 +906,15 @@ class Feedback:
         mlp = None if mean_logprob is None else _feedback_stat("mean_logprob", mean_logprob, rew.shape,
                                                                high=0.0)
         sizes = None if group_sizes is None else _feedback_group_sizes(group_sizes, rew.shape)
-        for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp, sizes):
+        for arr in (ids, rew, adv, lens, grd, ref, ans, ent, sc, mlp, sizes, gsum):
             if arr is not None:
                 arr.setflags(write=False)
         # one write of the frozen record's fields (object.__setattr__ per field costs ~12 calls)
         self.__dict__.update(prompt_ids=ids, rewards=rew, advantages=adv, step=step_i, lengths=lens,
                              grads=grd, ref_grad=ref, answers=ans, token_entropy=ent, self_certainty=sc,
                              mean_logprob=mlp, group_sizes=sizes)
+        if gsum is not None and sizes is None:
+            self.__dict__["_grad_sums"] = gsum       # `grad_sums`, from the validating pass
 
     def with_grads(self, grads, ref_grad=None) -> "Feedback":
         """This Feedback with `grads` (and `ref_grad`, None to leave it out) attached, the two
@@ -908,10 +927,14 @@ class Feedback:
         >>> fb.grads.shape, fb.grads.dtype, fb.step, fb.ref_grad
         ((1, 2, 4), dtype('float32'), 5, None)
         """
-        grd = _feedback_grads(grads, self.rewards.shape)
+        grd, gsum = _feedback_grads(grads, self.rewards.shape)
         ref = None if ref_grad is None else _feedback_ref_grad(ref_grad, grd)
         fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
-        return Feedback._from_validated(**{**fields, "grads": grd, "ref_grad": ref})
+        out = Feedback._from_validated(**{**fields, "grads": grd, "ref_grad": ref})
+        if self.group_sizes is None:
+            gsum.setflags(write=False)
+            object.__setattr__(out, "_grad_sums", gsum)
+        return out
 
     @classmethod
     def _from_validated(cls, **fields) -> "Feedback":
@@ -974,6 +997,27 @@ class Feedback:
         return votes
 
     @property
+    def grad_sums(self) -> np.ndarray | None:
+        """float64[B, d] or None — each group's gradient feature Σ_j grads[i, j], the rollouts
+        added in order in float64. Derived from the same pass that validates `grads` and kept
+        with this record (it is immutable), so a group-level reader (`diem` with
+        unit="prompt") does not pass over [B, G, d] again; computed on first use for records
+        assembled from validated parts. None without grads, and for ragged feedback (its
+        columns after `group_sizes[i]` are padding: each part of `by_size` has its own).
+
+        >>> Feedback([3], [[1.0, 0.0]], step=0, grads=[[[1.0, 2.0], [0.5, -2.0]]]).grad_sums.tolist()
+        [[1.5, 0.0]]
+        """
+        if self.grads is None or self.group_sizes is not None:
+            return None
+        sums = self.__dict__.get("_grad_sums")
+        if sums is None:
+            sums = np.einsum("bgd->bd", self.grads, dtype=np.float64)
+            sums.setflags(write=False)
+            object.__setattr__(self, "_grad_sums", sums)
+        return sums
+
+    @property
     def batch_size(self) -> int:
         return int(self.prompt_ids.shape[0])
 
@@ -1016,6 +1060,14 @@ class Batch(NamedTuple):
     #: float64[B, G] min(|A|, SIGNAL_MAX) of each rollout (DUMP's window entries, read through
     #: `rollout_abs_advantages`), derived once per batch; None where no policy reads it
     abs_advantages: np.ndarray | None = None
+    #: [B] str | None: what the target place decided for this visit (`Targets.labels`), handed
+    #: by `Scheduler.observe` to the updates of the same Feedback (from its `targets` call, or
+    #: from observe's own call for the decision log) so an update need not decide again; None
+    #: elsewhere
+    targets: list | None = None
+    #: float64[B, d] each group's Σ_j grads[i, j] as its Feedback derived it while validating the
+    #: features (`Feedback.grad_sums`), read through `group_grad_sums`; None where not derived
+    grad_sums: np.ndarray | None = None
 
     @property
     def informative(self) -> np.ndarray:
@@ -1174,7 +1226,23 @@ def _batch(fb: Feedback, rewards, success, pass_rate, advantages, domains, clust
     return Batch(prompt_ids=fb.prompt_ids, rewards=rewards, success=success, pass_rate=pass_rate,
                  advantages=advantages, domains=domains, clusters=clusters, step=fb.step,
                  lengths=fb.lengths, grads=fb.grads, ref_grad=fb.ref_grad,
-                 mean_abs_advantage=mean_abs_advantage, abs_advantages=abs_advantages, **_supervision(fb))
+                 mean_abs_advantage=mean_abs_advantage, abs_advantages=abs_advantages,
+                 grad_sums=fb.__dict__.get("_grad_sums"), **_supervision(fb))
+
+
+def group_grad_sums(batch: Batch) -> np.ndarray:
+    """float64[B, d] each group's gradient feature Σ_j grads[i, j], the rollouts added in order
+    in float64: `batch.grad_sums` where its Feedback derived them while validating the features,
+    else computed here the same way (the same numbers, bit for bit). Needs `batch.grads`; the
+    result is read-only where it is the Feedback's.
+
+    >>> b = Batch(np.array([0]), None, None, None, None, None, None, 0, grads=np.ones((1, 3, 2), np.float32))
+    >>> group_grad_sums(b).tolist()
+    [[3.0, 3.0]]
+    """
+    if batch.grad_sums is not None:
+        return batch.grad_sums
+    return np.einsum("bgd->bd", batch.grads, dtype=np.float64)
 
 
 def _supervision(fb: Feedback) -> dict:

@@ -90,25 +90,7 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
                         np.full(n, np.nan), np.array(0, np.int64), np.array(0, np.int64),
                         np.array(0, np.int64))
 
-    key = object()      # this policy's entry in a Feedback's derived values (`AnswerVotes.derived`)
-
-    def decided(state, batch, votes, record_label_rate: bool):
-        """`walk`, computed once per (state, Feedback) and kept with the Feedback's votes: the
-        target place (`Scheduler.targets`), the decision log and `update` read the same pass,
-        on the same state, for the same Feedback. Without `margin` a recorded label pass rate
-        never changes a decision (it is read by the margin only), so all three share the pass
-        with the recording; with `margin` the recording one (`update`) is its own pass. A pass
-        is reused only for the very state object it was computed from, and `update` drops the
-        entries once it has used them (it writes into that state's arrays)."""
-        record = True if margin is None else record_label_rate
-        entry = votes.derived.get((key, record))
-        if entry is not None and entry[0] is state and entry[1] is batch.prompt_ids:
-            return entry[2]
-        out = walk(state, batch, votes, record)
-        votes.derived[(key, record)] = (state, batch.prompt_ids, out)
-        return out
-
-    def walk(state, batch, votes, record_label_rate: bool):
+    def walk(state, batch, votes, record_label_rate: bool, relabel=None):
         """Every row's visit appended to its prompt's history and the decision, for all rows at
         once: (relabel bool[B], majority winner int64[B], values, pass rate float64[B],
         evidence columns, histories of the batch's distinct prompts after the batch).
@@ -116,7 +98,10 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         Pure: the histories are copies. A prompt twice in one batch sees its earlier row's
         visit (rows are taken in rounds: first occurrences, then second ones, ...). With
         `record_label_rate` (observe), a row that keeps the dataset label records its pass
-        rate before the prompt's next row in the batch reads it, as in a loop over rows."""
+        rate before the prompt's next row in the batch reads it, as in a loop over rows.
+        With `relabel` bool[B] (the decision already made for this visit on this state: `update`
+        given the targets), the visits are appended under it and nothing is decided again (the
+        evidence columns are then zeros)."""
         b, g = votes.answers.shape
         win, count, mh = votes.majorities("abstain")
         values = votes.values
@@ -129,7 +114,6 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         ok = np.zeros(b, bool)
         ev = {"visit": np.zeros(b, np.int64), "slope": np.zeros(b), "share": np.zeros(b),
               "label_rate": np.zeros(b)}
-        cols = np.arange(cap)
         for rows in _rounds(inv, distinct=uniq.size == b):
             u = inv[rows]
             k = np.minimum(visits[u], cap)
@@ -144,29 +128,11 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             m_new[np.arange(rows.size), at] = mh[rows]
             length = np.minimum(k + 1, cap)
             lr = label_rate[u]
-            # the cheap conditions first; the slope and the history's majority only where the
-            # decision still depends on them (none on a prompt's first start_step + 1 visits)
-            okr = has_m[rows] & (visits[u] > start_step)
-            if min_pass_rate is not None:
-                okr &= p[rows] >= min_pass_rate
-            if margin is not None:
-                okr &= np.isfinite(lr) & (p[rows] - lr >= margin)
             slope, share = np.zeros(rows.size), np.zeros(rows.size)
-            cand = np.flatnonzero(okr)
-            if cand.size:
-                slope[cand] = ols_slopes(r_new[cand], length[cand])
-                cand = cand[slope[cand] >= slope_threshold]
-                hist, n, want = m_new[cand], length[cand], mh[rows][cand]
-                valid = cols < n[:, None]
-                same = np.count_nonzero((hist == want[:, None]) & valid, axis=1)
-                agree = 2 * same > n                   # a strict majority is the unique mode
-                unsure = np.flatnonzero(~agree)
-                if unsure.size:
-                    first, _, n_top = row_modes(hist[unsure], valid[unsure])
-                    agree[unsure] = (n_top == 1) & (hist[unsure, first] == want[unsure])
-                okr[:] = False
-                okr[cand[agree]] = True
-                share[cand] = same / n                 # where mh is the unique mode: its share
+            if relabel is not None:
+                okr = relabel[rows]
+            else:
+                okr = decide(rows, u, visits, lr, r_new, m_new, length, has_m, p, mh, slope, share)
             ok[rows] = okr
             ev["visit"][rows], ev["slope"][rows] = visits[u], slope
             ev["share"][rows], ev["label_rate"][rows] = share, lr
@@ -175,8 +141,36 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
                 label_rate[u[~okr]] = batch.pass_rate[rows[~okr]]
         return ok, win, values, p, ev, (uniq, rate, maj, visits, label_rate)
 
+    def decide(rows, u, visits, lr, r_new, m_new, length, has_m, p, mh, slope, share):
+        """bool[R]: OLR's rule for rows `rows` of one round, their histories r_new / m_new
+        [R, C] already holding this visit; writes each row's slope and history share."""
+        cols = np.arange(cap)
+        # the cheap conditions first; the slope and the history's majority only where the
+        # decision still depends on them (none on a prompt's first start_step + 1 visits)
+        okr = has_m[rows] & (visits[u] > start_step)
+        if min_pass_rate is not None:
+            okr &= p[rows] >= min_pass_rate
+        if margin is not None:
+            okr &= np.isfinite(lr) & (p[rows] - lr >= margin)
+        cand = np.flatnonzero(okr)
+        if cand.size:
+            slope[cand] = ols_slopes(r_new[cand], length[cand])
+            cand = cand[slope[cand] >= slope_threshold]
+            hist, n, want = m_new[cand], length[cand], mh[rows][cand]
+            valid = cols < n[:, None]
+            same = np.count_nonzero((hist == want[:, None]) & valid, axis=1)
+            agree = 2 * same > n                   # a strict majority is the unique mode
+            unsure = np.flatnonzero(~agree)
+            if unsure.size:
+                first, _, n_top = row_modes(hist[unsure], valid[unsure])
+                agree[unsure] = (n_top == 1) & (hist[unsure, first] == want[unsure])
+            okr[:] = False
+            okr[cand[agree]] = True
+            share[cand] = same / n                 # where mh is the unique mode: its share
+        return okr
+
     def apply(state, pool, batch):
-        ok, win, values, p, ev, _ = decided(state, batch, votes_of(batch, "olr"), record_label_rate=False)
+        ok, win, values, p, ev, _ = walk(state, batch, votes_of(batch, "olr"), record_label_rate=False)
         labels: list = [None] * batch.prompt_ids.shape[0]
         decisions = []
         for i in np.flatnonzero(ok).tolist():
@@ -196,10 +190,17 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             return state
         if batch.answers is None:
             return state._replace(no_answers=state.no_answers + b)
-        votes = votes_of(batch, "olr")
-        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = decided(state, batch, votes, record_label_rate=True)
-        for record in (True, False):    # this state's arrays change now: its passes are spent
-            votes.derived.pop((key, record), None)
+        # The target place's decision for this visit, made on this state (`Batch.targets`: the
+        # Scheduler hands over what `targets` returned for this Feedback, or what its own call
+        # for the decision log returned): appended under it, not decided again. Without
+        # `margin` a label pass rate recorded between a prompt's rows never changes a decision
+        # (only the margin reads it); with `margin` this pass records them, so it decides itself.
+        handed = getattr(batch, "targets", None)
+        relabel = None
+        if handed is not None and margin is None and len(handed) == b:
+            relabel = np.array([t is not None for t in handed], dtype=bool)
+        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = walk(
+            state, batch, votes_of(batch, "olr"), record_label_rate=True, relabel=relabel)
         state.rate[uniq], state.majority[uniq], state.visits[uniq] = rate, maj, visits
         state.label_rate[uniq] = label_rate
         relabels = int(np.count_nonzero(ok))

@@ -83,7 +83,7 @@ def ttrl(vote_rollouts: int | None = None, all_prompts: bool = False) -> DataPol
         if rows.size == b and voters == answers.shape[1]:
             win, count, _ = votes.majorities("first")
         else:   # a sub-array of the codes: the same winners (first-seen ties read positions, not codes)
-            win, count = group_majorities(votes.codes[rows, :voters], ties="first")
+            win, count = group_majorities(votes.codes[rows, :voters], ties="first", n_values=len(votes.values))
         return rows, win, count, votes.values, voters
 
     def apply(state, pool, batch):

@@ -121,21 +121,45 @@ def row_modes(codes: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndar
     return first, top, n_top
 
 
-def group_majorities(codes: np.ndarray, ties: str = "abstain") -> tuple[np.ndarray, np.ndarray]:
+def group_majorities(codes: np.ndarray, ties: str = "abstain",
+                     n_values: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(winner int64[B] code or −1, count int64[B]) of each row of `answer_codes`' codes:
     `unique_majority` of every group at once (same tie rules, same counts).
+
+    `n_values`: the codes are known to lie in [−1, n_values) (`len(values)` of `answer_codes`);
+    with few values (n_values < 4·G) each row's counts then come from one bincount without
+    first scanning the codes for their range (`_small_code_modes`).
 
     >>> group_majorities(np.array([[0, 1, 1, 0, -1], [2, -1, -1, -1, -1]]), ties="first")
     (array([0, 2]), array([2, 1]))
     """
-    first, count, n_top = row_modes(codes, codes >= 0)
     b, n = codes.shape
+    if n_values is not None and b and n and n_values < 4 * n:
+        first, count, n_top = _small_code_modes(codes, n_values)
+    else:
+        first, count, n_top = row_modes(codes, codes >= 0)
     win = np.full(b, -1, np.int64)
     has = first < n
     if ties == "abstain":
         has &= n_top == 1
     win[has] = codes[np.flatnonzero(has), first[has]]
     return win, count
+
+
+def _small_code_modes(codes: np.ndarray, n_values: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`row_modes(codes, codes >= 0)` of int64[B, L] codes in [−1, n_values): each row's counts
+    from one bincount over (row, code + 1), column 0 the entries without an answer."""
+    b, n = codes.shape
+    span = n_values + 1
+    flat = codes + (np.arange(1, b * span + 1, span))[:, None]           # [B, L] row·span + code + 1
+    counts = np.bincount(flat.ravel(), minlength=b * span).reshape(b, span)
+    counts[:, 0] = 0                                                    # no answer: never a mode
+    top = counts.max(axis=1)                                            # [B]
+    is_top = counts == top[:, None]                                     # [B, span]
+    n_top = np.count_nonzero(is_top, axis=1)
+    # the first position holding a most frequent value: that value was seen first
+    first = np.where(top > 0, is_top.ravel()[flat].argmax(axis=1), n)
+    return first, top, np.where(top > 0, n_top, 0)
 
 
 class AnswerVotes:
@@ -157,18 +181,13 @@ class AnswerVotes:
     ([1, -1], [2, 1], True)
     """
 
-    __slots__ = ("answers", "_codes", "_values", "_by_ties", "derived")
+    __slots__ = ("answers", "_codes", "_values", "_by_ties")
 
     def __init__(self, answers: np.ndarray):
         self.answers = answers
         self._codes: np.ndarray | None = None
         self._values: list[str] = []
         self._by_ties: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        #: what a voting policy derives from these votes and its own state, for the other calls
-        #: that read this Feedback (`olr`'s decision pass: `Scheduler.targets`, the decision
-        #: log, `update`): {policy's key: (state it was derived from, value)}. The policy
-        #: checks the state by identity and drops its entry once its `update` has used it.
-        self.derived: dict = {}
 
     @property
     def codes(self) -> np.ndarray:
@@ -189,7 +208,7 @@ class AnswerVotes:
         """(winner int64[B] code into `values` or −1, count int64[B], hash int64[B]
         `answer_hash` of the winner): `group_majorities` of every row, then the hashes."""
         if ties not in self._by_ties:
-            win, count = group_majorities(self.codes, ties)
+            win, count = group_majorities(self.codes, ties, n_values=len(self.values))
             out = (win, count, answer_hashes(self.values, win))
             for a in out:
                 a.setflags(write=False)
@@ -200,9 +219,10 @@ class AnswerVotes:
 def answer_hashes(values: Sequence[str], winners: np.ndarray) -> np.ndarray:
     """int64[B] `answer_hash(values[w])` of each winner code w, `NO_MAJORITY` for −1; one
     blake2b per distinct winner."""
-    out = np.full(winners.shape, NO_MAJORITY, np.int64)
     won = winners >= 0
-    if won.any():
-        uniq, inv = np.unique(winners[won], return_inverse=True)
-        out[won] = np.array([answer_hash(values[w]) for w in uniq.tolist()], np.int64)[inv]
-    return out
+    if not won.any():
+        return np.full(winners.shape, NO_MAJORITY, np.int64)
+    lut = np.zeros(len(values) + 1, np.int64)          # [code + 1]: NO_MAJORITY (0) at −1
+    uniq = np.unique(winners[won])
+    lut[uniq + 1] = [answer_hash(values[w]) for w in uniq.tolist()]
+    return lut[winners + 1]
