@@ -207,7 +207,8 @@ def trainer_part(args) -> tuple[list, dict]:
         tasks = make_taskset(cfg.tasks, train_per_domain=cfg.train_per_domain,
                              heldout_per_domain=cfg.heldout_per_domain, seed=cfg.seed)
         pool = tasks.pool(features=prompt_features(tasks))
-        pilot = read_pilot(path)
+        pilot = _with_domain_evals(read_pilot(path), out / suite / "pilot_run" / "metrics.jsonl",
+                                   cfg.heldout_per_domain)
         t1 = time.perf_counter()
         # the tables' oracle measured 16 Bernoulli rollouts per prompt every 5 steps (--oracle-every 5
         # --oracle-rollouts 16); --exact-oracle predicts the exact-rate upper bound instead
@@ -217,7 +218,7 @@ def trainer_part(args) -> tuple[list, dict]:
         adv = advise(pilot, pool, budget_rollouts=ns.steps * 16 * 8, policies=TRAINER_POLICIES, draws=args.draws,
                      seeds=args.seeds, from_start=True, step_norm=args.step_norm, oracle=orc, heldout_eval="greedy",
                      model_error=not args.no_model_error, measurement_seeds=_measurement_seeds(args, 8),
-                     saturation=args.saturation)
+                     saturation=args.saturation, heldout_solved=not args.no_heldout_solved)
         print(f"\n## trainer {suite}: pilot {len(pilot.steps)} steps ({t_pilot:.0f} s), fit + prediction "
               f"{time.perf_counter() - t1:.0f} s; fitted lr {adv.fit.params.lr:.3f}, transfer {adv.fit.params.tau:.2f}, "
               f"step_norm {adv.fit.step_norm} (log lik {adv.fit.log_lik:.1f} vs {adv.fit.log_lik_other:.1f})",
@@ -230,6 +231,22 @@ def trainer_part(args) -> tuple[list, dict]:
         rows += r
         verdicts[suite] = (adv.recommended, r[0]["pred"], MEASURED.get(suite, {}).get("oracle"))
     return rows, verdicts
+
+
+def _with_domain_evals(pilot, metrics, n: int):
+    """The pilot with the per-domain held-out evaluations of its own run (the trainer's metrics
+    file: eval/<domain> at steps 0 and 10 and the final one after step 19; `n` held-out prompts
+    per domain), as the trainer's own pilot record carries them: the recording device above
+    sees batches only."""
+    if not Path(metrics).exists():
+        return pilot
+    dev = []
+    for ln in Path(metrics).read_text().splitlines():
+        r = json.loads(ln)
+        acc = {k[5:]: float(v) for k, v in r.items() if k.startswith("eval/") and k != "eval/mean"}
+        if acc:
+            dev.append((int(r["step"]), acc, {d: int(n) for d in acc}))
+    return pilot._replace(domain_evals=tuple(dev))
 
 
 def _measurement_seeds(args, table_seeds: int) -> int | None:
@@ -377,6 +394,8 @@ def main(argv=None) -> int:
                     help="the fitted learner's step normalisation (rlpace.advise.fit_learner)")
     ap.add_argument("--saturation", default="auto", choices=["auto", "on", "off"],
                     help="trainer part: the fitted learner's skill cap (rlpace.advise.fit_learner's saturation)")
+    ap.add_argument("--no-heldout-solved", action="store_true",
+                    help="trainer part: leave the held-out solved share unfitted (the family before it)")
     ap.add_argument("--jobs", type=int, default=1, help="speed part: worker processes")
     ap.add_argument("--no-model-error", action="store_true",
                     help="leave the model's error read from the pilot out of the draws (the fit's uncertainty only)")

@@ -766,3 +766,86 @@ def test_fit_recovers_a_skill_cap_and_keeps_the_linear_learner_without_one(tmp_p
     assert auto.to_json()["skill_cap"] is None
     with pytest.raises(InputError, match="saturation"):
         fit_learner(read_pilot(tmp_path / "cap0.0.jsonl"), w.pool, saturation="yes")
+
+
+def _held_out_solved_pilot(tmp_path, truth: dict, n: int = 256):
+    """(pilot, world, res): a 40-step uniform pilot of the test ladder whose held-out sets
+    differ from the training prompts: in scenario domain k a share truth[k] of its held-out
+    prompts (the easiest) is solved by the base (at `SOLVED_D`), where no training prompt is.
+    The per-domain evaluations are the simulator's (mean pass rate) read as counts of n prompts."""
+    from rlpace.advise._fit import SOLVED_D
+    w = build_world(SC)
+    held = w.heldout.copy()
+    for k, h in truth.items():
+        held[k, np.argsort(held[k])[:int(round(h * held.shape[1]))]] = SOLVED_D
+    wh = w._replace(heldout=held)
+    res = simulate(SC, "uniform", steps=40, seed=0, batch_size=64, group_size=8, eval_every=10, world=wh,
+                   record=PilotRecorder(tmp_path / "p.jsonl", pool=w.pool))
+    names = SC.domains
+    dev = tuple((int(t), {names[k]: float(res.accuracy[e, k]) for k in range(len(names))},
+                 {d: n for d in names}) for e, t in enumerate(res.eval_step))
+    return read_pilot(tmp_path / "p.jsonl")._replace(domain_evals=dev), w, res
+
+
+def test_fit_recovers_the_held_out_solved_share_and_keeps_the_family_without_one(tmp_path):
+    """A base that solves held-out prompts its training prompts do not show (or the reverse:
+    memorised training prompts): h_k is fitted to the pilot's per-domain held-out evaluations.
+    Tolerance 0.1 on h (≈ 3 standard errors at 5 evaluations of 256 prompts, each prompt counted
+    once); where the truth is the training prompts' share, nothing is kept."""
+    from rlpace.advise._fit import draw_params, fit_heldout_solved, heldout_difficulties
+    truth = {1: 0.5, 4: 0.3}                             # L1, L4; the training prompts: none solved
+    pilot, w, _ = _held_out_solved_pilot(tmp_path, truth)
+    fit = fit_learner(pilot, w.pool, saturation="off")
+    got = fit_heldout_solved(pilot, fit, "sampled")
+    h = got.heldout
+    for k in range(len(SC.domains)):
+        c = int(w.pool_order[k])
+        if k in truth:
+            assert h.kept[c] and abs(h.share[c] - truth[k]) < 0.1, (k, h.share[c], h.se[c], h.gain[c])
+            assert abs(h.share[c] - truth[k]) < 3 * h.se[c] + 0.01, (k, h.share[c], h.se[c])
+        else:
+            assert not h.kept[c] and h.share[c] == fit.params.solved[c], (k, h.share[c], h.gain[c])
+    # the held-out set the predictions use: share ĥ_k solved, the training prompts and θ untouched
+    held = heldout_difficulties(got.params)
+    for k in truth:
+        c = int(w.pool_order[k])
+        assert (held[c] == -6.0).sum() == int(round(h.share[c] * held.shape[1]))
+    assert np.array_equal(got.theta, fit.theta) and np.array_equal(got.params.mu, fit.params.mu)
+    # the draws carry ĥ's uncertainty where kept (θ drawn first, unchanged), π_k elsewhere
+    d0, d1 = draw_params(fit, 6, np.random.default_rng(3)), draw_params(got, 6, np.random.default_rng(3))
+    shares = np.array([q.heldout_solved for q in d1[1:]])                         # [5, K]
+    for a, b in zip(d0[1:], d1[1:]):
+        assert np.array_equal(a.mu, b.mu) and a.lr == b.lr
+        assert np.array_equal(b.heldout_solved[~h.kept], a.solved[~h.kept])
+    assert shares[:, h.kept].std(axis=0).min() > 0
+    # without per-domain evaluations (or without their sizes) the family is the one before, to the bit
+    for bare in (pilot._replace(domain_evals=()),
+                 pilot._replace(domain_evals=tuple((t, a, None) for t, a, _ in pilot.domain_evals))):
+        same = fit_heldout_solved(bare, fit, "sampled")
+        assert same.params.heldout_solved is None and not same.heldout.kept.any()
+        for a, b in zip(draw_params(fit, 6, np.random.default_rng(3)), draw_params(same, 6, np.random.default_rng(3))):
+            assert np.array_equal(heldout_difficulties(a), heldout_difficulties(b))
+            assert np.array_equal(a.mu, b.mu) and a.lr == b.lr and a.tau == b.tau
+
+
+def test_held_out_solved_share_is_not_kept_when_the_held_out_set_is_the_training_prompts(tmp_path):
+    from rlpace.advise._fit import fit_heldout_solved
+    pilot, w, _ = _held_out_solved_pilot(tmp_path, {})
+    fit = fit_learner(pilot, w.pool, saturation="off")
+    got = fit_heldout_solved(pilot, fit, "sampled")
+    assert got.heldout.evals == 5 and not got.heldout.kept.any(), got.heldout.gain
+    assert got.params.heldout_solved is None and got.heldout.reason
+
+
+def test_record_keeps_per_domain_evaluations_and_their_sizes(tmp_path):
+    """The built-in trainer's evaluation dict {domain: acc, "mean": m, "n": held-out prompts per
+    domain} round trips into `Pilot.domain_evals`; an evaluation without "n" keeps None."""
+    rec = PilotRecorder(tmp_path / "p.jsonl")
+    fb = Feedback(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 0.0]], np.float32), step=0)
+    rec.write(fb, eval={"mean": 0.25, "a": 0.5, "b": 0.0, "n": 64})
+    rec.write(Feedback(fb.prompt_ids, fb.rewards, step=1), eval={"acc_mean": 0.3, "acc": {"a": 0.6}})
+    rec.write_eval(2, {"mean": 0.5, "a": 0.75, "b": 0.25, "n": 32})
+    p = read_pilot(tmp_path / "p.jsonl")
+    assert [e[2] for e in p.evals] == [0.25, 0.3, 0.5]
+    assert p.domain_evals == ((0, {"a": 0.5, "b": 0.0}, {"a": 64, "b": 64}), (1, {"a": 0.6}, None),
+                              (2, {"a": 0.75, "b": 0.25}, {"a": 32, "b": 32}))

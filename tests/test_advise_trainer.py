@@ -53,6 +53,12 @@ def test_trainer_record_round_trips_with_refills(tmp_path, cache):
     assert [(t, a) for t, _, a in pilot.evals] == [(t, pytest.approx(a)) for t, a in evals] and len(evals) == 3
     before = {0: 0, 2: steps[0]["rollouts"] + steps[1]["rollouts"], 3: steps[-1]["rollouts_total"]}
     assert [n for _, n, _ in pilot.evals] == [before[t] for t, _ in evals]
+    # each evaluation's per-domain accuracies with each domain's held-out size (the held-out solved share's fit)
+    n_held = {d: len(v) for d, v in _build_data(cfg)[1].heldout_by_domain().items()}
+    assert [t for t, _, _ in pilot.domain_evals] == [t for t, _ in evals] and min(n_held.values()) > 0
+    for (t, acc, n), r in zip(pilot.domain_evals, [r for r in logged if "eval/mean" in r]):
+        assert n == n_held and set(acc) <= set(n_held) and acc
+        assert all(acc[d] == pytest.approx(r[f"eval/{d}"]) for d in acc)
 
 
 def test_trainer_record_counts_lilo_probes(tmp_path, cache):

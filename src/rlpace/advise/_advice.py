@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..types import Pool
-from ._fit import Discrepancy, LearnerFit, fit_learner, predicted_evals, rate_discrepancy
+from ._fit import Discrepancy, LearnerFit, fit_heldout_solved, fit_learner, predicted_evals, rate_discrepancy
 from ._laws import law_weight, stratified_draws
 from ._predict import Prediction, check_prediction_args, predict
 from ._record import Pilot, load_pilot
@@ -187,7 +187,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
            policies: list[str] | None = None, draws: int = 8, seeds: int = 1, seed: int = 0,
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
            progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None,
-           law_replicates: int = 8, measurement_seeds: int | None = None, saturation: str = "auto") -> Advice:
+           law_replicates: int = 8, measurement_seeds: int | None = None, saturation: str = "auto",
+           heldout_solved: bool = True) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
@@ -201,6 +202,9 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     an M-seed paired measurement; needs seeds ≥ 2): `predict`'s.
     `saturation`: the skill cap, `fit_learner`'s ("auto": kept only where the pilot's likelihood
     supports it; "on": always, its uncertainty in the draws; "off": the linear learner).
+    `heldout_solved`: fit each domain's held-out solved share to the pilot's per-domain held-out
+    evaluations (`fit_heldout_solved`: kept only where it beats the training prompts' share by
+    a likelihood-ratio test; a pilot without them keeps the family as it was); False: never.
 
     Example:
         >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
@@ -232,6 +236,12 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
         fit = fit_learner(pilot, pool, step_norm=step_norm, saturation=saturation)
     evals = predicted_evals(pilot, fit)
     mode = evals["choice"] if heldout_eval == "auto" else heldout_eval
+    if heldout_solved:
+        # the held-out set's own solved share (a base that memorised its training prompts): the
+        # metric fitted to the held-out evaluations, the dynamics to the training rewards
+        fit = fit_heldout_solved(pilot, fit, mode)
+        if alt is not None:
+            alt = (fit_heldout_solved(pilot, alt[0], mode), *alt[1:])
     disc = rate_discrepancy(pilot, pool, fit) if model_error else None
     pr = predict(fit, pool, budget_rollouts=int(budget_rollouts), pilot_rollouts=pilot.rollouts, policies=policies,
                  draws=draws, seeds=seeds, seed=seed, from_start=from_start, jobs=jobs,

@@ -52,7 +52,7 @@ from ._record import Pilot
 
 __all__ = ["LearnerFit", "fit_learner", "draw_params", "transfer_matrix", "LearnerParams", "prompt_difficulties",
            "Discrepancy", "rate_discrepancy", "predicted_evals", "heldout_difficulties", "eval_accuracy",
-           "greedy_from_sampled", "EVAL_MODES"]
+           "greedy_from_sampled", "EVAL_MODES", "HeldoutSolved", "fit_heldout_solved"]
 
 SOLVED_D = -6.0
 #: step_norm="auto" switches to the "signal" learner only past this log-likelihood gain (a
@@ -88,6 +88,8 @@ class LearnerParams(NamedTuple):
     tau: float           # transfer to the next harder domain
     omega: float = 0.0   # transfer to every other domain (a skill the domains share)
     sat: float = 0.0     # c = 1 / (skill cap): skill (1 − e^(−c·x))/c of the linear skill x (0: x, no cap)
+    heldout_solved: np.ndarray | None = None  # float64[K] h_k share of held-out prompts the base solves
+                                              # (None: π_k, the training prompts'; `fit_heldout_solved`)
 
 
 class LearnerFit(NamedTuple):
@@ -109,6 +111,7 @@ class LearnerFit(NamedTuple):
     log_lik_other: float      # log likelihood at the MAP of the other step_norm (the family choice)
     data: dict                # arrays for per-prompt posteriors (positions, wins, step index, gains)
     saturation_gain: float = math.nan   # log lik with the skill cap − without it (NaN: not fitted)
+    heldout: "HeldoutSolved | None" = None   # the held-out solved share h_k and its uncertainty (`fit_heldout_solved`)
 
     def skill_path(self, p: LearnerParams | None = None) -> np.ndarray:
         """float64[T + 1, K] skill before each pilot step and after the last."""
@@ -133,7 +136,8 @@ class LearnerFit(NamedTuple):
                 "domains_observed": self.observed.tolist(),
                 "dynamics_identifiable": self.identifiable_dynamics,
                 "skill_after_pilot": self.skill_path()[-1].tolist(), "step_norm": self.step_norm,
-                "log_lik_other_step_norm": self.log_lik_other}
+                "log_lik_other_step_norm": self.log_lik_other,
+                "heldout_solved": None if self.heldout is None else self.heldout.to_json()}
 
 
 def transfer_matrix(rank: np.ndarray, tau: float, omega: float = 0.0) -> np.ndarray:
@@ -361,6 +365,13 @@ def draw_params(fit: LearnerFit, n: int, rng: np.random.Generator) -> list[Learn
     if n > 1:
         th = rng.multivariate_normal(fit.theta, fit.cov, size=n - 1, method="eigh")
         out += [_unpack(t, k) for t in th]
+        h = fit.heldout
+        if h is not None and h.kept.any():
+            # its uncertainty: each draw but the MAP its own h_k ~ N(ĥ_k, se_k²) (clipped to [0, 1]) where
+            # kept, its own π_k elsewhere; drawn after θ, so the θ draws are those of a fit without it
+            eps = rng.standard_normal((n - 1, k))
+            out[1:] = [q._replace(heldout_solved=np.where(h.kept, np.clip(h.share + h.se * e, 0.0, 1.0), q.solved))
+                       for q, e in zip(out[1:], eps)]
     return out
 
 
@@ -498,7 +509,8 @@ def heldout_difficulties(p: LearnerParams, n: int = HELDOUT) -> np.ndarray:
     from scipy.special import ndtri
     q = ndtri((np.arange(n) + 0.5) / n)
     held = p.mu[:, None] + p.sd[:, None] * q[None, :]
-    for j, m in enumerate(np.rint(p.solved * n).astype(int)):
+    solved = p.solved if p.heldout_solved is None else np.asarray(p.heldout_solved, np.float64)
+    for j, m in enumerate(np.rint(solved * n).astype(int)):
         held[j, :m] = SOLVED_D
     return held
 
@@ -542,3 +554,108 @@ def predicted_evals(pilot: Pilot, fit: LearnerFit) -> dict:
     sse = {m: float(np.sum((pred[m] - meas) ** 2)) for m in EVAL_MODES}
     return {"choice": min(EVAL_MODES, key=lambda m: sse[m]), "evals": len(ev), "measured": meas.tolist(),
             **{f"predicted_{m}": pred[m].tolist() for m in EVAL_MODES}, **{f"sse_{m}": sse[m] for m in EVAL_MODES}}
+
+
+class HeldoutSolved(NamedTuple):
+    """The share of held-out prompts the base already solves, per domain (`fit_heldout_solved`)."""
+
+    share: np.ndarray     # float64[K] ĥ_k (π_k, the training prompts' share, where not kept)
+    se: np.ndarray        # float64[K] its standard error (half the 1-sd profile interval; 0 where not kept)
+    gain: np.ndarray      # float64[K] log lik at ĥ_k − at h_k = π_k (NaN: the domain has no evaluation)
+    kept: np.ndarray      # bool[K] gain > `SAT_MARGIN`
+    evals: int            # per-domain evaluations read
+    mode: str             # the evaluation mode the accuracies were predicted in
+    reason: str           # why nothing is kept, when nothing is
+
+    def to_json(self) -> dict:
+        return {"share": self.share.tolist(), "se": self.se.tolist(), "kept": self.kept.tolist(),
+                "log_lik_gain": [None if not math.isfinite(x) else float(x) for x in self.gain],
+                "evals": self.evals, "mode": self.mode, "reason": self.reason}
+
+
+#: the grid of held-out solved shares h the profile likelihood is read on (step 0.005)
+SOLVED_GRID = np.linspace(0.0, 1.0, 201)
+
+
+def fit_heldout_solved(pilot: Pilot, fit: LearnerFit, mode: str) -> LearnerFit:
+    """The held-out solved share h_k, fitted by maximum likelihood to the pilot's per-domain
+    held-out evaluations: `fit` with `params.heldout_solved` and `heldout` set.
+
+    The family draws a domain's held-out set from its training prompts' fit: a share π_k at
+    `SOLVED_D` (solved by the base), the rest N(μ_k, σ_k²). A base that has memorised its
+    training prompts solves far more of them than of the held-out ones (the trainer's
+    `small_domains`: `max2` training pass rate 1.00, held-out greedy 0.11), so π_k overstates
+    the held-out accuracy and the share of it that training cannot move. h_k replaces π_k in
+    the held-out set only (the training prompts and the dynamics keep π_k). At each
+    evaluation (step t, n_k held-out prompts, accuracy a_k) the count round(a_k·n_k) is
+    binomial with the predicted accuracy at the fitted skill path, s_k(t) against the held-out
+    set of share h (`eval_accuracy` in `mode`, clipped to [½/H, 1 − ½/H], the held-out grid's
+    resolution); the evaluations re-use one held-out set, so the E_k evaluations of a domain
+    enter with weight 1/E_k (each prompt counted once); the log likelihood is read on
+    `SOLVED_GRID`. h_k is kept where it raises the
+    log likelihood over h_k = π_k by more than `SAT_MARGIN` (a likelihood-ratio test of one
+    parameter at 5 %); elsewhere h_k = π_k, the family as before. Its standard error is half
+    the width of {h: ℓ(h) ≥ ℓ(ĥ) − ½} (at least the grid step); `draw_params` gives every draw
+    but the MAP its own h_k ~ N(ĥ_k, se_k²), clipped to [0, 1].
+
+    Needs evaluations with per-domain accuracies and held-out sizes (the record's eval "acc"
+    and "n"); without them the fit is returned with nothing kept (a reason says why).
+    """
+    k = len(fit.domains)
+    pi = fit.params.solved
+    ev = [e for e in pilot.domain_evals if e[2] is not None]
+
+    def unchanged(reason, n_ev=0, gain=None):
+        h = HeldoutSolved(pi.copy(), np.zeros(k), np.full(k, np.nan) if gain is None else gain, np.zeros(k, bool),
+                          n_ev, mode, reason)
+        return fit._replace(heldout=h, params=fit.params._replace(heldout_solved=None))
+    if mode not in EVAL_MODES:
+        raise InputError(f"fit_heldout_solved mode must be one of {EVAL_MODES}; got {mode!r}.")
+    if not ev:
+        return unchanged("no per-domain held-out evaluations with their held-out sizes in the pilot")
+    steps = pilot.steps
+    path = fit.skill_path()                                                     # [T + 1, K]
+    base = fit.params._replace(heldout_solved=None)
+    hn = HELDOUT
+    lo = 0.5 / hn
+    grid = np.append(SOLVED_GRID, pi)                                          # [S + K]: π_k's own value last
+    ll = np.zeros((k, grid.size))
+    seen = np.zeros(k, np.int64)
+    normal = heldout_difficulties(base._replace(heldout_solved=np.zeros(k)), hn)  # [K, H] no solved atom
+    for t, acc, n in ev:
+        s = path[int(np.searchsorted(steps, t))]                               # skill before step t
+        for j, name in enumerate(fit.domains):
+            if name not in acc or name not in n or n[name] <= 0:
+                continue
+            m = int(n[name])
+            w = float(np.clip(round(acc[name] * m), 0, m))
+            held = normal[j]                                                  # [H] the quantiles, no atom
+            # a held-out set of share h: its first round(h·H) prompts solved, the rest at the normal's quantiles
+            x = s[j] - held                                                   # [H]
+            hit = (x > 0).astype(np.float64) if mode == "greedy" else _sigmoid(x)
+            hit_solved = float((s[j] - SOLVED_D > 0) if mode == "greedy" else _sigmoid(s[j] - SOLVED_D))
+            n_at = np.rint(grid * hn).astype(np.int64)                          # [S + K] atoms
+            csum = np.concatenate([[0.0], np.cumsum(hit)])                       # prefix sums over the quantiles
+            p = (n_at * hit_solved + (csum[-1] - csum[n_at])) / hn              # [S + K]
+            p = np.clip(p, lo, 1.0 - lo)
+            ll[j] += w * np.log(p) + (m - w) * np.log1p(-p)
+            seen[j] += 1
+    # the evaluations re-use one held-out set: each prompt counted once (a composite likelihood
+    # weighted 1/E_k over the E_k evaluations of domain k), not E_k times as independent draws
+    ll /= np.maximum(seen, 1)[:, None]
+    seen = seen > 0
+    ns = SOLVED_GRID.size
+    ll0 = ll[np.arange(k), ns + np.arange(k)]                                   # at h_k = π_k
+    prof = ll[:, :ns]
+    best = prof.argmax(axis=1)
+    gain = np.where(seen, prof.max(axis=1) - ll0, np.nan)
+    kept = seen & (gain > SAT_MARGIN)
+    if not kept.any():
+        return unchanged("the held-out evaluations are predicted within their noise with the training prompts' "
+                         "solved share", len(ev), gain)
+    share = np.where(kept, SOLVED_GRID[best], pi)
+    inside = prof >= prof.max(axis=1, keepdims=True) - 0.5                      # [K, S] the 1-sd profile interval
+    width = np.array([SOLVED_GRID[r].max() - SOLVED_GRID[r].min() for r in inside])
+    se = np.where(kept, np.maximum(width / 2, SOLVED_GRID[1] - SOLVED_GRID[0]), 0.0)
+    h = HeldoutSolved(share, se, gain, kept, len(ev), mode, "")
+    return fit._replace(heldout=h, params=fit.params._replace(heldout_solved=share))

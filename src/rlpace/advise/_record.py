@@ -7,14 +7,16 @@ batch (a step's first batch, or one of its refills):
      "success_threshold": 0.5, "ids": "pool" | "positions", "kind": "training" | "profile",
      "created": "...", "rlpace": "0.1.0"}
     {"step": 0, "prompt_ids": [17, 4, ...], "rewards": [[1.0, 0.0, ...], ...],
-     "rollouts": 128, "eval": {"acc_mean": 0.41, "acc": {"math": 0.41}} | null}
+     "rollouts": 128, "eval": {"acc_mean": 0.41, "acc": {"math": 0.41}, "n": {"math": 64}} | null}
     {"step": 50, "eval": {"acc_mean": 0.63}}          (an evaluation without a batch: the final one)
 
 `prompt_ids` are the pool's stable ids (`Pool.ids`, verl's `extra_info.index`) when the
 writer was given the pool, else pool positions (`"ids": "positions"`); `rewards` is [B, G], or
 one list of N_i rewards per prompt when a rollout-allocation policy gave the prompts different
 counts (ragged rows; N_i = 0 is an empty list); `rollouts` every rollout the batch cost
-(refills, probes and measurements included; default B·G, or Σ N_i); `eval` the held-out evaluation made before this batch, if any. A rollout is a success
+(refills, probes and measurements included; default B·G, or Σ N_i); `eval` the held-out evaluation made before this batch, if any
+(`acc` per domain and `n`, the held-out prompts per domain — one int for all or a dict — are
+optional; with both, advise fits each domain's held-out solved share). A rollout is a success
 when its reward ≥ `success_threshold`: the fitted learner models binary outcomes, as GRPO's
 verifiable rewards are.
 
@@ -59,6 +61,9 @@ class Pilot(NamedTuple):
         kind: "training" (a run that learned) or "profile" (base-model samples, no training).
         sizes: int64[M] rollouts of each group when they differ (a pilot recorded with a
             rollout-allocation policy: N_i ≥ 0 per prompt), None when every group has G.
+        domain_evals: tuple of (step, {domain: accuracy}, {domain: held-out prompts} or None)
+            — the per-domain held-out evaluations an eval record carries ("acc", and "n" when
+            the writer gives the held-out set's size; `fit_heldout_offset` needs it).
     """
 
     prompt_ids: np.ndarray
@@ -71,6 +76,7 @@ class Pilot(NamedTuple):
     ids: str
     kind: str
     sizes: np.ndarray | None = None
+    domain_evals: tuple = ()
 
     @property
     def steps(self) -> np.ndarray:
@@ -221,14 +227,27 @@ def _eval_record(ev: Any) -> dict | None:
     if ev is None:
         return None
     if isinstance(ev, dict) and "acc_mean" not in ev and "mean" in ev:     # the trainer's heldout_accuracy
-        ev = {"acc_mean": ev["mean"], "acc": {k: v for k, v in ev.items() if k != "mean"}}
+        ev = {"acc_mean": ev["mean"], "acc": {k: v for k, v in ev.items() if k not in ("mean", "n")},
+              **({"n": ev["n"]} if "n" in ev else {})}
     if isinstance(ev, (int, float, np.floating)) and not isinstance(ev, bool):
         ev = {"acc_mean": float(ev)}
     if not isinstance(ev, dict) or not isinstance(ev.get("acc_mean"), (int, float)) \
             or not math.isfinite(float(ev["acc_mean"])):
         raise InputError(f"pilot eval must be a finite mean accuracy or {{'acc_mean': float, 'acc': {{...}}}}; "
                          f"got {ev!r}.")
-    return {"acc_mean": float(ev["acc_mean"]), **({"acc": ev["acc"]} if "acc" in ev else {})}
+    return {"acc_mean": float(ev["acc_mean"]), **({"acc": ev["acc"]} if "acc" in ev else {}),
+            **({"n": ev["n"]} if "n" in ev else {})}
+
+
+def _domain_eval(t: int, ev: dict) -> tuple | None:
+    """(step, {domain: accuracy}, {domain: n} or None) of an eval record with per-domain accuracies."""
+    acc = ev.get("acc")
+    if not isinstance(acc, dict) or not acc:
+        return None
+    n = ev.get("n")
+    n = {k: n for k in acc} if isinstance(n, int) and not isinstance(n, bool) else n
+    return int(t), {str(k): float(v) for k, v in acc.items()}, \
+        ({str(k): int(v) for k, v in n.items()} if isinstance(n, dict) else None)
 
 
 def read_pilot(path) -> Pilot:
@@ -249,12 +268,14 @@ def read_pilot(path) -> Pilot:
         raise InputError(f"pilot {path} has version {header.get('version')!r}; this rlpace reads version {VERSION}.")
     lo, hi = (float(x) for x in header.get("reward_range", (0.0, 1.0)))
     thr = float(header.get("success_threshold", 0.5))
-    ids, steps, rows, sizes, spent, evals = [], [], [], [], {}, []
+    ids, steps, rows, sizes, spent, evals, dev = [], [], [], [], {}, [], []
     for n, ln in enumerate(lines[1:], start=2):
         try:
             rec = json.loads(ln)
             if isinstance(rec, dict) and "rewards" not in rec and rec.get("eval") is not None:   # an eval alone
-                evals.append((int(rec["step"]), sum(spent.values()), _eval_record(rec["eval"])["acc_mean"]))
+                er = _eval_record(rec["eval"])
+                evals.append((int(rec["step"]), sum(spent.values()), er["acc_mean"]))
+                dev.append(_domain_eval(int(rec["step"]), er))
                 continue
             t, pid, raw = int(rec["step"]), list(rec["prompt_ids"]), rec["rewards"]
             if not isinstance(raw, list) or not all(isinstance(r, list) for r in raw):
@@ -276,7 +297,9 @@ def read_pilot(path) -> Pilot:
                              f"declared reward_range [{lo:g}, {hi:g}]; fix the verifier or the header's range.")
         ev = rec.get("eval")
         if ev is not None:
-            evals.append((t, sum(spent.values()), _eval_record(ev)["acc_mean"]))
+            er = _eval_record(ev)
+            evals.append((t, sum(spent.values()), er["acc_mean"]))
+            dev.append(_domain_eval(t, er))
         spent[t] = spent.get(t, 0) + int(rec.get("rollouts", int(size.sum())))
         ids += pid
         steps += [t] * len(pid)
@@ -290,7 +313,7 @@ def read_pilot(path) -> Pilot:
     rewards = np.concatenate([np.pad(r, ((0, 0), (0, g - r.shape[1]))) for r in rows])
     return Pilot(np.asarray(ids, dtype=object), np.asarray(steps, dtype=np.int64), rewards, spent,
                  evals, (lo, hi), thr, str(header.get("ids", "pool")), str(header.get("kind", "training")),
-                 None if (sizes == g).all() else sizes)
+                 None if (sizes == g).all() else sizes, tuple(d for d in dev if d is not None))
 
 
 def pilot_from_select(manifest_path) -> Pilot:

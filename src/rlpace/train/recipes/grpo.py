@@ -225,6 +225,7 @@ def train(cfg: TrainConfig, *, eval_memo: GreedyMemo | None = None) -> dict:
     log = StepLogger(out, cfg.logger, config=cfg.to_dict(), start_step=step)   # metrics.jsonl (+ TB, wandb)
     pilot = (PilotRecorder(cfg.record, pool, success_threshold=cfg.success_threshold, restart_at=step)
              if cfg.record else None)        # `rlpace advise`'s record: one line per generated batch
+    heldout_n = {d: len(v) for d, v in tasks.heldout_by_domain().items()}   # the record's eval "n" per domain
 
     def evaluate(rec):
         acc = heldout_accuracy(model, tok, tasks, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
@@ -323,7 +324,9 @@ def train(cfg: TrainConfig, *, eval_memo: GreedyMemo | None = None) -> dict:
         rec.update(sup.step_metrics())          # labelled share, relabels, target accuracy
         log(rec)
         if pilot:         # every batch of the step (refills too), all it cost (probes too), the eval before it
-            pilot.write_step(fbs, rollouts=rollouts, eval=last_acc if "eval/mean" in rec else None)
+            # the held-out set's size per domain goes with the accuracies (advise fits the held-out solved share)
+            pilot.write_step(fbs, rollouts=rollouts,
+                             eval={**last_acc, "n": heldout_n} if "eval/mean" in rec else None)
         step += 1
         bar.update(1)
         bar.set_postfix(acc=f"{last_acc['mean']:.2f}" if last_acc else "-", reward=f"{rec['reward_mean']:.2f}")
@@ -338,7 +341,7 @@ def train(cfg: TrainConfig, *, eval_memo: GreedyMemo | None = None) -> dict:
     acc = evaluate(final)
     log(final)
     if pilot:
-        pilot.write_eval(step, acc)
+        pilot.write_eval(step, {**acc, "n": heldout_n})
     log.close()
     save_checkpoint(ckpt_dir, model=model, optimizer=opt, scheduler=sched, config=cfg, counters=counters())
     summary = summarize(out / "metrics.jsonl")
