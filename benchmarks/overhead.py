@@ -9,6 +9,8 @@ bookkeeping the way the reference codes do (DUMP's `LearnabilityEstimator` and
                                                        # time another checkout alone
     .venv/bin/python benchmarks/overhead.py --against /path/to/other/checkout/src --cpu-time
                                                        # before / after, steps interleaved
+    .venv/bin/python benchmarks/overhead.py --paired-growth --sizes 10000,10000000 --cpu-time
+                                                       # growth, the two sizes' steps interleaved
 
 What is timed, per step: `Scheduler.propose(512)`, building the `Feedback` (validation)
 and `Scheduler.observe(fb)`. Policies that act after rollout only (admission, reweighting,
@@ -311,9 +313,14 @@ def main(argv=None) -> int:
     ap.add_argument("--against", metavar="SRC",
                     help="another checkout's src folder (e.g. a git worktree of an older commit): time "
                          "its Scheduler and this one's side by side, steps interleaved (no loop baseline)")
+    ap.add_argument("--paired-growth", action="store_true",
+                    help="with --sizes SMALL,LARGE: one Scheduler at each size, this checkout, steps "
+                         "interleaved; the growth is the median over steps of LARGE / SMALL (no loop baseline)")
     args = ap.parse_args(argv)
     if args.against:
         return compare(args)
+    if args.paired_growth:
+        return paired_growth(args)
     clock = time.thread_time if args.cpu_time else time.perf_counter
     load_before = os.getloadavg()[0]
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else \
@@ -400,6 +407,51 @@ def _verdict(name: str, r6: dict) -> str:
     if r6["mean"] > 2 * r6["p50"]:
         out.append(f"mean {r6['mean'] / r6['p50']:.1f}× median")
     return "; ".join(out) or "ok"
+
+
+def paired_growth(args) -> int:
+    """--paired-growth: the same policy at two pool sizes, steps interleaved (small, large, large,
+    small, ...), so both sizes see the same load; growth = median over steps of large / small."""
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    sizes = [int(float(s)) for s in (args.sizes or "10000,10000000").split(",")]
+    if len(sizes) != 2:
+        raise SystemExit("--paired-growth needs --sizes SMALL,LARGE (two sizes)")
+    steps, warmup = args.steps or 30, 5
+    names = args.policies.split(",") if args.policies else all_policy_names()
+    load_before = os.getloadavg()[0]
+    pools = [make_pool(n) for n in sizes]
+    rows = []
+    for name in names:
+        a, b = (stepper(pool, p, name, clock=clock) for pool, p in pools)
+        small, large = [], []
+        for t in range(warmup + steps):
+            first, second = (a, b) if t % 2 == 0 else (b, a)
+            x, y = first(t)[0], second(t)[0]
+            if t >= warmup:
+                small.append(x if t % 2 == 0 else y)
+                large.append(y if t % 2 == 0 else x)
+        small, large = np.asarray(small), np.asarray(large)
+        rows.append((name, float(np.median(small)), float(np.median(large)), float(np.median(large / small))))
+        print(f"  {name:26s} N={sizes[0]:.0e} {rows[-1][1]:7.0f}  N={sizes[1]:.0e} {rows[-1][2]:7.0f} μs "
+              f"(growth {rows[-1][3]:.2f})", file=sys.stderr, flush=True)
+        gc.collect()
+    load_after = os.getloadavg()[0]
+    print(f"\nμs per step (median), N = {sizes[0]:.0e} and {sizes[1]:.0e} interleaved; {steps} steps after {warmup} "
+          f"warm-up steps; clock: {'thread CPU time' if args.cpu_time else 'wall'}; 1-min load average "
+          f"{load_before:.1f} → {load_after:.1f} on {os.cpu_count()} cores.")
+    print(f"{'policy':26s}{f'N={sizes[0]:.0e}':>10s}{f'N={sizes[1]:.0e}':>10s}{'growth':>8s}  target ≤ 2")
+    for name, s_, l_, g in rows:
+        print(f"{name:26s}{s_:10.0f}{l_:10.0f}{g:8.2f}  {'ok' if g <= 2 else 'missed'}")
+    print("growth = median over steps of (large / small), paired by step.")
+    if args.json:
+        import json
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"B": B, "G": G, "steps": steps, "sizes": sizes,
+                       "clock": "thread_time" if args.cpu_time else "perf_counter",
+                       "load_average": [load_before, load_after],
+                       "results": [{"policy": r[0], "small_p50": r[1], "large_p50": r[2], "growth": r[3]}
+                                   for r in rows]}, f, indent=1)
+    return 0
 
 
 def compare(args) -> int:
