@@ -276,8 +276,22 @@ def prioritized_learnability(alpha: float = 0.6, eps: float = 1e-6, decay: float
         ids = batch.prompt_ids
         if ids.size == 0:
             return state
-        _observe(state.successes, state.attempts, batch, decay)
         touched = _unique(ids)
+        if touched.size == ids.size:
+            # Every prompt once (the usual batch): `_observe`'s update written once per prompt
+            # (with no repeat the order of the writes does not matter, and (1 − λ)·0 + k is k),
+            # the scores from the new values (a ≥ G > 0, so p̂ = s / a), and the same leaves
+            # re-priced in batch order (a node's sum does not depend on the order its distinct
+            # leaves were set in): one sort of the ids instead of two, no re-gather.
+            wins = _success_counts(batch.success).astype(np.float64)
+            s = decay * state.successes[ids] + wins
+            a = decay * state.attempts[ids] + float(batch.rewards.shape[1])
+            state.successes[ids] = s
+            state.attempts[ids] = a
+            p = np.divide(s, a, out=s)
+            sumtree_set(state.tree, ids, (p * (1.0 - p) + eps) ** alpha)
+            return state
+        _observe(state.successes, state.attempts, batch, decay)
         score = _learnability(state.successes[touched], state.attempts[touched])
         sumtree_set(state.tree, touched, (score + eps) ** alpha)
         return state
