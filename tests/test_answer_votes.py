@@ -264,3 +264,29 @@ def test_winner_hashes_equal_a_plain_loop():
         assert got.tolist() == [_votes.NO_MAJORITY if w < 0 else _votes.answer_hash(values[w])
                                 for w in winners.tolist()]
     assert _votes.answer_hashes(["a"], np.full(3, -1)).tolist() == [0, 0, 0]
+
+
+def test_olr_in_place_append_equals_its_walk():
+    """OLR's update given the targets of a batch of distinct prompts appends each visit in
+    place (`append_visits`); against the same update deciding itself (its walk over copies of
+    the histories) over 40 steps of 4 prompts in a pool of 6: histories of capacity 3 fill and
+    shift, relabels happen (start_step 1, any slope), the label pass rates are recorded."""
+    from rlpace.policies import make_policy
+    from rlpace.types import Batch
+    pool = Pool(["a"] * 6, labeled=[True, True, True, False, False, False])
+    p = make_policy("olr", start_step=1, slope_threshold=-1.0, capacity=3)
+    s_fast, s_walk = p.init(pool), p.init(pool)
+    rng = np.random.default_rng(0)
+    relabels = 0
+    for t in range(40):
+        ids = rng.choice(6, size=4, replace=False)
+        rows = [[str(v) for v in rng.integers(0, 3, size=5)] for _ in ids]
+        fb = Feedback(ids, (rng.random((4, 5)) < 0.5).astype(float), step=t, answers=rows)
+        batch = Batch.from_feedback(fb, pool, 0.5)
+        labels = p.apply(s_fast, pool, batch).labels
+        relabels += sum(x is not None for x in labels)
+        s_fast = p.update(s_fast, pool, batch._replace(targets=labels))
+        s_walk = p.update(s_walk, pool, batch)
+        for a, b in zip(s_fast, s_walk):
+            np.testing.assert_array_equal(a, b)
+    assert relabels > 5 and (s_fast.visits > 3).all()          # decisions made, histories shifted

@@ -169,6 +169,26 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
             share[cand] = same / n                 # where mh is the unique mode: its share
         return okr
 
+    def append_visits(state, batch, votes, relabel):
+        """`walk(..., record_label_rate=True, relabel=relabel)` written into the state's arrays,
+        for a batch of distinct prompts (one round): each visit appended in place (at column
+        `visits`, or shifting the oldest out of a full history) without copying the batch's
+        histories out and back, and the dataset label's pass rate recorded where kept."""
+        ids = batch.prompt_ids
+        g = votes.answers.shape[1]
+        win, count, mh = votes.majorities("abstain")
+        p = np.where(win >= 0, count / g, 0.0)
+        v = state.visits[ids]
+        full = v >= cap
+        if full.any():
+            f = ids[full]
+            state.rate[f] = np.roll(state.rate[f], -1, axis=1)
+            state.majority[f] = np.roll(state.majority[f], -1, axis=1)
+        at = np.minimum(v, cap - 1)
+        state.rate[ids, at], state.majority[ids, at] = p, mh
+        state.visits[ids] = v + 1
+        state.label_rate[ids[~relabel]] = batch.pass_rate[~relabel]
+
     def apply(state, pool, batch):
         ok, win, values, p, ev, _ = walk(state, batch, votes_of(batch, "olr"), record_label_rate=False)
         labels: list = [None] * batch.prompt_ids.shape[0]
@@ -196,13 +216,17 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         # `margin` a label pass rate recorded between a prompt's rows never changes a decision
         # (only the margin reads it); with `margin` this pass records them, so it decides itself.
         handed = getattr(batch, "targets", None)
-        relabel = None
-        if handed is not None and margin is None and len(handed) == b:
-            relabel = np.array([t is not None for t in handed], dtype=bool)
-        ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = walk(
-            state, batch, votes_of(batch, "olr"), record_label_rate=True, relabel=relabel)
-        state.rate[uniq], state.majority[uniq], state.visits[uniq] = rate, maj, visits
-        state.label_rate[uniq] = label_rate
+        votes = votes_of(batch, "olr")
+        if handed is not None and margin is None and len(handed) == b and _distinct(batch.prompt_ids):
+            ok = np.array([t is not None for t in handed], dtype=bool)
+            append_visits(state, batch, votes, ok)
+        else:
+            relabel = None if handed is None or margin is not None or len(handed) != b else \
+                np.array([t is not None for t in handed], dtype=bool)
+            ok, _, _, _, _, (uniq, rate, maj, visits, label_rate) = walk(
+                state, batch, votes, record_label_rate=True, relabel=relabel)
+            state.rate[uniq], state.majority[uniq], state.visits[uniq] = rate, maj, visits
+            state.label_rate[uniq] = label_rate
         relabels = int(np.count_nonzero(ok))
         return state._replace(relabels=state.relabels + relabels, kept=state.kept + (b - relabels))
 
@@ -234,6 +258,12 @@ def _rounds(inv: np.ndarray, distinct: bool = False):
         return
     for r in range(int(rank.max()) + 1):
         yield np.flatnonzero(rank == r)
+
+
+def _distinct(ids: np.ndarray) -> bool:
+    """Whether int64[B] `ids` holds no value twice (one sort of B ids)."""
+    s = np.sort(ids)
+    return not (s[1:] == s[:-1]).any()
 
 
 def _unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
