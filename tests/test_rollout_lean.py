@@ -51,28 +51,35 @@ def test_lean_decode_equals_the_model_call_bit_for_bit(seed, padded, greedy, mon
         assert torch.equal(a, b), name
 
 
-def test_lean_decode_logits_equal_the_model_call_at_each_step():
-    """One decode step on a padded batch: the logits equal `model(...)`'s exactly."""
+@pytest.mark.parametrize("padded", [True, False])
+def test_lean_forward_logits_and_cache_equal_the_model_call(padded):
+    """The prompt forward, then three decode steps: logits and KV cache equal `model(...)`'s."""
     from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
 
     model = _model(7)
-    ids, mask = rollout.left_pad(_prompts(7, padded=True), 0)
+    ids, mask = rollout.left_pad(_prompts(7, padded=padded), 0)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     step = rollout._lean_decoder(model)
     with torch.no_grad():
-        caches = []
-        for _ in range(2):
-            c = DynamicCache()
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=c, use_cache=True)
-            caches.append(c)
+        caches = [DynamicCache(), DynamicCache()]
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=caches[0],
+                    use_cache=True).logits
+        want = create_causal_mask(model.config, model.model.embed_tokens(ids), mask, DynamicCache(), pos)
+        got_mask = rollout._prompt_mask4(mask)
+        assert (want is None and got_mask is None) or torch.equal(want, got_mask)
+        assert (got_mask is None) == (not padded)
+        assert torch.equal(step(ids, got_mask, pos, caches[1]), ref)
         tok, nxt = torch.tensor([5, 9, 11, 2, 17]), pos[:, -1:] + 1
         for _ in range(3):
             mask = torch.cat([mask, torch.ones(5, 1, dtype=mask.dtype)], 1)
             ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt, past_key_values=caches[0],
                         use_cache=True).logits
-            got = step(tok, mask.bool()[:, None, None, :], nxt, caches[1])
+            got = step(tok[:, None], mask.bool()[:, None, None, :], nxt, caches[1])
             assert got.shape == ref.shape and torch.equal(got, ref)
             tok, nxt = ref[:, -1].argmax(-1), nxt + 1
+        for a, b in zip(caches[0].layers, caches[1].layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_other_models_keep_the_model_call():

@@ -92,21 +92,36 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.float32))
 
 
-def _prefill(model, ids, mask, repeats: int):
+def _prefill(model, ids, mask, repeats: int, lean=None):
     """Forward the (unique) prompts once, then repeat logits, cache and masks `repeats`
-    times row-wise: the G rollouts of a group share one prompt forward."""
+    times row-wise: the G rollouts of a group share one prompt forward. `lean`: the forward
+    `_lean_decoder(model)` returned (no gradients), else `model(...)`."""
     from transformers import DynamicCache
 
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                past_key_values=DynamicCache(), use_cache=True)
-    last = out.logits[:, -1:, :]
-    cache = out.past_key_values
+    if lean is not None:
+        cache = DynamicCache()
+        last = lean(ids, _prompt_mask4(mask), pos, cache)[:, -1:, :]
+    else:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                    past_key_values=DynamicCache(), use_cache=True)
+        last = out.logits[:, -1:, :]
+        cache = out.past_key_values
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
         last = last.repeat_interleave(repeats, dim=0)
         mask, pos = mask.repeat_interleave(repeats, dim=0), pos.repeat_interleave(repeats, dim=0)
     return last, cache, mask, pos
+
+
+def _prompt_mask4(mask: torch.Tensor) -> torch.Tensor | None:
+    """What `create_causal_mask` gives sdpa for left-padded prompts mask int64[B, P] and an
+    empty cache: None when nothing is padded (sdpa's own causal mask), else causal ∧ padding,
+    bool[B, 1, P, P]."""
+    if bool(mask.all()):
+        return None
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    return (pos[None, :] <= pos[:, None])[None, None] & mask.bool()[:, None, None, :]
 
 
 def _shares_cache(model) -> bool:
@@ -119,21 +134,21 @@ def _shares_cache(model) -> bool:
 
 
 def _lean_decoder(model):
-    """The one-token decode forward of a plain Qwen2 causal LM, as a function `step(tok int64[N],
-    mask4 bool[N, 1, 1, S] | None, pos int64[N, 1], cache) -> logits [N, 1, V]`; None for any
-    other model.
+    """The no-gradient forward of a plain Qwen2 causal LM, as a function `step(ids int64[N, L],
+    mask4, pos int64[N, L], cache) -> logits [N, L, V]` (mask4: what `create_causal_mask`
+    builds for sdpa — `_prompt_mask4` for the prompts, the padding mask bool[N, 1, 1, S] for
+    one decoded token, None where nothing is padded); None for any other model.
 
     It runs the ops of `Qwen2ForCausalLM.forward` in their order (embedding, rotary
     embedding once, per layer RMSNorm → q/k/v projections → rotary → cache update → sdpa →
     o_proj → residual → RMSNorm → SwiGLU MLP → residual, final norm, lm_head) on the same
     weights, without the wrappers around them: Hugging Face's output capturing, config
     defaults, `ModelOutput` records, the per-call mask construction and a module call per
-    submodule. The mask it is given is the one `create_causal_mask` builds for one query
-    token (the padding mask, or None when nothing is padded), so the logits are the same
-    bits (`tests/test_rollout_lean.py`); on the tiny policy a decode forward costs ~25 % less.
+    submodule. Same ops on the same tensors, so the logits and the cache are the same bits
+    (`tests/test_rollout_lean.py`); on the tiny policy a generation costs ~25 % less CPU.
     Taken only where every module is exactly the stock Qwen2 class, attention is sdpa over
     full (not sliding) layers with one key/value head per query head, no kernels, hooks or
-    training mode; anything else decodes through `model(...)`.
+    training mode; anything else runs `model(...)`.
     """
     try:
         from transformers.activations import SiLUActivation
@@ -175,35 +190,45 @@ def _lean_decoder(model):
         return torch.cat((-x[..., d:], x[..., :d]), dim=-1)
 
     emb = m.embed_tokens
+    emb_args = (emb.weight, emb.padding_idx, None, emb.norm_type, emb.scale_grad_by_freq, emb.sparse)
+    # each layer's tensors, read once per call of `_lean_decoder` (the parameters themselves:
+    # an optimizer step between two generations updates them in place)
+    per_layer = [(x.input_layernorm, x.post_attention_layernorm, x.self_attn.head_dim, x.self_attn.scaling,
+                  x.self_attn.layer_idx, x.self_attn.q_proj.weight, x.self_attn.q_proj.bias,
+                  x.self_attn.k_proj.weight, x.self_attn.k_proj.bias, x.self_attn.v_proj.weight,
+                  x.self_attn.v_proj.bias, x.self_attn.o_proj.weight, x.self_attn.o_proj.bias,
+                  x.mlp.gate_proj.weight, x.mlp.gate_proj.bias, x.mlp.up_proj.weight, x.mlp.up_proj.bias,
+                  x.mlp.down_proj.weight, x.mlp.down_proj.bias) for x in layers]
+    lm_head = model.lm_head.weight
 
-    def step(tok, mask4, pos, cache):
-        h = f.embedding(tok[:, None], emb.weight, emb.padding_idx, None, emb.norm_type,
-                        emb.scale_grad_by_freq, emb.sparse)                        # [N, 1, H]
+    def step(ids, mask4, pos, cache):
+        """logits [N, L, V] of ids int64[N, L] at positions pos int64[N, L] on top of `cache`,
+        under `mask4` (what create_causal_mask returns: bool[N, 1, L, S] or None)."""
+        h = f.embedding(ids, *emb_args)                                            # [N, L, H]
         cos, sin = m.rotary_emb(h, pos)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         gqa = {"enable_gqa": True} if use_gqa_in_sdpa(mask4, h) else {}            # as sdpa_attention_forward
-        n = h.shape[0]
-        for layer in layers:
-            a, mlp = layer.self_attn, layer.mlp
+        causal = ids.shape[1] > 1 and mask4 is None
+        n, length = ids.shape
+        for (norm1, norm2, head_dim, scaling, idx, wq, bq, wk, bk, wv, bv, wo, bo,
+             wg, bg, wu, bu, wd, bd) in per_layer:
             res = h
-            x = rms(h, layer.input_layernorm)
-            shape = (n, 1, -1, a.head_dim)
-            q = f.linear(x, a.q_proj.weight, a.q_proj.bias).view(shape).transpose(1, 2)
-            k = f.linear(x, a.k_proj.weight, a.k_proj.bias).view(shape).transpose(1, 2)
-            v = f.linear(x, a.v_proj.weight, a.v_proj.bias).view(shape).transpose(1, 2)
+            x = rms(h, norm1)
+            shape = (n, length, -1, head_dim)
+            q = f.linear(x, wq, bq).view(shape).transpose(1, 2)
+            k = f.linear(x, wk, bk).view(shape).transpose(1, 2)
+            v = f.linear(x, wv, bv).view(shape).transpose(1, 2)
             q = (q * cos) + (half(q) * sin)
             k = (k * cos) + (half(k) * sin)
-            k, v = cache.update(k, v, a.layer_idx)
-            o = f.scaled_dot_product_attention(q, k, v, attn_mask=mask4, dropout_p=0.0, scale=a.scaling,
-                                               is_causal=False, **gqa)
-            o = o.transpose(1, 2).contiguous().reshape(n, 1, -1).contiguous()
-            h = res + f.linear(o, a.o_proj.weight, a.o_proj.bias)
+            k, v = cache.update(k, v, idx)
+            o = f.scaled_dot_product_attention(q, k, v, attn_mask=mask4, dropout_p=0.0, scale=scaling,
+                                               is_causal=causal, **gqa)
+            o = o.transpose(1, 2).contiguous().reshape(n, length, -1).contiguous()
+            h = res + f.linear(o, wo, bo)
             res = h
-            x = rms(h, layer.post_attention_layernorm)
-            x = f.linear(f.silu(f.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                         * f.linear(x, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight, mlp.down_proj.bias)
-            h = res + x
-        return f.linear(rms(h, m.norm), model.lm_head.weight)                       # [N, 1, V]
+            x = rms(h, norm2)
+            h = res + f.linear(f.silu(f.linear(x, wg, bg)) * f.linear(x, wu, bu), wd, bd)
+        return f.linear(rms(h, m.norm), lm_head)                                    # [N, L, V]
 
     return step
 
@@ -234,7 +259,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
         prompts, repeats = [p for p in prompts for _ in range(repeats)], 1
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    last, cache, attn, pos = _prefill(model, ids, mask, repeats)
+    lean = _lean_decoder(model)
+    last, cache, attn, pos = _prefill(model, ids, mask, repeats, lean)
     ids = ids.repeat_interleave(repeats, dim=0)
     prompt_mask = attn
     n = ids.shape[0]
@@ -242,7 +268,6 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens, live, ents, certs, lps = [], [], [], [], []
     logits = last[:, -1, :].float()
-    lean = _lean_decoder(model)
     padded = not bool(prompt_mask.all())     # create_causal_mask's None for one query token and no padding
     for t in range(max_new_tokens):
         if stats:
@@ -265,7 +290,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
             break
         attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype, device=device)], dim=1)
         if lean is not None:
-            logits = lean(tok, attn.bool()[:, None, None, :] if padded else None, next_pos, cache)[:, -1, :].float()
+            logits = lean(tok[:, None], attn.bool()[:, None, None, :] if padded else None, next_pos,
+                          cache)[:, -1, :].float()
         else:
             out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                         past_key_values=cache, use_cache=True)
