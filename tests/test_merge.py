@@ -583,3 +583,18 @@ def test_gram_from_upper_blocks_equals_the_full_product(dtype, shape):
     fresh = torch.zeros_like(acc)
     _add_gram(fresh, x)
     assert torch.equal(fresh, fresh.T)                                 # mirrored: exactly symmetric
+
+
+def test_inverse_square_root_reads_the_lower_triangle_only():
+    """The Gram route's polar retractions hand `_inv_sqrt_lower` a matrix symmetric only up to
+    one product's rounding and make no (A + Aᵀ)/2 pass: the upper triangle must not be read.
+    [[2, ·], [1, 2]] has eigenvalues 3 and 1 on (1, 1)/√2 and (1, −1)/√2, so its inverse
+    square root is ½·(1/√3)·[[1, 1], [1, 1]] + ½·[[1, −1], [−1, 1]]; junk above the diagonal."""
+    from rlpace.merge._methods import _inv_sqrt_lower
+    a = torch.tensor([[2.0, 99.0], [1.0, 2.0]], dtype=torch.float64)
+    r3 = 3 ** -0.5
+    want = torch.tensor([[r3 + 1, r3 - 1], [r3 - 1, r3 + 1]], dtype=torch.float64) / 2
+    assert torch.allclose(_inv_sqrt_lower(a), want, rtol=0, atol=1e-15)
+    d = torch.tensor([[4.0, -7.0, 3.0], [0.0, 9.0, 5.0], [0.0, 0.0, 0.25]], dtype=torch.float64)
+    assert torch.allclose(_inv_sqrt_lower(d), torch.diag(torch.tensor([0.5, 1 / 3, 2.0], dtype=torch.float64)),
+                          rtol=0, atol=1e-15)

@@ -106,14 +106,16 @@ def _add_gram(out: torch.Tensor, x: torch.Tensor) -> None:
         out[hi:, lo:hi] += blk[:, hi - lo:].T
 
 
-def _eigh_descending(a: torch.Tensor):
-    lam, vec = torch.linalg.eigh((a + a.T) / 2)
-    return lam.flip(0), vec.flip(1)
-
-
 def _inv_sqrt(a: torch.Tensor) -> torch.Tensor:
     """A^(-1/2) of a symmetric positive definite A (eigh; A is near I here)."""
     lam, vec = torch.linalg.eigh((a + a.T) / 2)
+    return (vec * lam.rsqrt()) @ vec.T
+
+
+def _inv_sqrt_lower(a: torch.Tensor) -> torch.Tensor:
+    """A^(-1/2) of a symmetric positive definite A from its lower triangle (eigh reads only that
+    triangle; the callers' A is symmetric up to the rounding of one product)."""
+    lam, vec = torch.linalg.eigh(a)
     return (vec * lam.rsqrt()) @ vec.T
 
 
@@ -195,20 +197,27 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
     b = [acc[0][:, (i + 1) * n:(i + 2) * n] for i in range(k)]        # W₀ᵀΔ_i
     d = {(i, j): acc[i + 1][:, (j - i) * n:(j - i + 1) * n] for i in range(k) for j in range(i, k)}   # Δ_iᵀΔ_j
 
-    def gram(a, c):                                                    # W_aᵀW_c, a, c ∈ 0..K
-        if a == 0 and c == 0:
-            return c00
+    def gram(a, c):                                                    # W_aᵀW_c, 0 ≤ a < c ≤ K
         if a == 0:
             return c00 + b[c - 1]
-        if c == 0:
-            return (c00 + b[a - 1]).T
         i, j = a - 1, c - 1
-        dij = d[i, j] if i <= j else d[j, i].T
-        return c00 + b[j] + b[i].T + dij
+        g = b[i].T + d[i, j]
+        g += c00
+        g += b[j]
+        return g
 
     lam, vecs = [], []
     for a in range(k + 1):
-        la, va = _eigh_descending(gram(a, a))
+        # W_aᵀW_a = C₀₀ + (B + Bᵀ) + D: symmetric up to the rounding of the Gram blocks' own
+        # products; eigh reads the lower triangle only, so no (G + Gᵀ)/2 pass is made
+        if a == 0:
+            g = c00
+        else:
+            g = b[a - 1] + b[a - 1].T
+            g += c00
+            g += d[a - 1, a - 1]
+        la, va = torch.linalg.eigh(g)
+        la, va = la.flip(0), va.flip(1)                                # descending
         if not bool(la[-1] > 0) or float(la[0] / la[-1]) > max_cond ** 2:
             return None
         lam.append(la)
@@ -216,7 +225,7 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
     sig = [la.sqrt() for la in lam]
     qs = [va / sa for va, sa in zip(vecs, sig)]                       # U_a = W_a·Q_a
     # U_aᵀU_c for a < c; U_aᵀU_a = I by construction, U_cᵀU_a the transpose
-    o = {(a, c): qs[a].T @ gram(a, c) @ qs[c] for a in range(k + 1) for c in range(a + 1, k + 1)}
+    o = {(a, c): (qs[a].T @ gram(a, c)) @ qs[c] for a in range(k + 1) for c in range(a + 1, k + 1)}
     s0, v0 = sig[0], vecs[0]
     keep = max(1, int(round(rho_keep * n)))
     mask = torch.ones(n, dtype=f64, device=dev)
@@ -228,13 +237,13 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
         lead = torch.diagonal(pv if wide else oi)                      # ⟨left vectors of the original⟩
         sign = torch.where(lead >= 0, 1.0, -1.0).to(f64)
         mi = oi * sign                                                 # U₀ᵀŨ_i
-        alpha = -_sym(mi) * mask                                       # ξ_u,i = U₀·α_i + U_i·diag(β_i)
+        alpha = _sym(mi).mul_(-mask)                                   # ξ_u,i = U₀·α_i + U_i·diag(β_i)
         beta = sign * mask
         alphas.append(alpha)
         betas.append(beta)
-        a_s.append(alpha + oi * beta)                                  # U₀ᵀξ_u,i
-        pv = pv * sign
-        b_s.append((pv - _sym(pv)) * mask)                             # ξ_v,i = V₀·b_i
+        a_s.append(oi * beta + alpha)                                  # U₀ᵀξ_u,i
+        pv *= sign
+        b_s.append(pv.sub_(_sym(pv)).mul_(mask))                       # ξ_v,i = V₀·b_i
     ss = s0[:, None] * s0[None, :]
     s2 = s0 * s0
 
@@ -257,27 +266,45 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
             uu = dot(sa[i], sa[j]) + dot(sa[i], sq[j]) + dot(sq[i], sa[j]) + (s2 * betas[i] * betas[j] * oii).sum()
             cross = dot(sat[i], b_s[j]) + dot(sat[j], b_s[i])          # ⟨ξ_u,iΣ₀V₀ᵀ, U₀Σ₀ξ_v,jᵀ⟩ + (i ↔ j)
             gm[i, j] = gm[j, i] = float(uu + dot(sb[i], sb[j]) + cross)
+    del sa, sq, sb, sat
     c = _retention(gm, ridge, clip)
     ct = [float(x) for x in c]
+    # Y = U₀ + Π_U₀(Σ c_i ξ_u,i) = U₀·γ₀ + Σ U_i·diag(γ_i): γ₀ = I + Σ c_i α_i − sym(U₀ᵀ·Σ c_i ξ_u,i)
     a_star = sum(ci * ai for ci, ai in zip(ct, a_s))                   # U₀ᵀ·Σ c_i ξ_u,i
-    g0 = torch.eye(n, dtype=f64, device=dev) + sum(ci * al for ci, al in zip(ct, alphas)) - _sym(a_star)
-    gd = [ci * be for ci, be in zip(ct, betas)]                        # Y = U₀·γ₀ + Σ U_i·diag(γ_i)
-    yty = g0.T @ g0                                                    # = U₀ + Π_U₀(Σ c_i ξ_u,i)
+    g0 = _sym(a_star).neg_()
+    for ci, al in zip(ct, alphas):
+        g0.add_(al, alpha=ci)
+    g0.diagonal().add_(1.0)
+    gd = [ci * be for ci, be in zip(ct, betas)]
+    # YᵀY = γ₀ᵀγ₀ + Σ_i (T_i + T_iᵀ + diag(γ_i)²), T_i = γ₀ᵀ·U₀ᵀU_i·diag(γ_i) + Σ_{j>i} diag(γ_i)·U_iᵀU_j·diag(γ_j)
+    yty = g0.T @ g0
     for i in range(k):
-        t = g0.T @ (o[0, i + 1] * gd[i])                               # γ₀ᵀ·U₀ᵀU_i·diag(γ_i)
+        t = g0.T @ (o[0, i + 1] * gd[i])
         for j in range(i + 1, k):
-            t += (gd[i][:, None] * o[i + 1, j + 1]) * gd[j]            # diag(γ_i)·U_iᵀU_j·diag(γ_j)
+            t += (gd[i][:, None] * o[i + 1, j + 1]) * gd[j]
         yty += t
         yty += t.T
-        yty.diagonal().add_(gd[i] * gd[i])                             # U_iᵀU_i = I
-    h = _inv_sqrt(yty)                                                 # U★ = Y·(YᵀY)^(-1/2)
+        yty.diagonal().add_(gd[i] * gd[i])
+    h = _inv_sqrt_lower(yty)                                           # U★ = Y·(YᵀY)^(-1/2)
+    # V₀ + Π_V₀(Σ c_i ξ_v,i) = V₀·(I + S), S = skew(Σ c_i b_i); (I + S)ᵀ(I + S) = I + SᵀS
     b_star = sum(ci * bi for ci, bi in zip(ct, b_s))
-    tv = torch.eye(n, dtype=f64, device=dev) + b_star - _sym(b_star)   # V₀ + Π_V₀(Σ c_i ξ_v,i) = V₀·tv
-    v_star = v0 @ (tv @ _inv_sqrt(tv.T @ tv))                          # V★ = V₀·polar(tv)
+    sk = b_star.sub_(b_star.T.clone()).mul_(0.5)                       # S = (B − Bᵀ)/2
+    sts = sk.T @ sk
+    sts.diagonal().add_(1.0)
+    hv = _inv_sqrt_lower(sts)
+    v_star = v0 @ (sk @ hv).add_(hv)                                   # V★ = V₀·(I + S)·(I + SᵀS)^(-1/2)
     r = (h * s0) @ v_star.T                                            # W★ = Σ_a U_a·γ_a·R
-    zs = [qs[0] @ (g0 @ r)] + [(qs[i + 1] * gd[i]) @ r for i in range(k)]
+    # Z_a = Q_a·γ_a·R; γ_i = diag(c_i·β_i) is zero past the kept modes, so those rows of R are skipped
+    zstack = torch.empty((k + 1) * n, n, dtype=f64, device=dev)
+    z0 = zstack[:n]
+    torch.matmul(qs[0], g0 @ r, out=z0)
+    for i in range(k):
+        zi = zstack[(i + 1) * n:(i + 2) * n]
+        torch.matmul(qs[i + 1][:, :keep] * gd[i][:keep], r[:keep], out=zi)
+        z0 += zi
+    z0.diagonal().sub_(1.0)
     # W★ = W₀·Σ_a Z_a + Σ_i Δ_i·Z_i = W₀ + [W₀ | Δ_1 | … | Δ_K]·[Σ_a Z_a − I; Z_1; …; Z_K]
-    zstack = torch.cat([sum(zs) - torch.eye(n, dtype=f64, device=dev)] + zs[1:], 0).to(blas_dtype)
+    zstack = zstack.to(blas_dtype)
     out = torch.empty(m, n, dtype=dtype, device=dev)
     for bi, r0 in enumerate(range(0, m, block_rows)):
         x = rows(r0) if kept is None else kept[bi]
