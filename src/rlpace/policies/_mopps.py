@@ -440,9 +440,12 @@ def _candidates_by_arm(rng: np.random.Generator, offsets: np.ndarray, counts: np
         m_l = [ratio * c[k] for k in act]
         size_l = [off[k + 1] - off[k] for k in act]
         if all(4 * m_k <= s_k for m_k, s_k in zip(m_l, size_l)):
-            arm = np.repeat(np.arange(len(act)), m_l)
-            lo = np.array([off[k] for k in act], dtype=np.uint32).take(arm)
-            return _distinct_draw(rng, lo, np.array(size_l, dtype=np.float64).take(arm)), arm
+            reps = np.array(m_l, dtype=np.intp)
+            arm = np.arange(len(act)).repeat(reps)
+            # each arm's start and width repeated over its block (a block copy per arm, where a
+            # gather through `arm` reads an index per candidate)
+            lo = np.array([off[k] for k in act], dtype=np.uint32).repeat(reps)
+            return _distinct_draw(rng, lo, np.array(size_l, dtype=np.float64).repeat(reps)), arm
     active = np.flatnonzero(counts)
     start, size = offsets[active], offsets[active + 1] - offsets[active]
     m = ratio * counts[active]
