@@ -317,3 +317,50 @@ def test_inverse_applies_only_when_every_eigenvalue_clears_the_margin():
     assert not _inverse_applies(np.zeros((3, 3)), 1e-10)
     assert not _inverse_applies(np.eye(3), 1e-3)          # a coarse cut-off: the eigendecomposition decides
     assert _inverse_applies(np.eye(3), 1e-10)
+
+
+# ---- the group sums: derived by the pass that validates Feedback.grads, read by diem ------------
+def test_feedback_grad_sums_come_from_the_validating_pass():
+    from rlpace.types import group_grad_sums
+    rng = np.random.default_rng(1)
+    g = (rng.standard_normal((5, 4, 3)) * np.exp(rng.uniform(-40, 40, (5, 4, 3)))).astype(np.float32)
+    loop = np.zeros((5, 3))
+    for j in range(4):                                     # rollouts added in order, in float64
+        loop += g[:, j].astype(np.float64)
+    ro = g.copy()
+    ro.setflags(write=False)
+    for grads in (g, ro, g.astype(np.float64)):            # copied, kept as a view, cast from float64
+        fb = Feedback(np.arange(5), np.ones((5, 4)), step=0, grads=grads)
+        np.testing.assert_array_equal(fb.grad_sums, loop)  # bit for bit
+        assert not fb.grad_sums.flags.writeable
+        batch = Batch.from_feedback(fb, Pool(list(range(5))), 0.5)
+        assert batch.grad_sums is fb.grad_sums and group_grad_sums(batch) is fb.grad_sums
+        np.testing.assert_array_equal(group_grad_sums(batch._replace(grad_sums=None)), loop)
+    later = Feedback(np.arange(5), np.ones((5, 4)), step=0).with_grads(2 * g)
+    np.testing.assert_array_equal(later.grad_sums, 2 * loop)
+    assert Feedback([0], [[1.0]], step=0).grad_sums is None
+    ragged = Feedback([0, 1], np.ones((2, 2)), step=0, grads=np.ones((2, 2, 3)), group_sizes=[2, 1])
+    assert ragged.grad_sums is None                        # padding columns: the parts have their own
+    assert [part.grad_sums.tolist() for _, part in ragged.by_size()] == [[[1.0] * 3], [[2.0] * 3]]
+    for value, dtype in ((np.nan, np.float32), (np.inf, np.float32), (-np.inf, np.float32), (1e39, np.float64)):
+        bad = g.astype(dtype)
+        bad[3, 1, 2] = value
+        for arr in (bad, bad.copy()):
+            arr.setflags(write=False)
+            with pytest.raises(ValueError, match=r"Feedback.grads has NaN.*first at \[3, 1, 2\]"):
+                Feedback(np.arange(5), np.ones((5, 4)), step=0, grads=arr)
+    big = np.full((1, 2, 1), np.finfo(np.float32).max, np.float32)
+    assert Feedback([0], [[1.0, 1.0]], step=0, grads=big).grad_sums.tolist() == [[2 * 3.4028234663852886e+38]]
+
+
+def test_features_given_to_step_replace_the_sums_of_earlier_ones():
+    rng = np.random.default_rng(2)
+    old, new = (rng.standard_normal((4, 3, 6)).astype(np.float32) for _ in range(2))
+    rewards = rng.integers(0, 2, (4, 3)).astype(float)
+    pool = Pool(list(range(4)))
+    s = Scheduler(pool, "diem", importance="loo")
+    got = s.step(Feedback(np.arange(4), rewards, step=0, grads=old), features=lambda adm: new).weights
+    want = Scheduler(pool, "diem", importance="loo").loss_weights(Feedback(np.arange(4), rewards, step=0, grads=new))
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(got, Scheduler(pool, "diem", importance="loo").loss_weights(
+        Feedback(np.arange(4), rewards, step=0, grads=old)))
