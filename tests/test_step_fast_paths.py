@@ -753,31 +753,6 @@ def test_sec_and_exp3_updates_in_floats_equal_their_array_rules():
         assert int(got.t) == t and float(got.eps) == eps
 
 
-def test_dvc_exp3s_step_in_floats_equals_exp3s_update_and_probs():
-    """DVC's EXP3.S round (`_exp3s_step`) against the public array functions `exp3s_update` and
-    `exp3s_probs`, bit for bit: random log-weights, distributions with 0 and 1 entries, absent
-    arms, batch sizes 1 to 10**4."""
-    from rlpace.policies._dvc import DvcState, _exp3s_step, exp3s_parameters, exp3s_probs, exp3s_update
-    rng = np.random.default_rng(8)
-    for trial in range(300):
-        k = int(rng.integers(1, 70))
-        gamma, alpha = exp3s_parameters(k, int(rng.integers(2, 10**6)), int(rng.integers(0, 50)))
-        log_w = rng.normal(0, 10.0 ** float(rng.integers(-2, 3)), size=k)
-        log_w -= np.log(np.exp(log_w - log_w.max()).sum()) + log_w.max()
-        prob = rng.dirichlet(np.ones(k) * 0.3)
-        if trial % 7 == 0:
-            prob = np.eye(k)[int(rng.integers(0, k))]
-        cnt = rng.integers(0, 5, size=k).astype(np.float64)
-        tot = rng.random(k) * cnt
-        n = int(rng.integers(1, 10**4))
-        want_w = exp3s_update(log_w, prob, tot / np.maximum(cnt, 1.0), cnt > 0, n, gamma, alpha)
-        want_p = exp3s_probs(want_w, gamma)
-        state = DvcState(log_w.copy(), prob.copy(), None, None, None, None)
-        _exp3s_step(state, tot.tolist(), cnt.tolist(), n, gamma, alpha)
-        assert state.log_w.tobytes() == want_w.tobytes(), trial
-        assert state.prob.tobytes() == want_p.tobytes(), trial
-
-
 @pytest.mark.parametrize("k,dtype", [(3, np.uint8), (256, np.uint8), (257, np.uint16)])
 def test_last_proposed_counts_from_the_narrow_domain_codes(k, dtype):
     """`propose` counts its ids' domains from a uint8 / uint16 copy of the pool's codes: the

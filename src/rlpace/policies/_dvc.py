@@ -45,7 +45,6 @@ summaries per step, never raw gradients.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -108,31 +107,6 @@ def exp3s_update(log_w: np.ndarray, prob: np.ndarray, gains: np.ndarray, present
     grown = log_w + gamma * x_hat / k
     new = np.logaddexp(grown, math.log(math.e * alpha / k) + total)
     return new - _logsumexp(new)
-
-
-def _exp3s_step(state: "DvcState", tot: list, cnt: list, n: int, gamma: float, alpha: float) -> None:
-    """`exp3s_update` then `exp3s_probs` into `state.log_w` and `state.prob`, bit for bit, with
-    the K-sized arithmetic in Python floats (+ − × ÷ round as numpy's arrays do) and numpy's
-    own log1p, expm1, exp, logaddexp and sums on the same values; gains = tot / max(cnt, 1)."""
-    k = len(tot)
-    lp = np.array([-min(p, 1.0 - 1e-16) for p in state.prob.tolist()])
-    np.log1p(lp, out=lp)
-    lp *= n
-    np.expm1(lp, out=lp)
-    q = lp.tolist()                                              # −(1 − (1 − p)^n)
-    log_w = state.log_w
-    total = _logsumexp(log_w)
-    grown = np.array([w + gamma * ((t / max(c, 1.0)) / max(-v, 1e-300) if c > 0 else 0.0) / k
-                      for w, t, c, v in zip(log_w.tolist(), tot, cnt, q)])
-    new = np.logaddexp(grown, math.log(math.e * alpha / k) + total, out=grown)
-    new -= _logsumexp(new)
-    log_w[:] = new
-    w = np.exp(new - max(new.tolist()))                           # exp3s_probs
-    total = w.sum()
-    w *= 1.0 - gamma
-    w /= total
-    w += gamma / k
-    state.prob[:] = w
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -214,15 +188,13 @@ def dvc(bandit: str = "exp3s", signal: str = "auto", horizon: int = 1000, switch
         state.cursor[...] = (slot + 1) % tau
         state.t[()] = int(state.t) + 1                   # item write: ~10× cheaper than += on 0-d
         if bandit == "exp3s":
-            gamma, alpha = _parameters(k)
-            _exp3s_step(state, tot.tolist(), cnt.tolist(), b, gamma, alpha)
+            gamma, alpha = exp3s_parameters(k, horizon, switches)
+            gains = tot / np.maximum(cnt, 1.0)                   # absent arms: 0.0 / 1 = 0
+            state.log_w[:] = exp3s_update(state.log_w, state.prob, gains, present, b, gamma, alpha)
+            state.prob[:] = exp3s_probs(state.log_w, gamma)
         else:
             state.prob[:] = _swucb_probs(state, tau)
         return state
-
-    @functools.lru_cache(maxsize=8)
-    def _parameters(k):
-        return exp3s_parameters(k, horizon, switches)
 
     def _swucb_probs(state, tau):
         n = state.counts.sum(axis=0)
