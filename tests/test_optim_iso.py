@@ -646,3 +646,32 @@ def test_newton_schulz_iterations_follow_the_exact_error_recursion():
         assert np.abs(got - 1).max() <= ((3 + delta) / 4) ** (2 ** k - 1) * delta ** (2 ** k)
     assert [_newton_iterations(d, torch.float32) for d in (0.0, 1e-5, 0.012, 0.02, 0.05)] == [0, 1, 2, 2, 3]
     assert [_newton_iterations(d, torch.float64) for d in (1e-5, 0.011, 0.1)] == [2, 3, 4]
+
+
+def test_binomial_series_retraction_meets_its_bound_with_fewer_products():
+    """X with XᵀX = R·diag(1 + e)·Rᵀ near the manifold: `_inverse_sqrt_near_identity` takes
+    the binomial series Σ_{j≤n} C(−1/2, j)·E^j of the lowest degree n whose bound meets the
+    target (float32 at δ ≈ 0.004: n = 2, one q × q product where Newton–Schulz needs three);
+    the Gram eigenvalues of X·Z equal (1 + e)·Z_n(e)² from the scalar series summed here,
+    within the bound of 1, and X·Z is numpy's SVD polar factor to that accuracy."""
+    from math import comb
+
+    from rlpace.optim._iso import NEWTON_TARGET, _inverse_sqrt_near_identity, _series_degree
+    g = np.random.default_rng(10)
+    q_, _ = np.linalg.qr(g.standard_normal((40, 6)))
+    r, _ = np.linalg.qr(g.standard_normal((6, 6)))
+    for e, dt, want_n in ((np.array([0.003, -0.002, 0.001, -0.001, 0.0005, 0.0]), torch.float32, 2),
+                          (np.array([0.008, -0.006, 0.004, -0.003, 0.002, 0.001]), torch.float32, 3),
+                          (np.array([1e-6, -2e-6, 3e-6, 0.0, 1e-6, -1e-6]), torch.float64, 2)):
+        x = torch.from_numpy(q_ @ r @ np.diag(np.sqrt(1 + e)) @ r.T)
+        eye = torch.eye(6, dtype=torch.float64)
+        a = x.T @ x
+        delta = float(torch.linalg.matrix_norm(a - eye))
+        n = _series_degree(delta, dt)
+        assert n == want_n
+        z = _inverse_sqrt_near_identity(a[None], (a - eye)[None], eye, delta, dt)[0]    # float64 arithmetic
+        zn = sum((-1) ** j * comb(2 * j, j) / 4 ** j * e ** j for j in range(n + 1))
+        got = np.sort(np.linalg.eigvalsh(((x @ z).T @ (x @ z)).numpy()))
+        assert np.abs(got - np.sort((1 + e) * zn ** 2)).max() < 1e-15
+        assert np.abs(got - 1).max() <= NEWTON_TARGET[dt] + 4e-15        # + float64 rounding
+        assert np.abs((x @ z).numpy() - _polar(x.numpy())).max() <= NEWTON_TARGET[dt] + 4e-15

@@ -19,6 +19,7 @@ puts U and V back on the manifold; then W ← U·diag(Σ₀)·Vᵀ is written in
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable, Iterable
 
@@ -62,10 +63,10 @@ def polar(x: torch.Tensor) -> torch.Tensor:
     xd = x.to(dt)
     a = xd.mT @ xd
     eye = torch.eye(a.shape[-1], dtype=dt, device=a.device)
-    delta = float(torch.linalg.matrix_norm(a - eye).max())
+    e = a - eye
+    delta = float(torch.linalg.matrix_norm(e).max())
     if delta <= NEWTON_MAX:
-        iterations = _newton_iterations(delta, dt)
-        return (xd @ _inverse_sqrt_newton_schulz(a, eye, iterations)).to(x.dtype)
+        return (xd @ _inverse_sqrt_near_identity(a, e, eye, delta)).to(x.dtype)
     lam, vec = torch.linalg.eigh((a + a.mT) / 2)
     if bool((lam[..., 0] <= GRAM_MIN_RATIO[dt] * lam[..., -1]).any()):
         u, _, vh = torch.linalg.svd(xd, full_matrices=False)
@@ -88,6 +89,47 @@ def _newton_iterations(delta: float, dt: torch.dtype) -> int:
     while c ** (2 ** k - 1) * delta ** (2 ** k) > NEWTON_TARGET[dt]:
         k += 1
     return k
+
+
+def _series_degree(delta: float, dt: torch.dtype) -> int:
+    """The lowest degree n of the binomial series (I + E)^(-1/2) ≈ Σ_{j≤n} C(−1/2, j)·E^j
+    whose result Z gives ‖(X·Z)ᵀ(X·Z) − I‖ ≤ NEWTON_TARGET[dt] for ‖E‖ ≤ δ < 1 (none at δ = 0).
+
+    Why that bound: eigenvalue by eigenvalue (1 + e)·Z(e)² = 1 − 2·(1 + e)^(1/2)·ρ + (1 + e)·ρ²
+    for the tail ρ = (1 + e)^(-1/2) − Z(e), and |ρ| ≤ |C(−1/2, n + 1)|·δ^(n+1)/(1 − δ) (the
+    coefficients' magnitudes C(2j, j)/4^j fall with j)."""
+    if delta == 0:
+        return 0
+    n, coef = 1, 3 / 8                                # |C(−1/2, n + 1)|
+    while True:
+        rho = coef * delta ** (n + 1) / (1 - delta)
+        if 2 * math.sqrt(1 + delta) * rho + (1 + delta) * rho * rho <= NEWTON_TARGET[dt]:
+            return n
+        n += 1
+        coef *= (2 * n + 1) / (2 * n + 2)
+
+
+def _inverse_sqrt_near_identity(a: torch.Tensor, e: torch.Tensor, eye: torch.Tensor, delta: float,
+                                target_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A^(-1/2) [..., q, q] for A = I + E, ‖E‖_F = δ ≤ NEWTON_MAX, to NEWTON_TARGET: by the
+    binomial series in Horner form (n − 1 products for degree n) or the coupled Newton–Schulz
+    iteration (3k − 3 products for k ≥ 2 iterations), whichever needs fewer q × q products
+    for the target. Near the manifold, as after an optimizer step, the series wins (δ ≈ 0.004:
+    degree 2, one product, against Newton–Schulz's three); farther out Newton–Schulz does.
+    `target_dtype` (default a's) picks the target."""
+    dt = target_dtype or a.dtype
+    n, k = _series_degree(delta, dt), _newton_iterations(delta, dt)
+    if n == 0:
+        return eye.expand_as(a)
+    if n - 1 > (3 * k - 3 if k > 1 else 0):
+        return _inverse_sqrt_newton_schulz(a, eye, k)
+    coefs = [1.0]
+    for j in range(1, n + 1):                          # C(−1/2, j) = (−1)^j·C(2j, j)/4^j
+        coefs.append(-coefs[-1] * (2 * j - 1) / (2 * j))
+    z = torch.add(eye * coefs[n - 1], e, alpha=coefs[n])
+    for c in reversed(coefs[:n - 1]):
+        z = torch.baddbmm(eye * c, z, e) if z.ndim == 3 else eye * c + z @ e
+    return z
 
 
 def _inverse_sqrt_newton_schulz(a: torch.Tensor, eye: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -124,13 +166,13 @@ def _polar_many(xs: list) -> list:
             continue
         a = torch.cat([xs[j].mT @ xs[j] for j in js])                  # [N, q, q]
         eye = torch.eye(q, dtype=dt, device=dev)
-        delta = float(torch.linalg.matrix_norm(a - eye).max())
+        e = a - eye
+        delta = float(torch.linalg.matrix_norm(e).max())
         if delta > NEWTON_MAX:
             for j in js:
                 out[j] = polar(xs[j])
             continue
-        iterations = _newton_iterations(delta, dt)
-        z = _inverse_sqrt_newton_schulz(a, eye, iterations)
+        z = _inverse_sqrt_near_identity(a, e, eye, delta)
         for j, zj in zip(js, torch.split(z, [xs[j].shape[0] for j in js])):
             out[j] = xs[j] @ zj
     return out
