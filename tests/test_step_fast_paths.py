@@ -751,16 +751,3 @@ def test_sec_and_exp3_updates_in_floats_equal_their_array_rules():
         assert got.reward.tobytes() == ref.reward.tobytes(), trial
         assert np.array_equal(got.prob, want_prob, equal_nan=True), trial
         assert int(got.t) == t and float(got.eps) == eps
-
-
-@pytest.mark.parametrize("k,dtype", [(3, np.uint8), (256, np.uint8), (257, np.uint16)])
-def test_last_proposed_counts_from_the_narrow_domain_codes(k, dtype):
-    """`propose` counts its ids' domains from a uint8 / uint16 copy of the pool's codes: the
-    counts of `pool.domains[ids]` (codes up to 255 and 256 included)."""
-    labels = np.arange(3 * k) % k
-    pool = Pool(labels)
-    s = Scheduler(pool, "uniform", seed=1)
-    for _ in range(3):
-        ids = s.propose(40)
-        assert s.counters.last_proposed.tolist() == np.bincount(pool.domains[ids], minlength=k).tolist()
-    assert s._domain_codes().dtype == dtype and s._domain_codes().tolist() == pool.domains.tolist()

@@ -387,22 +387,8 @@ class Scheduler:
             raise RuntimeError(f"selection policy {self.method.selection.name!r} returned ids of shape "
                                f"{ids.shape} outside [0, {len(self.pool)}): a bug in that policy.")
         self.counters.proposals[()] = step + 1
-        self.counters.last_proposed[:] = np.bincount(self._domain_codes()[ids], minlength=self.pool.n_domains)
+        self.counters.last_proposed[:] = np.bincount(self.pool.domains[ids], minlength=self.pool.n_domains)
         return ids
-
-    def _domain_codes(self) -> np.ndarray:
-        """The pool's domain codes in the narrowest unsigned type that holds them (uint8 for up to
-        256 domains: N bytes, kept on this Scheduler, never in `state_dict`): `propose` gathers the
-        domains of its ids at random positions of the pool, which from an eighth of the memory
-        miss the cache less at N = 10⁶–10⁷ (the same counts)."""
-        cached = self.__dict__.get("_codes")
-        if cached is None or cached[0] is not self.pool:
-            k = self.pool.n_domains
-            dtype = np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else None
-            codes = self.pool.domains if dtype is None else self.pool.domains.astype(dtype)
-            codes.setflags(write=False)
-            cached = self._codes = (self.pool, codes)
-        return cached[1]
 
     def _batch(self, feedback: Feedback) -> Batch:
         return self._batch_and_counts(feedback)[0]
