@@ -661,37 +661,6 @@ def test_dump_scores_in_python_floats_equal_the_array_formula(counting):
         assert got.dtype == np.float64 and got.tobytes() == want.tobytes(), trial
 
 
-def test_mixture_cdf_in_python_floats_equals_numpys_and_the_draws_equal_choice():
-    """`uniform_within_arm`'s CDF for float64 mixtures over non-empty arms against the numpy
-    lines `arm_distribution` + `_choice` run, bit for bit, and its draws against
-    Generator.choice (unnormalised, tiny, zero, one-hot and 64-arm mixtures); what it leaves to
-    the general path (a zero or NaN total, a negative entry) gives None."""
-    from rlpace.policies._uniform import _mixture_cdf
-    rng = np.random.default_rng(5)
-    for trial in range(400):
-        k = int(rng.integers(1, 65))
-        probs = rng.random(k) * 10.0 ** float(rng.integers(-300, 300))
-        probs[rng.random(k) < 0.3] = 0.0
-        if not probs.any():
-            probs[int(rng.integers(0, k))] = 1.0
-        p = arm_distribution(np.ones(k, np.int64), probs)
-        cdf = p.cumsum()
-        cdf /= cdf[-1]
-        got = _mixture_cdf(probs)
-        assert got is not None and got.tobytes() == cdf.tobytes(), trial
-        labels = np.repeat(np.arange(k), rng.integers(1, 5, size=k))
-        pool = Pool(labels)
-        sel = uniform_within_arm()
-        ids = sel.apply(sel.init(pool), pool, 40, probs, "domain", np.random.default_rng([trial, 1]))
-        ref_rng = np.random.default_rng([trial, 1])       # the arms by Generator.choice, then positions
-        order, offsets = pool.members("domain")
-        sizes = np.diff(offsets)
-        arm = ref_rng.choice(k, size=40, p=p)
-        assert ids.tolist() == [int(order[offsets[a] + int(u * sizes[a])]) for a, u in zip(arm, ref_rng.random(40))]
-    for bad in ([0.0, 0.0], [np.nan, 1.0], [-0.5, 1.0], [np.inf, 1.0]):
-        assert _mixture_cdf(np.array(bad)) is None
-
-
 def test_softmax_of_floats_equals_shifted_softmax():
     from rlpace.policies._base import softmax_of_floats
     for scores, temp in _score_cases():

@@ -13,8 +13,6 @@ used by `uniform_within_arm`, MoPPS and the learnability selections.
 from __future__ import annotations
 
 from ..errors import InputError
-import itertools
-
 import numpy as np
 
 from ._base import MIXTURE, SELECTION, DataPolicy, EmptyState, _empty_init, _no_update
@@ -44,13 +42,11 @@ def uniform_within_arm() -> DataPolicy:
     def apply(state, pool, n, probs, arms, rng):
         order, offsets = pool.members(arms)
         sizes, full = pool.arm_sizes(arms)
-        cdf = _mixture_cdf(probs) if full and type(probs) is np.ndarray and probs.shape == sizes.shape \
-            and probs.dtype == np.float64 else None
-        p = arm_distribution(sizes, probs, full=full) if cdf is None else None
+        p = arm_distribution(sizes, probs, full=full)
         # The arms' draws, then the positions' draws: two halves of one rng.random(2n) are
         # the numbers two calls rng.random(n) would give, in the same order.
         u = rng.random(2 * n)
-        arm = _choice(rng, p, n, u[:n]) if cdf is None else cdf.searchsorted(u[:n], side="right")
+        arm = _choice(rng, p, n, u[:n])
         within = (u[n:] * pool.arm_sizes_float(arms)[arm]).astype(np.int64)   # floor(u·size)
         return order[offsets[arm] + within]
     return DataPolicy(SELECTION, _empty_init, _no_update, apply, name="uniform_within_arm",
@@ -114,24 +110,6 @@ def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
     live = np.flatnonzero(live)
     counts[live] = rng.multinomial(n, p[live] / p[live].sum())
     return counts, order, offsets
-
-
-def _mixture_cdf(probs: np.ndarray) -> np.ndarray | None:
-    """float64[K] the normalised CDF `_choice` draws from for `arm_distribution(sizes, probs,
-    full=True)` (every arm has prompts), or None where that takes another path (a total that
-    is not positive and finite, a negative entry, a CDF that does not end within 1e-8 of 1).
-    The same floats: numpy's sum and division, then the cumulative sum and the division by
-    its end in Python floats (numpy's cumsum adds in order, and + and ÷ round alike), with
-    fewer numpy calls for K arms."""
-    total = probs.sum()                     # numpy's (pairwise) sum, as arm_distribution's
-    if not 0 < total < np.inf:
-        return None
-    p = (probs / total).tolist()
-    cdf = list(itertools.accumulate(p))
-    last = cdf[-1]                          # NaN anywhere makes it NaN, and the test below False
-    if not (min(p) >= 0 and abs(last - 1.0) <= 1e-8):
-        return None
-    return np.array([x / last for x in cdf])
 
 
 def _choice(rng: np.random.Generator, p: np.ndarray, n: int, u: np.ndarray | None = None) -> np.ndarray:
