@@ -148,8 +148,9 @@ def _inverse_applies(m: np.ndarray, rcond: float) -> bool:
     succeeds only when m − δI is positive definite up to rounding (≈ d·eps·‖m‖, far below δ),
     i.e. when m's smallest eigenvalue exceeds δ. At d = 64 the Cholesky and two solves cost about
     a quarter of the eigendecomposition. The two routes differ by rounding only; with the
-    condition number at most _DIRECT_COND = 1e4 the weights agree to ~1e-12 relative at worst and
-    ~1e-14 on well-conditioned features (tests/test_gradfeatures_speed.py). Otherwise (rank
+    condition number at most _DIRECT_COND = 1e4 they agree to about that times the float64
+    epsilon (~1e-12 relative) at worst and ~1e-14 on well-conditioned features (within 1e-10 of
+    an SVD pseudo-inverse: tests/test_methods_diem.py). Otherwise (rank
     deficiency, a cut eigenvalue, an ill-conditioned Gram) the eigendecomposition decides, and
     with a ridge it always does (bit for bit the earlier weights)."""
     if not rcond * _DIRECT_COND < 1e-2:
