@@ -173,8 +173,13 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
     dev = w0.device
 
     def rows(r):                                                       # [W₀ | Δ_1 | … | Δ_K] of rows r…
-        w0b = big0[r:r + block_rows].to(blas_dtype)
-        return torch.cat([w0b] + [w[r:r + block_rows].to(device=dev, dtype=blas_dtype) - w0b for w in bigs], 1)
+        w0b = big0[r:r + block_rows]
+        x = torch.empty(w0b.shape[0], (k + 1) * n, dtype=blas_dtype, device=dev)
+        x0 = x[:, :n]
+        x0.copy_(w0b)
+        for i, w in enumerate(bigs):                                   # written in place: no concatenation
+            torch.sub(w[r:r + block_rows].to(dev), x0, out=x[:, (i + 1) * n:(i + 2) * n])
+        return x
 
     # acc[a] = X_aᵀ·[X_a | … | X_K], X_0 = W₀, X_i = Δ_i: the (K+1)(K+2)/2 distinct n × n blocks;
     # W₀ᵀW₀ always in float64 (it fixes Σ₀ and the conditioning check)
@@ -308,7 +313,9 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
     out = torch.empty(m, n, dtype=dtype, device=dev)
     for bi, r0 in enumerate(range(0, m, block_rows)):
         x = rows(r0) if kept is None else kept[bi]
-        out[r0:r0 + block_rows] = (x[:, :n] + x @ zstack).to(dtype)
+        y = x @ zstack
+        y += x[:, :n]
+        out[r0:r0 + block_rows] = y
     return (out.T.contiguous() if wide else out), c
 
 
