@@ -849,3 +849,17 @@ def test_record_keeps_per_domain_evaluations_and_their_sizes(tmp_path):
     assert [e[2] for e in p.evals] == [0.25, 0.3, 0.5]
     assert p.domain_evals == ((0, {"a": 0.5, "b": 0.0}, {"a": 64, "b": 64}), (1, {"a": 0.6}, None),
                               (2, {"a": 0.75, "b": 0.25}, {"a": 32, "b": 32}))
+
+
+def test_a_draw_whose_uniform_run_gains_nothing_has_ratio_one(tmp_path):
+    """A learner that does not learn (lr 10⁻⁹) under a greedy evaluation: uniform's held-out
+    accuracy never moves, so its 80 %-of-gain target is the start, reached at no cost by every
+    policy. Each policy's ratio is then 1 (it does what uniform does), not 0 / 10⁻⁹ = 0, which
+    the log-scale interval turned into [0, 10¹²] on the trainer's families_parallel."""
+    fit, w = _fit_at_truth(tmp_path)
+    fit = fit._replace(params=fit.params._replace(lr=1e-9))
+    pr = predict(fit, w.pool, budget_rollouts=20 * 64 * 8, pilot_rollouts=0, policies=["dump"], draws=1, seeds=2,
+                 from_start=True, heldout_eval="greedy")        # one draw: the MAP, the learner set here
+    dump = pr.policies[0]
+    assert dump.policy == "dump" and dump.ratios.tolist() == [1.0], dump.ratios
+    assert (dump.ratio, dump.low, dump.high) == (1.0, 1.0, 1.0) and pr.oracle.ratio == 1.0

@@ -392,7 +392,10 @@ def predict(fit: LearnerFit, pool: Pool, *, budget_rollouts: int, pilot_rollouts
                                 n_of[p] < draws, seed_var=v)
 
     u_cost = np.maximum(cost["uniform"].mean(axis=1), 1e-9)
-    ratio = {p: cost[p].mean(axis=1) / u_cost[:n_of[p]] for p in run_names}           # [D] per draw
+    # a draw whose uniform run gains nothing has its target at the start: a policy that is there
+    # at no cost either does what uniform does (ratio 1), not infinitely better (0 / 1e-9)
+    ratio = {p: np.where((cost[p].mean(axis=1) == 0) & (cost["uniform"][:n_of[p]].mean(axis=1) == 0), 1.0,
+                         cost[p].mean(axis=1) / u_cost[:n_of[p]]) for p in run_names}  # [D] per draw
     orc = np.minimum(ratio[ORACLES[0]], ratio[ORACLES[1]])
     oracle = summary(min(ORACLES, key=lambda o: np.median(ratio[o])), orc)._replace(policy="oracle")
     preds = []
