@@ -161,9 +161,9 @@ def _lean_decoder(model):
     m, cfg = model.model, model.config
     layers = list(m.layers)
     plain = (cfg._attn_implementation == "sdpa" and not getattr(model, "use_kernels", False)
-             and len(layers) == cfg.num_hidden_layers and not m.has_sliding_layers
+             and len(layers) == cfg.num_hidden_layers and getattr(m, "has_sliding_layers", True) is False
              and getattr(cfg, "is_causal", True) and model.lm_head.bias is None
-             and cfg.rope_parameters.get("rope_type", "default") == "default"
+             and (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") == "default"
              and type(m.rotary_emb) is q2.Qwen2RotaryEmbedding and type(m.norm) is q2.Qwen2RMSNorm
              and type(m.embed_tokens) is torch.nn.Embedding and m.embed_tokens.max_norm is None)
     for layer in layers:
