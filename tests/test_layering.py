@@ -19,7 +19,7 @@ ROOT = Path(rlpace.__file__).parent
 #: Floors, lowest first: a module may import its own floor and the floors below it. Keyed by
 #: the first name under `rlpace` ("" = the package itself, the curated public API).
 FLOORS = [
-    {"errors", "_checks", "_flow"},         # InputError; checks shared below policies; kwargs parser
+    {"errors", "_checks", "_flow", "_seeding"},   # InputError; shared checks; kwargs parser; generator states
     {"types", "stats"},                     # records; windows, posteriors, sum trees
     {"predict", "optim"},                   # difficulty predictor (policies build on it); ISO merging math
     {"policies"},                           # the algebra and every method
