@@ -145,7 +145,8 @@ def _lean_decoder(model):
     weights, without the wrappers around them: Hugging Face's output capturing, config
     defaults, `ModelOutput` records, the per-call mask construction and a module call per
     submodule. Same ops on the same tensors, so the logits and the cache are the same bits
-    (`tests/test_rollout_lean.py`); on the tiny policy a generation costs ~25 % less CPU.
+    (`tests/test_rollout_lean.py`); on the tiny policy a `ladder` generation (16 prompts × 8,
+    ≤ 10 tokens) takes 15.7–17.4 ms of CPU against 19.9 (medians of 7 × 20, load ~3).
     Taken only where every module is exactly the stock Qwen2 class, attention is sdpa over
     full (not sliding) layers with one key/value head per query head, no kernels, hooks or
     training mode; anything else runs `model(...)`.
