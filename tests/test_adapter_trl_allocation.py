@@ -269,7 +269,8 @@ def test_the_pilot_record_holds_the_held_out_evaluations(lm, dataset, tmp_path, 
     after the last step (12) as a line of its own; each acc_mean is the share of that
     evaluation's completions whose weighted reward (1·f + (−0.5)·g) is ≥ the success threshold
     0.5, computed here from the rewards the reward functions returned, `acc` the same per
-    data_source; TRL's logged eval_reward is the mean of those rewards; `rlpace advise` reads it."""
+    data_source and `n` the evaluation prompts per data_source; TRL's logged eval_reward is the
+    mean of those rewards; `rlpace advise` reads it."""
     from datasets import Dataset
     evals = []
 
@@ -317,6 +318,12 @@ def test_the_pilot_record_holds_the_held_out_evaluations(lm, dataset, tmp_path, 
     pilot = read_pilot(tmp_path / "pilot.jsonl")
     assert [(t, n) for t, n, _ in pilot.evals] == [(0, 0), (4, 4 * B * G), (8, 8 * B * G), (12, 12 * B * G)]
     assert [a for _, _, a in pilot.evals] == [got[t]["acc_mean"] for t in (0, 4, 8, 12)]
+    # the held-out prompts per data_source, counted from the eval dataset (logic: 0, 3, 6; math: the
+    # other 5), beside the accuracies; the reader gives both back for the held-out solved-share fit
+    names = list(held["data_source"])
+    sizes = {d: names.count(d) for d in set(names)}
+    assert sizes == {"logic": 3, "math": 5} and all(got[t]["n"] == sizes for t in got)
+    assert pilot.domain_evals == tuple((t, pytest.approx(got[t]["acc"]), sizes) for t in (0, 4, 8, 12))
     assert pilot.step.tolist() == [t for t in range(12) for _ in range(B)]
     assert advise_on_pilot(dataset, tmp_path, capsys) == 0
     assert json.loads((tmp_path / "o" / "advice.json").read_text())["pilot_rollouts"] == 12 * B * G

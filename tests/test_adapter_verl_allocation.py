@@ -367,3 +367,25 @@ def test_legacy_pilot_record_holds_verls_validations(tmp_path, tok, monkeypatch)
     assert [json.loads(x)["step"] for x in rec.read_text().splitlines()[1:]] == [1, 2, 3]
     _truncate_record(str(rec), 1)
     assert [json.loads(x).get("eval") for x in rec.read_text().splitlines()[1:]] == [lines[0]["eval"]]
+
+
+def test_legacy_pilot_record_holds_the_held_out_prompts_per_data_source(tmp_path, tok):
+    """verl's `_validate` repeats each validation prompt's uid over its `val_kwargs.n` samples
+    (`test_batch.repeat(n, interleave=True)`): the record's `n` per data source counts distinct
+    uids (5 prompts × 2 samples here: gsm8k 3, math 2, counted below from what is passed), the
+    accuracies stay per sample (gsm8k 4/6, math 2/4), and `rlpace.advise`'s reader gives both
+    back as the pilot's `domain_evals` (what the held-out solved-share fit needs)."""
+    rec = tmp_path / "p.jsonl"
+    t = make_trainer(tmp_path, tok, "uniform", record=rec)
+    it = iter(t.train_dataloader)
+    prompts = [("v0", "gsm8k"), ("v1", "gsm8k"), ("v2", "math"), ("v3", "gsm8k"), ("v4", "math")]
+    uids = [u for u, _ in prompts for _ in range(2)]
+    src = np.array([d for _, d in prompts for _ in range(2)], dtype=object)
+    acc = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    t._val_metrics_update(src, uids, {"reward": [2 * a - 1 for a in acc], "acc": acc}, [])
+    legacy_step(t, it, 1)
+    sizes = {d: len({u for u, x in zip(uids, src) if x == d}) for d in set(src)}
+    assert sizes == {"gsm8k": 3, "math": 2}
+    ev = json.loads(rec.read_text().splitlines()[1])["eval"]
+    assert ev["n"] == sizes and ev["acc"] == pytest.approx({"gsm8k": 4 / 6, "math": 2 / 4})
+    assert read_pilot(rec).domain_evals == ((1, pytest.approx({"gsm8k": 4 / 6, "math": 0.5}), sizes),)

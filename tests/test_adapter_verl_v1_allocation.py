@@ -200,6 +200,41 @@ def test_v1_pilot_record_holds_verls_validations(tmp_path, monkeypatch):
     monkeypatch.setattr(PPOTrainerSync, "fit", fit)
     t.fit(None)
     lines = [json.loads(x) for x in rec.read_text().splitlines()[1:]]
-    assert lines[0]["eval"] == {"acc_mean": 0.5, "acc": {"a": 0.5, "b": 0.5}}      # 0.9 (no acc) passes
-    assert lines[1] == {"step": 2, "eval": {"acc_mean": 0.75, "acc": {"a": 1.0, "b": 0.5}}}
+    sizes = {"a": 2, "b": 2}              # one uid per sample: two held-out prompts per data source
+    assert lines[0]["eval"] == {"acc_mean": 0.5, "acc": {"a": 0.5, "b": 0.5}, "n": sizes}   # 0.9 (no acc) passes
+    assert lines[1] == {"step": 2, "eval": {"acc_mean": 0.75, "acc": {"a": 1.0, "b": 0.5}, "n": sizes}}
     assert [(s, n, a) for s, n, a in read_pilot(rec).evals] == [(1, 0, 0.5), (2, 4, 0.75)]
+
+
+def test_v1_pilot_record_holds_the_held_out_prompts_per_data_source(tmp_path, monkeypatch):
+    """With `val_kwargs.n` = 3 verl's V1 `_validate` passes each prompt's uid once per sample:
+    the record's `n` per data source counts distinct uids (a: 2 prompts, b: 1, counted below from
+    what is passed), the accuracies stay per sample (a 4/6, b 1/3), and `rlpace.advise`'s reader
+    gives both back as the pilot's `domain_evals`, at the step of the line the validation went on."""
+    import json
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from rlpace import Pool, Scheduler
+    from rlpace.adapters import _verl_v1_trainer
+    from rlpace.adapters._verl_core import VerlFeedback, _RecordSpec
+    from rlpace.advise import read_pilot
+    from rlpace.types import Feedback
+    rec = tmp_path / "p.jsonl"
+    sched = Scheduler(Pool(["a", "a", "b", "b"], ids=[10, 11, 12, 13]), "uniform", seed=0)
+    bridge = VerlFeedback(sched, reward_key="acc", record=_RecordSpec(str(rec), (0.0, 1.0), 0.5))
+    t = object.__new__(_verl_v1_trainer.RlpacePPOTrainerSync)
+    t.train_dataset = type("Dataset", (), {"rlpace": bridge})
+    uids = ["p", "p", "p", "q", "q", "q", "r", "r", "r"]
+    src = ["a", "a", "a", "a", "a", "a", "b", "b", "b"]
+    acc = [1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+
+    def fit(self, manager):
+        self._val_metrics_update(src, uids, {"reward": acc, "acc": acc}, [], expected_acc_counts=None)
+        bridge.write_record(Feedback(np.array([0, 2]), np.array([[1.0, 0.0], [0.0, 0.0]]), step=1))
+
+    monkeypatch.setattr(PPOTrainerSync, "fit", fit)
+    t.fit(None)
+    sizes = {d: len({u for u, x in zip(uids, src) if x == d}) for d in set(src)}
+    assert sizes == {"a": 2, "b": 1}
+    ev = json.loads(rec.read_text().splitlines()[1])["eval"]
+    assert ev["n"] == sizes and ev["acc"] == pytest.approx({"a": 4 / 6, "b": 1 / 3})
+    assert read_pilot(rec).domain_evals == ((1, pytest.approx({"a": 4 / 6, "b": 1 / 3}), sizes),)

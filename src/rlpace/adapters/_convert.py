@@ -129,21 +129,31 @@ def chosen_rewards(fields, reward_key: str | None, score) -> np.ndarray:
 
 
 def eval_summary(rows: Sequence) -> dict:
-    """A pilot record's held-out evaluation from (success, distribution or None) per evaluated
-    completion: `acc_mean` the share of successes, `acc` the share per distribution when every
-    row names one (the TRL and verl adapters' evaluations).
+    """A pilot record's held-out evaluation from (success, distribution or None[, prompt key]) per
+    evaluated completion: `acc_mean` the share of successes, `acc` the share per distribution when
+    every row names one (the TRL and verl adapters' evaluations), and `n` the held-out prompts per
+    distribution (distinct prompt keys: a prompt sampled k times counts once, the unit the
+    built-in trainer writes) when every row also carries a key. `rlpace advise` fits each
+    domain's held-out solved share only from evaluations with both `acc` and `n`.
 
     Examples:
         >>> eval_summary([(True, "math"), (False, "math"), (True, "logic"), (True, "logic")])
         {'acc_mean': 0.75, 'acc': {'logic': 1.0, 'math': 0.5}}
+        >>> eval_summary([(True, "math", 0), (False, "math", 0), (True, "logic", 1), (True, "math", 2)])
+        {'acc_mean': 0.75, 'acc': {'logic': 1.0, 'math': 0.6666666666666666}, 'n': {'logic': 1, 'math': 2}}
         >>> eval_summary([(True, None), (False, None)])
         {'acc_mean': 0.5}
     """
-    ok = np.array([s for s, _ in rows], dtype=np.float64)
-    names = [d for _, d in rows]
+    ok = np.array([r[0] for r in rows], dtype=np.float64)
+    names = [r[1] for r in rows]
     out = {"acc_mean": float(ok.mean())}
     if all(d is not None for d in names):
         out["acc"] = {d: float(ok[[x == d for x in names]].mean()) for d in sorted(set(names))}
+        if all(len(r) > 2 and r[2] is not None for r in rows):
+            keys = {d: set() for d in out["acc"]}
+            for r in rows:
+                keys[r[1]].add(r[2])
+            out["n"] = {d: len(k) for d, k in keys.items()}
     return out
 
 

@@ -339,12 +339,14 @@ class VerlFeedback:
                                            success_threshold=self.record.success_threshold)
         return self._recorder
 
-    def record_eval(self, data_sources, reward_extra_infos_dict: dict) -> None:
+    def record_eval(self, data_sources, reward_extra_infos_dict: dict, sample_uids=None) -> None:
         """A validation for the pilot record, from what verl's `_val_metrics_update` receives
         (one entry per validation sample): each sample succeeds when its `reward_key` value
         (else its sequence score, `reward`: `chosen_rewards`' rule) is ≥ success_threshold;
-        `acc_mean` is the share of successes, `acc` the share per data source. It goes with the
-        next line written; an earlier validation no line followed is written alone first."""
+        `acc_mean` is the share of successes, `acc` the share per data source, `n` the held-out
+        prompts per data source: distinct `sample_uids` (verl repeats a prompt's uid for its
+        `val_kwargs.n` samples), absent without one uid per sample. It goes with the next line
+        written; an earlier validation no line followed is written alone first."""
         if self.record is None:
             return
         from ._convert import eval_summary
@@ -356,7 +358,10 @@ class VerlFeedback:
         if self._eval_pending is not None:
             self.flush_eval()
         thr = self.record.success_threshold
-        self._eval_pending = eval_summary([(float(v) >= thr, str(d)) for v, d in zip(value, data_sources)])
+        uids = list(sample_uids) if sample_uids is not None else []
+        uids = [str(u) for u in uids] if len(uids) == len(value) else [None] * len(value)
+        self._eval_pending = eval_summary([(float(v) >= thr, str(d), u)
+                                           for v, d, u in zip(value, data_sources, uids)])
 
     def flush_eval(self) -> None:
         """Write the validation no line followed (the one after the last step) as a line of its

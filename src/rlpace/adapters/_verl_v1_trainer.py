@@ -113,9 +113,9 @@ class RlpaceV1TrainerMixin:
                              f"Set bypass_mode=False.")
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
-        # verl's `_validate` hands its per-sample data sources and rewards here: the pilot
+        # verl's `_validate` hands its per-sample data sources, uids and rewards here: the pilot
         # record's evaluation, written with the next line the buffer writes
-        self.train_dataset.rlpace.record_eval(data_sources, reward_extra_infos_dict)
+        self.train_dataset.rlpace.record_eval(data_sources, reward_extra_infos_dict, sample_uids)
         return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs)
 
     def fit(self, *args, **kwargs):

@@ -488,7 +488,8 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
             sum lies in (a reward outside is refused when written). With an `eval_dataset`,
             each evaluation goes into the record too: `acc_mean` the share of evaluation
             completions whose weighted reward reaches the Scheduler's success_threshold, `acc`
-            the same per value of `record_domain_column` when every evaluation row has it.
+            the same per value of `record_domain_column` when every evaluation row has it,
+            and `n` the evaluation prompts per value (gathered over the ranks, padding dropped).
 
     Example:
         >>> pool = pool_from_dataset(ds)                                # doctest: +SKIP
@@ -984,15 +985,18 @@ class RlpaceGRPOTrainer(TrlSupervision, GRPOTrainer):
         return out
 
     def _rlpace_eval_collect(self, inputs: list[dict]) -> None:
-        """Each local evaluation completion's (success, distribution), gathered from every rank
-        in rank order (`evaluate` drops the padding of the last batch). TRL's rewards are already
-        gathered over the ranks; this rank's rows are its slice of them. (accelerate's
+        """Each local evaluation completion's (success, distribution, prompt key), gathered from
+        every rank in rank order (`evaluate` drops the padding of the last batch). TRL's rewards are
+        already gathered over the ranks; this rank's rows are its slice of them. (accelerate's
         `gather_for_metrics` would cut the last batch at len(dataset) % batch, counting prompts,
-        not TRL's num_generations_eval samples per prompt.)"""
+        not TRL's num_generations_eval samples per prompt.) The gathered order is the sampler's,
+        which repeats each prompt num_generations_eval times in a row: a completion's prompt key
+        is its gathered position // num_generations_eval (the record's held-out `n` per domain)."""
         n, rank, col = len(inputs), self.accelerator.process_index, self.rlpace_record_domain_column
         reward = self._rlpace_rewards[rank * n:(rank + 1) * n].tolist()
-        rows = [(bool(r >= self.scheduler.success_threshold), None if col is None or col not in x else str(x[col]))
-                for r, x in zip(reward, inputs)]
+        first = len(self._rlpace_eval_rows) + rank * n           # this rank's first gathered position
+        rows = [(bool(r >= self.scheduler.success_threshold), None if col is None or col not in x else str(x[col]),
+                 (first + j) // self.num_generations_eval) for j, (r, x) in enumerate(zip(reward, inputs))]
         self._rlpace_eval_rows.extend(gather_object(rows))
 
     def _rlpace_flush_eval(self) -> None:

@@ -259,9 +259,9 @@ class RlpaceTrainerMixin:
             self._rlpace_validating = False
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
-        # verl's `_validate` hands its per-sample data sources and rewards here (merged validation
-        # too): the pilot record's evaluation, written with the next step's line
-        self._rlpace().record_eval(data_sources, reward_extra_infos_dict)
+        # verl's `_validate` hands its per-sample data sources, uids and rewards here (merged
+        # validation too): the pilot record's evaluation, written with the next step's line
+        self._rlpace().record_eval(data_sources, reward_extra_infos_dict, sample_uids)
         return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs)
 
     # -- supervision transforms (`rlpace.adapters._verl_supervision`) ------------------------------
