@@ -589,6 +589,50 @@ def test_window_push_that_replaces_every_arm_equals_the_loop(width, g):
             assert (c, f) == (pushed[a] % width, min(pushed[a], width)), (b, a)
 
 
+@pytest.mark.parametrize("width,g", [(300, 16), (7, 3), (5, 1), (16, 20), (4, 4), (9, 2)])
+def test_slot_push_of_skewed_and_full_pushes_equals_a_plain_loop(width, g, monkeypatch):
+    """`_push_slots` (the arms' last rows gathered with `take` along the rows, the ring written
+    by a wrap-mode `take` when every arm gets ≥ W values, by a masked copy otherwise) is the
+    path `window_push` takes for a push of ≥ K·W values, and leaves the windows, cursors and
+    fills of the per-item loop: every arm given ≥ W values, or a skewed push (absent arms,
+    arms with a row or two, one arm with most: DUMP's mixture at T = 0.1), from cursors left
+    anywhere in the ring by smaller pushes, the rows given by the caller or counted inside."""
+    import rlpace.stats._window as wmod
+    taken = []
+    real = wmod._push_slots
+    monkeypatch.setattr(wmod, "_push_slots", lambda *a: taken.append(1) or real(*a))
+    rng = np.random.default_rng(7 * width + g)
+    k = 4
+    need = -(-width // g)                              # rows per arm for W values
+    win = wmod.window_init(k, width)
+    buf, pushed = [[] for _ in range(k)], [0] * k
+    for i, (b, kind) in enumerate([(2, "any"), (k * need, "full"), (1, "any"), (k * need + 3, "skew"),
+                                   (3, "any"), (k * need + 5, "full"), (1, "any"), (k * need + 30, "skew"),
+                                   (k * need + 1, "skew"), (k * need + 30, "full")]):
+        if kind == "skew":                             # arm 0 absent, arm 1 one row, arm 2 two, arm 3 the rest
+            arms = np.array([1] + [2] * 2 + [3] * (b - 3))
+            rng.shuffle(arms)
+        else:
+            arms = rng.integers(0, k, size=b)
+        if kind == "full":
+            arms[:k * need] = np.repeat(np.arange(k), need)
+            rng.shuffle(arms)
+        values = rng.standard_normal((b, g))
+        before = len(taken)
+        wmod.window_push(win, arms, values if g > 1 else values.reshape(-1),
+                         rows=np.bincount(arms, minlength=k) if i % 2 else None)
+        assert len(taken) - before == (1 if b * g >= k * width else 0), (b, kind)
+        for a, row in zip(arms.tolist(), values.tolist()):
+            for v in row:
+                buf[a] = (buf[a] + [v])[-width:]
+                pushed[a] += 1
+        for a in range(k):
+            f, c = int(win.filled[a]), int(win.cursor[a])
+            assert (c, f) == (pushed[a] % width, min(pushed[a], width)), (b, a)
+            assert [float(win.values[a, (c - f + j) % width]) for j in range(f)] == buf[a], (b, a)
+    assert len(taken) == 6
+
+
 def test_batch_reads_names_only_fields_built_on_request():
     from rlpace.errors import InputError
     from rlpace.policies import DataPolicy

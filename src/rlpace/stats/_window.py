@@ -78,14 +78,17 @@ def _push_slots(win: Window, arms, values, g, order, rows=None) -> Window:
     span = -(-w // g)                                 # L
     newest = np.cumsum(rows) - 1                      # [K] position in `order` of each arm's newest row
     pick = order[np.maximum(newest[:, None] - _descending(span), 0)]     # [K, L] oldest → newest
-    tail = values[pick].reshape(k, span * g)
+    # `take` along the rows copies the same values as `values[pick]`, ~2.5× faster at [12, 19] of [512, 16]
+    tail = values.take(pick, axis=0).reshape(k, span * g)
     cursor_end = win.cursor + counts                  # [K] cursors after the push, not yet wrapped
     age = _ages(w)[(w - cursor_end) % w]              # [K, W]: row W − 1 − c_a of `_ages`
     src = _row_starts(k, span * g) - age              # flat position in `tail` of each slot's value
     if int(counts.min()) >= w and tail.dtype == win.values.dtype and win.values.flags.c_contiguous:
         # every arm got at least W values (age < W ≤ count_a everywhere): every slot is new,
         # so the gather writes the ring directly, without the mask and its temporary
-        np.take(tail, src, out=win.values)
+        # mode="wrap": every index is in range, and a "raise" take buffers its `out` (a copy of
+        # the ring) to leave it untouched on an error; the same values, ~30 % less time
+        np.take(tail, src, out=win.values, mode="wrap")
     else:
         np.copyto(win.values, tail.take(src), where=age < counts[:, None])
     return _advance(win, cursor_end, counts)
