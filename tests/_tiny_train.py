@@ -21,3 +21,22 @@ def tiny_config(out, cache: str, **overrides):
 def read_log(out) -> list[dict]:
     """The JSONL records a run wrote to `out/metrics.jsonl`."""
     return [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+#: the fields of a run's records that measure time, so differ between two runs of the same numbers
+TIMING = {"seconds", "train_seconds", "seconds_total"}
+
+
+def log_without_timing(out) -> list[dict]:
+    """`read_log(out)` with the timing fields left out: what two runs of the same numbers share."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_log(out)]
+
+
+def assert_same_run(a, b) -> None:
+    """Runs `a` and `b` (TrainConfigs) wrote the same records, timing aside, and checkpoints
+    with the same tensors, bit for bit."""
+    import torch
+    assert log_without_timing(a.out) == log_without_timing(b.out)
+    wa = torch.load(Path(a.out, "checkpoint", "model.pt"), weights_only=False)
+    wb = torch.load(Path(b.out, "checkpoint", "model.pt"), weights_only=False)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

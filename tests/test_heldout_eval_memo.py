@@ -95,7 +95,7 @@ class _Sha256Spy:
 
 
 def test_a_plain_train_run_never_hashes_the_weights(tmp_path, cache, monkeypatch):
-    from _tiny_train import read_log, tiny_config
+    from _tiny_train import log_without_timing, tiny_config
     from rlpace.train import train
     spy = _Sha256Spy()
     monkeypatch.setattr(ev, "hashlib", spy)
@@ -106,9 +106,7 @@ def test_a_plain_train_run_never_hashes_the_weights(tmp_path, cache, monkeypatch
     shared = tiny_config(tmp_path / "shared", cache, steps=2)
     train(shared, eval_memo=memo)                                 # the runner's way: one digest per evaluation
     assert spy.calls == 2 and len(memo) == 2
-    timing = {"seconds", "train_seconds", "seconds_total"}
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in timing} for r in recs]   # noqa: E731
-    assert strip(read_log(plain.out)) == strip(read_log(shared.out))
+    assert log_without_timing(plain.out) == log_without_timing(shared.out)
 
 
 def test_the_compare_runner_shares_the_step0_evaluation_of_one_base(tmp_path, cache, monkeypatch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _tiny_train import read_log, tiny_config
+from _tiny_train import assert_same_run, tiny_config
 from rlpace.train import rollout, train
 from rlpace.train.model import tiny_causal_lm
 
@@ -96,9 +96,4 @@ def test_a_run_with_the_lean_decode_equals_one_with_the_model_call(tmp_path, cac
     monkeypatch.setattr(rollout, "_lean_decoder", lambda m: None)
     plain = tiny_config(tmp_path / "plain", cache, steps=3)
     train(plain)
-    timing = {"seconds", "train_seconds", "seconds_total"}
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in timing} for r in recs]   # noqa: E731
-    assert strip(read_log(lean.out)) == strip(read_log(plain.out))
-    a = torch.load(tmp_path / "lean" / "checkpoint" / "model.pt", weights_only=False)
-    b = torch.load(tmp_path / "plain" / "checkpoint" / "model.pt", weights_only=False)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_run(lean, plain)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from _tiny_train import read_log, tiny_config
+from _tiny_train import assert_same_run, tiny_config
 from rlpace.train import train
 from rlpace.train.model import ModeSwitch, tiny_causal_lm
 from rlpace.train.recipes import grpo
@@ -105,9 +105,4 @@ def test_a_run_with_the_mode_switch_equals_one_with_train_and_eval(tmp_path, cac
     monkeypatch.setattr(grpo, "ModeSwitch", Walk)
     slow = tiny_config(tmp_path / "slow", cache, steps=3)
     train(slow)
-    timing = {"seconds", "train_seconds", "seconds_total"}
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in timing} for r in recs]   # noqa: E731
-    assert strip(read_log(fast.out)) == strip(read_log(slow.out))
-    a = torch.load(tmp_path / "fast" / "checkpoint" / "model.pt", weights_only=False)
-    b = torch.load(tmp_path / "slow" / "checkpoint" / "model.pt", weights_only=False)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_run(fast, slow)
