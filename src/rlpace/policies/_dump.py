@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..stats._window import Window, window_init, window_mean, window_push
-from ._base import MIXTURE, DataPolicy, shifted_softmax, with_floor
+from ._base import MIXTURE, DataPolicy, shifted_softmax, softmax_of_floats, with_floor
 from ..types import rollout_abs_advantages
 from ._checks import check_choice, check_int, check_real
 from ._sec import arm_batch_reads
@@ -144,13 +144,9 @@ def dump_ucb(temperature: float = 0.1, c: float = 1.0, window: int = 300,
         score = [(s / f if f > 0 else 0.0) + c * math.sqrt(lg / (m + 1)) for s, f, m in zip(sums, filled, n)]
         if log_share is not None:
             score = [x + temperature * ls for x, ls in zip(score, log_share)]
-        top = max(score)                                          # finite: |A| ≤ 1e100, counts < 2**53
-        if not math.isfinite(top):
+        if not math.isfinite(max(score)):                         # finite: |A| ≤ 1e100, counts < 2**53
             return None
-        z = np.array([(x - top) / temperature for x in score])    # shifted_softmax, from here on
-        np.exp(z, out=z)
-        z /= z.sum()
-        return z
+        return softmax_of_floats(score, temperature)              # shifted_softmax, from here on
 
     def metrics(state, pool):
         return {"dump/total_count": float(state.count.sum())}
