@@ -851,6 +851,28 @@ def test_record_keeps_per_domain_evaluations_and_their_sizes(tmp_path):
                               (2, {"a": 0.75, "b": 0.25}, {"a": 32, "b": 32}))
 
 
+@pytest.mark.parametrize("field, bad", [("acc", float("nan")), ("acc", 1.5), ("acc", -0.1), ("acc", "0.5"),
+                                        ("n", -1), ("n", 2.5), ("n", True)])
+@pytest.mark.parametrize("alone", [False, True])
+def test_record_refuses_a_bad_per_domain_accuracy_or_size(tmp_path, field, bad, alone):
+    """A per-domain accuracy that is not a finite number in [0, 1], or a held-out size that is
+    not a whole number ≥ 0, is refused by name (it would enter the held-out fit's likelihood:
+    round(NaN · n) raises, 1.5 gives a negative failure count), on a batch's evaluation and on
+    an evaluation alone."""
+    ev = {"acc_mean": 0.5, "acc": {"a": 0.5, "b": 0.25}, "n": {"a": 8, "b": 8}}
+    path = tmp_path / "p.jsonl"
+    rec = PilotRecorder(path)
+    fb = Feedback(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 0.0]], np.float32), step=0)
+    rec.write(fb, eval=None if alone else ev)
+    if alone:
+        rec.write_eval(1, ev)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[-1]["eval"][field]["b"] = bad                 # as a faulty writer would (NaN: json's literal)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(InputError, match=rf"pilot eval at step {1 if alone else 0}: {field}\['b'\]"):
+        read_pilot(tmp_path / "p.jsonl")
+
+
 def test_a_draw_whose_uniform_run_gains_nothing_has_ratio_one(tmp_path):
     """A learner that does not learn (lr 10⁻⁹) under a greedy evaluation: uniform's held-out
     accuracy never moves, so its 80 %-of-gain target is the start, reached at no cost by every

@@ -63,7 +63,7 @@ class Pilot(NamedTuple):
             rollout-allocation policy: N_i ≥ 0 per prompt), None when every group has G.
         domain_evals: tuple of (step, {domain: accuracy}, {domain: held-out prompts} or None)
             — the per-domain held-out evaluations an eval record carries ("acc", and "n" when
-            the writer gives the held-out set's size; `fit_heldout_offset` needs it).
+            the writer gives the held-out set's size; `fit_heldout_solved` needs it).
     """
 
     prompt_ids: np.ndarray
@@ -240,14 +240,27 @@ def _eval_record(ev: Any) -> dict | None:
 
 
 def _domain_eval(t: int, ev: dict) -> tuple | None:
-    """(step, {domain: accuracy}, {domain: n} or None) of an eval record with per-domain accuracies."""
+    """(step, {domain: accuracy}, {domain: n} or None) of an eval record with per-domain
+    accuracies; an InputError for an accuracy that is not a finite number in [0, 1] or a
+    held-out size that is not a whole number ≥ 0 (they enter the held-out fit's likelihood)."""
     acc = ev.get("acc")
     if not isinstance(acc, dict) or not acc:
         return None
     n = ev.get("n")
     n = {k: n for k in acc} if isinstance(n, int) and not isinstance(n, bool) else n
-    return int(t), {str(k): float(v) for k, v in acc.items()}, \
-        ({str(k): int(v) for k, v in n.items()} if isinstance(n, dict) else None)
+    out = {}
+    for k, v in acc.items():
+        a = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+        if not 0.0 <= a <= 1.0:                      # NaN fails too
+            raise InputError(f"pilot eval at step {t}: acc[{k!r}] = {v!r} must be a finite accuracy in [0, 1]; "
+                             f"fix the writer's per-domain accuracies or leave 'acc' out.")
+        out[str(k)] = a
+    if isinstance(n, dict):
+        for k, v in n.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"pilot eval at step {t}: n[{k!r}] = {v!r} must be a whole number of held-out "
+                                 f"prompts (≥ 0); fix the writer's held-out sizes or leave 'n' out.")
+    return int(t), out, ({str(k): int(v) for k, v in n.items()} if isinstance(n, dict) else None)
 
 
 def read_pilot(path) -> Pilot:
