@@ -363,3 +363,29 @@ def test_split_by_arm_every_arm_live_is_the_multinomial_of_the_shares():
     for bad in ([np.nan, 1, 1, 1], [np.inf, 1, 1, 1], [-0.1, 1, 1, 1]):
         with pytest.raises(InputError, match="finite non-negative"):
             split_by_arm(pool, 5, bad, "domain", np.random.default_rng(0), "t")
+
+
+def test_split_by_arm_reads_the_pools_cached_sizes_and_keeps_the_plain_rule():
+    """split_by_arm takes the arm sizes and "every arm has prompts" from the pool's cache:
+    counts must be the plain rule's — probs restricted to non-empty arms and renormalised
+    (all-zero mass: the arms' sizes), a multinomial over the arms with mass, in one draw —
+    for probs with zeros, all zeros, and every arm live, over domains and clusters."""
+    rng = np.random.default_rng(21)
+    for trial in range(60):
+        k = int(rng.integers(1, 9))
+        labels = np.repeat(np.arange(k), rng.integers(1, 30, size=k))
+        pool = Pool(labels, clusters=rng.integers(0, 5, size=labels.size))
+        arms = "domain" if trial % 2 else "cluster"
+        sizes = np.diff(pool.members(arms)[1])
+        probs = rng.random(sizes.size)
+        probs[rng.random(sizes.size) < 0.3] = 0.0
+        if trial % 7 == 0:
+            probs[:] = 0.0
+        n = int(rng.integers(0, 80))
+        got, _, _ = split_by_arm(pool, n, probs, arms, np.random.default_rng([trial, 5]), "t")
+        p = np.where(sizes > 0, probs, 0.0)
+        p = p / p.sum() if p.sum() > 0 else sizes / sizes.sum()
+        live = np.flatnonzero(p > 0)
+        want = np.zeros(sizes.size, np.int64)
+        want[live] = np.random.default_rng([trial, 5]).multinomial(n, p[live] / p[live].sum())
+        np.testing.assert_array_equal(got, want)

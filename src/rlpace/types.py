@@ -1258,6 +1258,20 @@ def _success_counts(success: np.ndarray) -> np.ndarray:
     return (success.astype(np.float64) @ np.ones(success.shape[1])).astype(np.int64)
 
 
+def group_wins(batch: Batch) -> np.ndarray:
+    """float64[B] successes per group of a `Batch`: `_success_counts(batch.success)` as floats.
+    When G is a power of two it is read back from `batch.pass_rate` (built as the float count
+    / G, `_batch_and_counts`): dividing an integer below 2^53 by a power of two and multiplying
+    back are both exact, so the product is the count bit for bit, in one multiply instead of
+    a cast and a matrix product over [B, G]. A batch without a matching pass_rate (built by
+    hand) is counted from its success mask."""
+    g = batch.success.shape[1]
+    rate = batch.pass_rate
+    if g and not g & (g - 1) and isinstance(rate, np.ndarray) and rate.shape == batch.success.shape[:1]:
+        return rate * g
+    return _success_counts(batch.success).astype(np.float64)
+
+
 @functools.lru_cache(maxsize=64)
 def _informative_counts(g: int) -> np.ndarray:
     """bool[G + 1] read-only: a group of G 0/1 rewards with k successes carries signal

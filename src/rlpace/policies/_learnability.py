@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..stats._sumtree import SumTree, _unique, sumtree_build, sumtree_sample, sumtree_set
-from ..types import _success_counts
+from ..types import group_wins
 from ._base import SELECTION, DataPolicy
 from ._checks import check_int, check_real
 from ._mopps import beta_posterior_update
@@ -52,7 +52,7 @@ def _learnability(successes: np.ndarray, attempts: np.ndarray) -> np.ndarray:
 
 def _observe(successes: np.ndarray, attempts: np.ndarray, batch, decay: float) -> None:
     """In place: s ← λ·s + k, a ← λ·a + G per observed group, in batch order."""
-    wins = _success_counts(batch.success).astype(np.float64)          # k per group
+    wins = group_wins(batch)                                          # k per group
     g = np.full(wins.shape, float(batch.rewards.shape[1]))           # G per group
     beta_posterior_update(successes, attempts, batch.prompt_ids, wins, g, decay, 0.0, 0.0)
 
@@ -283,7 +283,7 @@ def prioritized_learnability(alpha: float = 0.6, eps: float = 1e-6, decay: float
             # the scores from the new values (a ≥ G > 0, so p̂ = s / a), and the same leaves
             # re-priced in batch order (a node's sum does not depend on the order its distinct
             # leaves were set in): one sort of the ids instead of two, no re-gather.
-            wins = _success_counts(batch.success).astype(np.float64)
+            wins = group_wins(batch)
             s = decay * state.successes[ids] + wins
             a = decay * state.attempts[ids] + float(batch.rewards.shape[1])
             state.successes[ids] = s

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..types import _success_counts
+from ..types import group_wins
 from ._base import SELECTION, DataPolicy
 from .._checks import bad
 from ._checks import check_int, check_real
@@ -582,7 +582,7 @@ def mopps(ratio: int = 16, target: float = 0.5, decay: float = 1.0, prior_alpha:
     def update(state, pool, batch):
         if batch.prompt_ids.size == 0:
             return state
-        wins = _success_counts(batch.success).astype(np.float64)   # n·s
+        wins = group_wins(batch)                                   # n·s
         losses = batch.rewards.shape[1] - wins                     # n·(1 − s)
         beta_posterior_update(state.alpha, state.beta, batch.prompt_ids, wins, losses,
                               decay, prior_alpha, prior_beta)

@@ -96,13 +96,17 @@ def split_by_arm(pool, n: int, probs, arms: str, rng: np.random.Generator,
     [0, 5, 0]
     """
     order, offsets = pool.members(arms)
-    sizes = np.diff(offsets)
+    # np.diff(offsets) and "every arm has prompts", computed once per pool (`Pool.arm_sizes`;
+    # an object with only `members` gets them here): with every arm non-empty the
+    # restriction to non-empty arms keeps probs as they are (`full`)
+    cached = getattr(pool, "arm_sizes", None)
+    sizes, full = cached(arms) if cached is not None else (np.diff(offsets), False)
     p = np.asarray(probs, dtype=np.float64)
     # min ≥ 0 is False for a NaN or a negative entry, max < inf for +inf: finite and ≥ 0
     if p.shape != sizes.shape or not (p.min() >= 0 and p.max() < np.inf):
         raise InputError(f"{owner}: the mixture's probs must be {sizes.shape[0]} finite non-negative "
                          f"numbers, one per {arms}; got {p.tolist()!r} (a bug in the mixture policy).")
-    p = arm_distribution(sizes, p)
+    p = arm_distribution(sizes, p, full=full)
     live = p > 0
     if live.all():               # the same numbers as below, without the gathers
         return rng.multinomial(n, p / p.sum()), order, offsets
