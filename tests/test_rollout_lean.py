@@ -97,3 +97,56 @@ def test_a_run_with_the_lean_decode_equals_one_with_the_model_call(tmp_path, cac
     plain = tiny_config(tmp_path / "plain", cache, steps=3)
     train(plain)
     assert_same_run(lean, plain)
+
+
+def _packed_rollout(seed: int):
+    """Two groups of 4 rollouts of left-padded prompts, completions of 1-4 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, 23, (n,), generator=g).tolist() for n in (3, 7)]
+    comps = [torch.randint(3, 23, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
+    p_ids, p_mask = rollout.left_pad([p for p in prompts for _ in range(4)], 0)
+    c_ids, c_mask = rollout.right_pad(comps, 0)
+    return rollout.Rollout(p_ids, p_mask, c_ids, c_mask)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lean_loss_forward_gives_the_log_probs_and_gradients_of_the_model_call(seed, monkeypatch):
+    """The packed loss forward in training mode through `_lean_forward(model, training=True)`:
+    the log-probs, the first-token logits and every parameter's gradient equal those of
+    `model(...)` bit for bit."""
+    model, ro = _model(seed).train(), _packed_rollout(seed)
+    assert rollout._lean_forward(model, training=True) is not None
+    w = torch.linspace(-1.0, 1.0, ro.completion_ids.numel()).view(ro.completion_ids.shape)   # [N, T]
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        logp, first = rollout.completion_logprobs(model, ro, 0.7, 4, first_logits=True, packed=True)
+        ((logp * w).sum() + first.square().sum()).backward()
+        return [logp.detach(), first.detach()] + [p.grad for p in model.parameters()]
+
+    lean = run()
+    monkeypatch.setattr(rollout, "_lean_forward", lambda m, training=False: None)
+    plain = run()
+    assert len(lean) == len(plain) == 2 + len(list(model.parameters()))
+    assert bool((lean[0] != 0).any()) and all(g is not None and bool((g != 0).any()) for g in lean[2:])
+    for a, b in zip(lean, plain):
+        assert torch.equal(a, b)
+
+
+def test_the_lean_loss_forward_keeps_the_model_call_where_training_mode_matters():
+    assert rollout._lean_forward(_model(0).train()) is None              # decoding: eval mode only
+    dropout = _model(0).train()
+    dropout.config.attention_dropout = 0.1
+    assert rollout._lean_forward(dropout, training=True) is None
+    ckpt = _model(0).train()
+    ckpt.model.layers[1].gradient_checkpointing = True
+    assert rollout._lean_forward(ckpt, training=True) is None
+
+
+def test_a_run_with_the_lean_loss_forward_equals_one_with_the_model_call(tmp_path, cache, monkeypatch):
+    lean = tiny_config(tmp_path / "lean", cache, steps=3)
+    train(lean)
+    monkeypatch.setattr(rollout, "_lean_forward", lambda m, training=False: None)
+    plain = tiny_config(tmp_path / "plain", cache, steps=3)
+    train(plain)
+    assert_same_run(lean, plain)

@@ -134,7 +134,12 @@ def _shares_cache(model) -> bool:
 
 
 def _lean_decoder(model):
-    """The no-gradient forward of a plain Qwen2 causal LM, as a function `step(ids int64[N, L],
+    """`_lean_forward(model)`: the no-gradient decode forward of a plain Qwen2 causal LM, or None."""
+    return _lean_forward(model)
+
+
+def _lean_forward(model, training: bool = False):
+    """The forward of a plain Qwen2 causal LM, as a function `step(ids int64[N, L],
     mask4, pos int64[N, L], cache) -> logits [N, L, V]` (mask4: what `create_causal_mask`
     builds for sdpa — `_prompt_mask4` for the prompts, the padding mask bool[N, 1, 1, S] for
     one decoded token, None where nothing is padded); None for any other model.
@@ -150,6 +155,11 @@ def _lean_decoder(model):
     Taken only where every module is exactly the stock Qwen2 class, attention is sdpa over
     full (not sliding) layers with one key/value head per query head, no kernels, hooks or
     training mode; anything else runs `model(...)`.
+
+    `training=True` (the loss forward, `_packed_logprobs`): also in training mode — where it
+    changes nothing: attention dropout 0 and no gradient checkpointing — with `cache` None (no
+    KV cache). Autograd records the same ops on the same tensors, so the log-probs and the
+    gradients are the bits of `model(...)`'s (tested).
     """
     try:
         from transformers.activations import SiLUActivation
@@ -157,10 +167,13 @@ def _lean_decoder(model):
         from transformers.models.qwen2 import modeling_qwen2 as q2
     except ImportError:                                   # another transformers layout
         return None
-    if type(model) is not q2.Qwen2ForCausalLM or type(model.model) is not q2.Qwen2Model or model.training:
+    if type(model) is not q2.Qwen2ForCausalLM or type(model.model) is not q2.Qwen2Model:
         return None
     m, cfg = model.model, model.config
     layers = list(m.layers)
+    if model.training and not (training and getattr(cfg, "attention_dropout", None) == 0
+                               and not any(getattr(x, "gradient_checkpointing", True) for x in layers)):
+        return None
     plain = (cfg._attn_implementation == "sdpa" and not getattr(model, "use_kernels", False)
              and len(layers) == cfg.num_hidden_layers and getattr(m, "has_sliding_layers", True) is False
              and getattr(cfg, "is_causal", True) and model.lm_head.bias is None
@@ -203,8 +216,9 @@ def _lean_decoder(model):
     lm_head = model.lm_head.weight
 
     def step(ids, mask4, pos, cache):
-        """logits [N, L, V] of ids int64[N, L] at positions pos int64[N, L] on top of `cache`,
-        under `mask4` (what create_causal_mask returns: bool[N, 1, L, S] or None)."""
+        """logits [N, L, V] of ids int64[N, L] at positions pos int64[N, L] on top of `cache`
+        (None: no cache), under `mask4` (what create_causal_mask returns: bool[N, 1, L, S] or
+        None; or a 4-D additive mask, which it passes through as given)."""
         h = f.embedding(ids, *emb_args)                                            # [N, L, H]
         cos, sin = m.rotary_emb(h, pos)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -221,7 +235,8 @@ def _lean_decoder(model):
             v = f.linear(x, wv, bv).view(shape).transpose(1, 2)
             q = (q * cos) + (half(q) * sin)
             k = (k * cos) + (half(k) * sin)
-            k, v = cache.update(k, v, idx)
+            if cache is not None:
+                k, v = cache.update(k, v, idx)
             o = f.scaled_dot_product_attention(q, k, v, attn_mask=mask4, dropout_p=0.0, scale=scaling,
                                                is_causal=causal, **gqa)
             o = o.transpose(1, 2).contiguous().reshape(n, length, -1).contiguous()
@@ -390,7 +405,10 @@ def _packed_logprobs(model, rollout: Rollout, temperature: float, g: int, first_
     # additive (0 / dtype min), the form both sdpa and eager attention add to their scores
     dtype = next(model.parameters()).dtype
     bias = torch.zeros(allow.shape, dtype=dtype, device=dev).masked_fill_(~allow, torch.finfo(dtype).min)
-    logits = model(input_ids=seq, attention_mask=bias[:, None], position_ids=torch.cat([ppos, cpos], 1)).logits
+    lean = _lean_forward(model, training=True)     # the same ops as model(...) without its wrappers
+    positions = torch.cat([ppos, cpos], 1)
+    logits = (lean(seq, bias[:, None], positions, None) if lean is not None else
+              model(input_ids=seq, attention_mask=bias[:, None], position_ids=positions).logits)
     # o_j's first token is read at the prompt's last position (repeated per rollout, the tensor
     # `first_logits` returns), its token k ≥ 1 at o_j's token k − 1
     first = logits[:, p - 1:p, :].repeat_interleave(g, dim=0)                                    # [N, 1, V]
