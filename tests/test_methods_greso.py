@@ -89,3 +89,39 @@ def test_candidates_follow_a_composed_mixture():
     ids = np.concatenate([s.propose(100) for _ in range(20)])
     # no streaks yet: every candidate is kept, so domains follow the mixture's 0.9 / 0.1
     assert (ids < 50).mean() == pytest.approx(0.9, abs=4 * np.sqrt(0.09 / ids.size))
+
+
+def _plain_greso_update(easy_streak, hard_streak, ids, pass_rate, easy_threshold=0.98, hard_threshold=0.11):
+    """The streak rule one group at a time, in batch order, and the batch's shares as means."""
+    easy_streak, hard_streak = easy_streak.copy(), hard_streak.copy()
+    n_easy = n_hard = 0
+    for i, rate in zip(ids.tolist(), pass_rate.tolist()):
+        e = rate >= easy_threshold
+        h = rate <= hard_threshold and not e
+        easy_streak[i] = min(easy_streak[i] + 1, 2**30) if e else 0
+        hard_streak[i] = min(hard_streak[i] + 1, 2**30) if h else 0
+        n_easy, n_hard = n_easy + e, n_hard + h
+    return easy_streak, hard_streak, [n_easy / len(ids), n_hard / len(ids)]
+
+
+@pytest.mark.parametrize("repeats", [False, True])
+def test_streak_update_equals_the_group_by_group_loop(repeats):
+    """The update with every prompt once (written without the occurrence rounds) and with
+    prompts listed several times, against the plain loop: the same streaks and shares, over
+    20 random batches of a 300-prompt pool."""
+    rng = np.random.default_rng(5 + repeats)
+    pool = Pool(rng.integers(0, 3, size=300))
+    s = Scheduler(pool, "greso", seed=1)
+    for t in range(20):
+        b = int(rng.integers(1, 120))
+        ids = rng.integers(0, 40, size=b) if repeats else rng.choice(len(pool), size=b, replace=False)
+        p = rng.choice([0.0, 1.0, 0.5], size=(b, 1), p=[0.4, 0.4, 0.2])
+        rewards = (rng.random((b, 8)) < p).astype(np.float64)
+        before = _state(s)
+        want_e, want_h, want_ratio = _plain_greso_update(before.easy_streak, before.hard_streak, ids,
+                                                         rewards.mean(axis=1))
+        s.observe(Feedback(ids, rewards, step=t))
+        after = _state(s)
+        assert after.easy_streak.tolist() == want_e.tolist()
+        assert after.hard_streak.tolist() == want_h.tolist()
+        assert after.last_ratio.tolist() == want_ratio

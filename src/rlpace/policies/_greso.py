@@ -137,15 +137,25 @@ def greso(target_zero_variance: float = 0.25, p_init: float = 0.5, p_min: float 
         # Streaks, group by group in batch order; a prompt listed twice moves twice.
         order = np.argsort(ids, kind="stable")
         sid = ids[order]
-        first = np.r_[True, sid[1:] != sid[:-1]]
-        occ = np.arange(b) - np.maximum.accumulate(np.where(first, np.arange(b), 0))
-        for r in range(int(occ.max()) + 1):
-            sel = order[occ == r]
-            i = ids[sel]
-            e, h = easy[sel], hard[sel]
-            state.easy_streak[i] = np.where(e, np.minimum(state.easy_streak[i] + 1, _STREAK_MAX), 0)
-            state.hard_streak[i] = np.where(h, np.minimum(state.hard_streak[i] + 1, _STREAK_MAX), 0)
-        ratio = np.array([easy.mean(), hard.mean()])
+        repeats = sid[1:] == sid[:-1]
+        if not repeats.any():
+            # Every prompt once (the usual batch): the loop below runs one round over every
+            # group, and with distinct ids the order of the writes does not matter — the same
+            # writes without the occurrence bookkeeping.
+            for streak, hit in ((state.easy_streak, easy), (state.hard_streak, hard)):
+                streak[ids] = np.where(hit, np.minimum(streak[ids] + 1, _STREAK_MAX), 0)
+        else:
+            first = np.concatenate(([True], ~repeats))
+            occ = np.arange(b) - np.maximum.accumulate(np.where(first, np.arange(b), 0))
+            for r in range(int(occ.max()) + 1):
+                sel = order[occ == r]
+                i = ids[sel]
+                e, h = easy[sel], hard[sel]
+                state.easy_streak[i] = np.where(e, np.minimum(state.easy_streak[i] + 1, _STREAK_MAX), 0)
+                state.hard_streak[i] = np.where(h, np.minimum(state.hard_streak[i] + 1, _STREAK_MAX), 0)
+        # the shares as bool means compute them: the float64 count over b (count_nonzero is
+        # that exact integer; one IEEE division either way)
+        ratio = np.array([np.count_nonzero(easy) / b, np.count_nonzero(hard) / b])
         step = np.where(ratio >= targets, -step_size, step_size)      # at/above target: skip more
         p = np.clip(state.p_explore + step, p_min, p_max)
         return state._replace(p_explore=p, last_ratio=ratio,
