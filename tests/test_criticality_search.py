@@ -62,3 +62,51 @@ def test_the_selection_draws_what_the_plain_search_draws():
         r = (np.random.default_rng([9, t]).random((64, 8)) < rate[ids][:, None]).astype(float)
         s.observe(Feedback(ids, r, step=t))
     assert int(s.states["selection"].predictor.stage) == 2
+
+
+def test_predictor_ring_buffer_equals_a_slot_by_slot_loop():
+    """The stage buffer written as a slice when a batch does not wrap the ring, by index when it
+    does, and only the newest `buffer` groups of an oversized batch: the same slots as writing
+    group j of every batch to slot (groups written before + j) mod buffer, one by one."""
+    from rlpace.predict import predictor
+
+    pool = Pool(["a", "b", "c"] * 20)
+    buffer = 50
+    pr = predictor(lr=0.0, stage_steps=1000, buffer=buffer)
+    state = pr.init(pool)
+    ref = {k: np.zeros(buffer) for k in ("wins", "n", "weight")}
+    ref_ids = np.full(buffer, -1, np.int64)
+    written = 0
+    rng = np.random.default_rng(5)
+    for b in (7, 13, 30, 0, 50, 9, 120, 1, 49, 2):     # slices, wraps, empty, oversized batches
+        ids = rng.integers(0, 60, size=b)
+        wins = rng.integers(0, 5, size=b).astype(float)
+        n = np.full(b, 4.0)
+        wt = rng.random(b)
+        state = pr.update(state, pool, ids, wins, n, wt)
+        for j in range(b):
+            slot = written % buffer
+            ref_ids[slot], ref["wins"][slot], ref["n"][slot], ref["weight"][slot] = ids[j], wins[j], n[j], wt[j]
+            written += 1
+        assert int(state.buf_len) == written
+        assert state.buf_ids.tolist() == ref_ids.tolist()
+        for k in ref:
+            assert getattr(state, "buf_" + k).tolist() == ref[k].tolist()
+
+
+def test_shape_weights_equal_the_plain_formula():
+    """max(w, floor), divided by the batch mean (`np.mean`), min(w, clamp) — bit for bit."""
+    from rlpace.policies._criticality import shape_weights
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        w = np.exp(rng.normal(0.0, 2.0, size=int(rng.integers(1, 600))))
+        floor, clamp = 0.1, float(rng.choice([10.0, 2.0, 1.5]))
+        plain = np.maximum(w, floor)
+        plain = np.minimum(plain / np.mean(plain), clamp)
+        before = w.copy()
+        got = shape_weights(w, floor, True, clamp)
+        assert got.tobytes() == plain.tobytes()
+        assert shape_weights(w, floor, False, clamp).tobytes() == np.minimum(np.maximum(w, floor), clamp).tobytes()
+        assert w.tobytes() == before.tobytes()                   # the input is not written
+    assert shape_weights(np.zeros(0), 0.1, True, 10.0).shape == (0,)

@@ -100,8 +100,8 @@ def shape_weights(w: np.ndarray, weight_floor: float, normalize: bool, weight_cl
     """
     w = np.maximum(w, weight_floor)
     if normalize and w.size:
-        w = w / w.mean()
-    return np.minimum(w, weight_clamp)
+        w /= w.sum() / w.size           # w.mean()'s own sum and division, without its wrapper
+    return np.minimum(w, weight_clamp, out=w)
 
 
 
@@ -395,8 +395,10 @@ def criticality_selection(**kw) -> DataPolicy:
         order = np.argsort(u)
         ids = np.empty(n, dtype=np.int64)
         ids[order] = np.minimum(search_cdf(cdf, u[order], _block_ends(pool, cdf)), size - 1)
-        alt = rng.integers(0, size, size=n, dtype=np.int64)       # drawn always: same RNG use
         if n_fb and state.norm[0] and state.norm[3] > 0 and n:
+            # drawn only here: nothing draws from this proposal's generator after it (the
+            # Scheduler seeds the next proposal's from (seed, step)), so the ids are the same
+            alt = rng.integers(0, size, size=n, dtype=np.int64)
             _, _, fb = _q_of(crit(state.predictor.stage_theta, pool, ids), state.norm, size,
                              hp["alpha"], hp["epsilon"], hp["weight_threshold"])
             ids = np.where(fb, alt, ids)

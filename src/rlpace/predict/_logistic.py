@@ -411,7 +411,10 @@ def predictor(lr: float = 0.1, l2: float = 1e-3, stage_steps: int = 20, buffer: 
         b = ids.shape[0]
         keep = slice(max(0, b - buffer), b)
         start = int(state.buf_len) + keep.start
-        pos = (start + np.arange(b - keep.start)) % buffer
+        m = b - keep.start
+        # a run that does not wrap is a slice of the ring (the same slots as the index below)
+        pos = (slice(start % buffer, start % buffer + m) if start % buffer + m <= buffer
+               else (start + np.arange(m)) % buffer)
         state.buf_ids[pos] = ids[keep]
         state.buf_wins[pos] = wins[keep]
         state.buf_n[pos] = n[keep]
