@@ -598,3 +598,24 @@ def test_inverse_square_root_reads_the_lower_triangle_only():
     d = torch.tensor([[4.0, -7.0, 3.0], [0.0, 9.0, 5.0], [0.0, 0.0, 0.25]], dtype=torch.float64)
     assert torch.allclose(_inv_sqrt_lower(d), torch.diag(torch.tensor([0.5, 1 / 3, 2.0], dtype=torch.float64)),
                           rtol=0, atol=1e-15)
+
+
+def test_symmetric_products_of_the_n_by_n_algebra():
+    """`_gram_sym` (xᵀx from the upper triangle's blocks) against x.T @ x, and `_inv_sqrt_lower`
+    now formed as F·Fᵀ, F = vec·Λ^(-1/4): exactly symmetric, and H·A·H = I, H² = A⁻¹ to rounding
+    on a 300 × 300 A = I + BᵀB (eigenvalues 1 … ~1,200, the retractions' kind of matrix)."""
+    from rlpace.merge._methods import _gram_sym, _inv_sqrt_lower
+    g = torch.Generator().manual_seed(5)
+    for shape in [(300, 260), (260, 300), (4, 3)]:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64)
+        got, want = _gram_sym(x), x.T @ x
+        assert torch.equal(got, got.T)
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-14
+    b = torch.randn(300, 300, generator=g, dtype=torch.float64)
+    a = b.T @ b
+    a.diagonal().add_(1.0)
+    h = _inv_sqrt_lower(a)
+    assert torch.equal(h, h.T)
+    eye = torch.eye(300, dtype=torch.float64)
+    assert float((h @ a @ h - eye).abs().max()) < 1e-11
+    assert float((h @ h - torch.linalg.inv(a)).abs().max() / torch.linalg.inv(a).abs().max()) < 1e-11

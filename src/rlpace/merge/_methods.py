@@ -114,9 +114,18 @@ def _inv_sqrt(a: torch.Tensor) -> torch.Tensor:
 
 def _inv_sqrt_lower(a: torch.Tensor) -> torch.Tensor:
     """A^(-1/2) of a symmetric positive definite A from its lower triangle (eigh reads only that
-    triangle; the callers' A is symmetric up to the rounding of one product)."""
+    triangle): F·Fᵀ with F = vec·Λ^(-1/4), a symmetric product at 4/7 of a full one's flops
+    (`_gram_sym`), exactly symmetric."""
     lam, vec = torch.linalg.eigh(a)
-    return (vec * lam.rsqrt()) @ vec.T
+    return _gram_sym((vec * lam.rsqrt().sqrt_()).T)
+
+
+def _gram_sym(x: torch.Tensor) -> torch.Tensor:
+    """xᵀx (x [r, n], float64) by `_add_gram`'s upper-triangle blocks: 4/7 of x.T @ x's flops at
+    n = 896, each entry the same dot product (measured 0.025 → 0.015 s for 896 × 896, one thread)."""
+    out = torch.zeros(x.shape[1], x.shape[1], dtype=x.dtype, device=x.device)
+    _add_gram(out, x)
+    return out
 
 
 def _sym(m: torch.Tensor) -> torch.Tensor:
@@ -281,20 +290,26 @@ def iso_merge_matrix_gram(w0: torch.Tensor, experts, *, rho_keep: float = RHO_KE
         g0.add_(al, alpha=ci)
     g0.diagonal().add_(1.0)
     gd = [ci * be for ci, be in zip(ct, betas)]
-    # YᵀY = γ₀ᵀγ₀ + Σ_i (T_i + T_iᵀ + diag(γ_i)²), T_i = γ₀ᵀ·U₀ᵀU_i·diag(γ_i) + Σ_{j>i} diag(γ_i)·U_iᵀU_j·diag(γ_j)
-    yty = g0.T @ g0
+    # YᵀY = γ₀ᵀγ₀ + T + Tᵀ + Σ_i diag(γ_i)², T = γ₀ᵀ·Σ_i U₀ᵀU_i·diag(γ_i) + Σ_{i<j} diag(γ_i)·U_iᵀU_j·diag(γ_j):
+    # the experts' U₀ᵀU_i·diag(γ_i) summed before the one product with γ₀ᵀ, γ₀ᵀγ₀ as a symmetric product
+    u0u = o[0, 1] * gd[0]
+    for i in range(1, k):
+        u0u.add_(o[0, i + 1] * gd[i])
+    t = g0.T @ u0u
+    del u0u
     for i in range(k):
-        t = g0.T @ (o[0, i + 1] * gd[i])
         for j in range(i + 1, k):
             t += (gd[i][:, None] * o[i + 1, j + 1]) * gd[j]
-        yty += t
-        yty += t.T
-        yty.diagonal().add_(gd[i] * gd[i])
+    yty = _gram_sym(g0)
+    yty += t
+    yty += t.T
+    del t
+    yty.diagonal().add_(sum(gi * gi for gi in gd))
     h = _inv_sqrt_lower(yty)                                           # U★ = Y·(YᵀY)^(-1/2)
     # V₀ + Π_V₀(Σ c_i ξ_v,i) = V₀·(I + S), S = skew(Σ c_i b_i); (I + S)ᵀ(I + S) = I + SᵀS
     b_star = sum(ci * bi for ci, bi in zip(ct, b_s))
     sk = b_star.sub_(b_star.T.clone()).mul_(0.5)                       # S = (B − Bᵀ)/2
-    sts = sk.T @ sk
+    sts = _gram_sym(sk)
     sts.diagonal().add_(1.0)
     hv = _inv_sqrt_lower(sts)
     v_star = v0 @ (sk @ hv).add_(hv)                                   # V★ = V₀·(I + S)·(I + SᵀS)^(-1/2)
