@@ -110,3 +110,23 @@ def test_shape_weights_equal_the_plain_formula():
         assert shape_weights(w, floor, False, clamp).tobytes() == np.minimum(np.maximum(w, floor), clamp).tobytes()
         assert w.tobytes() == before.tobytes()                   # the input is not written
     assert shape_weights(np.zeros(0), 0.1, True, 10.0).shape == (0,)
+
+
+@pytest.mark.parametrize("n", [_BLOCK * 2048 * 2 + 5, _BLOCK * 4096, 100, 7])
+def test_stage_pass_leaves_the_block_ends_of_its_cdf(n):
+    """The stage pass takes the block ends from each piece of the CDF it writes: the same
+    values as `cdf[_BLOCK - 1::_BLOCK]` (and the last entry for a short last block), kept for
+    that very CDF object."""
+    from rlpace.policies._criticality import _stage_proposal
+    from rlpace.predict._logistic import dim
+
+    rng = np.random.default_rng(n)
+    dom = rng.integers(0, 3, size=n)
+    pool = Pool(dom, clusters=dom * 2 + rng.integers(0, 2, size=n), difficulty=rng.normal(size=n))
+    theta = rng.normal(0.0, 1.0, size=dim(pool))
+    _, cdf = _stage_proposal(theta, pool, "learnability", 3.0, 0.1, 0.0, 0.01)
+    kept, ends = pool._cache["criticality/cdf_block_ends"]
+    assert kept is cdf
+    plain = cdf[_BLOCK - 1::_BLOCK].tolist() + ([float(cdf[-1])] if n % _BLOCK else [])
+    assert ends.tolist() == plain
+    assert _block_ends(pool, cdf) is ends
