@@ -547,6 +547,38 @@ def test_projected_frame_gradients_from_one_q_by_q_product_equal_the_two_project
     assert torch.allclose(raw[0][1], frame_gradients(g[1], u[1], s[1], v[1])[0], atol=1e-14, rtol=0)
 
 
+@pytest.mark.parametrize("m, n", [(40, 8), (8, 40), (12, 12)])
+def test_projected_frame_gradients_contract_the_short_side(m, n):
+    """The multiply-adds of the chain rule and both projections, counted from the batched
+    products torch runs: G·V and Gᵀ·U (2·m·n·q), M = Uᵀ·G·V over the short side of G
+    (min(m, n)·q² = q³, not m·q² for a tall G) and the two corrections U·S, V·S'
+    ((m + n)·q²); the result still equals `project_tangent` of `frame_gradients`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from rlpace.optim._iso import _riemannian_frame_gradients
+
+    class CountProducts(TorchDispatchMode):
+        macs = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default):
+                a, b = args[:2] if func is torch.ops.aten.bmm.default else args[1:3]
+                CountProducts.macs += a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(6)
+    q, batch = min(m, n), 2
+    g = torch.randn(batch, m, n, dtype=torch.float64)
+    u, v = polar(torch.randn(batch, m, q, dtype=torch.float64)), polar(torch.randn(batch, n, q, dtype=torch.float64))
+    s = torch.rand(batch, q, dtype=torch.float64) + 0.5
+    with CountProducts():
+        gu, gv = _riemannian_frame_gradients(g, u, s, v, project=True)
+    assert CountProducts.macs == batch * (2 * m * n * q + q ** 3 + (m + n) * q * q)
+    for b in range(batch):
+        ru, rv = frame_gradients(g[b], u[b], s[b], v[b])
+        assert float((gu[b] - project_tangent(u[b], ru)).abs().max()) < 1e-12
+        assert float((gv[b] - project_tangent(v[b], rv)).abs().max()) < 1e-12
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype, fused):
