@@ -150,3 +150,28 @@ def test_a_run_with_the_lean_loss_forward_equals_one_with_the_model_call(tmp_pat
     plain = tiny_config(tmp_path / "plain", cache, steps=3)
     train(plain)
     assert_same_run(lean, plain)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_generation_runs_in_inference_mode_with_the_bits_of_no_grad(greedy, monkeypatch):
+    """`generate` decodes under `torch.inference_mode()` (the model is called with it on) and
+    returns ordinary tensors (a loss can read them) equal bit for bit to the decode under
+    `no_grad` alone."""
+    model, prompts = _model(3), _prompts(3, padded=True)
+    seen = []
+    forward = rollout._lean_forward
+    monkeypatch.setattr(rollout, "_lean_forward",
+                        lambda m, training=False: seen.append(torch.is_inference_mode_enabled()) or forward(m, training))
+    kw = dict(greedy=greedy, repeats=1 if greedy else 4)
+    fast = _generate(model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    assert seen == [True]
+    with torch.no_grad():
+        ref = rollout._generate(model, prompts, max_new_tokens=9, eos_id=2, pad_id=0, temperature=1.0, stats=True,
+                                generator=torch.Generator().manual_seed(3), **kw)
+    assert fast.completion_ids.shape[1] > 1
+    for name, a, b in zip(fast._fields, fast, ref):
+        assert not a.is_inference() and not b.is_inference() and torch.equal(a, b), name
+    ids = fast.completion_ids.clone()
+    emb = torch.nn.Embedding(23, 3)
+    emb(ids).sum().backward()                     # an ordinary tensor: autograd may save it
+    assert emb.weight.grad is not None

@@ -249,7 +249,6 @@ def _lean_forward(model, training: bool = False):
     return step
 
 
-@torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int,
              pad_id: int, temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, repeats: int = 1, stats: bool = False) -> Rollout:
@@ -267,9 +266,23 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
     from, and the drawn token's log-probability under it, read off the logits the loop
     computes anyway (no extra forward).
 
+    It runs under `torch.inference_mode()`: the same kernels on the same tensors as under
+    `no_grad` (the same bits, tested), without autograd's per-op bookkeeping (version counters,
+    view tracking), which cost about a fifth of a tiny-policy generation. The returned
+    tensors are copied out of inference mode, so a loss may read them.
+
     Example:
         >>> # rollout = generate(model, [[1, 5, 6]], repeats=8, max_new_tokens=6, eos_id=2, pad_id=0)
     """
+    with torch.inference_mode():
+        ro = _generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                       temperature=temperature, greedy=greedy, generator=generator, repeats=repeats, stats=stats)
+    return Rollout(*(None if x is None else x.clone() for x in ro))
+
+
+def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, temperature, greedy, generator, repeats,
+              stats) -> Rollout:
+    """`generate`'s decode loop (the caller holds inference mode)."""
     device = next(model.parameters()).device
     if repeats > 1 and not _shares_cache(model):      # reference path: repeat the prompts
         prompts, repeats = [p for p in prompts for _ in range(repeats)], 1
