@@ -338,7 +338,47 @@ def sim_part(args) -> tuple[list, dict]:
         print(_table(r), flush=True)
         rows += r
         verdicts[name] = (adv.recommended, adv.prediction.oracle.ratio, meas["oracle"])
+        # every draw's ratios and the truth, for `--rejudge` (the advice rule re-applied at another level)
+        (out / f"{name.split()[0]}_{variant or 'normal'}.advice.json").write_text(
+            json.dumps(_finite({**adv.to_json(), "suite": name, "measured": meas})))
     return rows, verdicts
+
+
+# ---- the advice rule re-applied to saved predictions ---------------------------------------
+def decide(advice: dict, level: float):
+    """`rlpace.advise.choose_policy` on an advice.json's per-draw ratios: what `advise` would
+    have recommended at `level` (the prediction itself does not depend on it)."""
+    from rlpace.advise._advice import choose_policy, draw_weights
+    alt = advice.get("alternative_family") or {}
+    d = len(advice["oracle"]["ratio_per_draw"])
+    ratios = {p["policy"]: np.asarray([math.inf if v is None else v for v in p["ratio_per_draw"]])
+              for p in advice["policies"] if not p.get("not_modelled") and not p.get("screened_out")}
+    oracle = np.asarray([math.inf if v is None else v for v in advice["oracle"]["ratio_per_draw"]])
+    w = draw_weights(d, int(alt.get("draws") or 0), alt.get("weight"))
+    return choose_policy(ratios, oracle, w, level=level)
+
+
+def rejudge(args) -> None:
+    """The criteria again from a finished run's saved predictions (`--out`), the advice taken
+    by `choose_policy` at each of `--levels`: Spearman and the intervals are the run's own."""
+    out = Path(args.out)
+    saved = json.loads((out / f"{args.part}.json").read_text())
+    rows = saved["rows"]
+    files = (sorted((out / "trainer").glob("*/advice.json")) if args.part == "trainer"
+             else sorted((out / "sim").glob("*.advice.json")))
+    for level in [float(v) for v in args.levels.split(",")]:
+        verdicts = {}
+        for f in files:
+            a = json.loads(f.read_text())
+            suite = a.get("suite") or f.parent.name
+            c = decide(a, level)
+            pred_oracle = next(r["pred"] for r in rows if r["suite"] == suite and r["policy"] == "oracle")
+            meas_oracle = next(r["measured"] for r in rows if r["suite"] == suite and r["policy"] == "oracle")
+            verdicts[suite] = (c.policy, pred_oracle, meas_oracle)
+            print(f"level {level:.2f} {suite}: {c.policy or 'keep uniform'} ({c.reason or 'switch'}; "
+                  f"P(saving > 10 %) {c.p_saving:.2f}, oracle {c.oracle_p_saving:.2f}; expected regret "
+                  + ", ".join(f"{p} {v:.3f}" for p, v in sorted(c.regret.items(), key=lambda kv: kv[1])[:4]) + ")")
+        print(f"\n# {args.part}, level {level:.2f}: criteria\n{judge(rows, verdicts)}\n", flush=True)
 
 
 # ---- speed --------------------------------------------------------------------------------
@@ -404,8 +444,15 @@ def main(argv=None) -> int:
     ap.add_argument("--legacy-speed", action="store_true",
                     help="speed part: call advise with the arguments the code before screening took (to time it)")
     ap.add_argument("--out", default="runs/bench/advise")
+    ap.add_argument("--rejudge", action="store_true",
+                    help="re-apply the advice rule to the saved predictions of a finished --part run in --out")
+    ap.add_argument("--levels", default="0.5",
+                    help="--rejudge: comma list of levels (the P(saving > 10 %%) the advice needs)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.rejudge:
+        rejudge(args)
+        return 0
     if args.part == "speed":
         speed_part(args)
         return 0

@@ -287,6 +287,9 @@ def test_cli_bad_inputs(tmp_path, capsys):
     # a budget not larger than the pilot (12 steps × 32 × 4 = 1536 rollouts)
     rc, err = _cli(base + ["--budget-rollouts", "1536"], capsys)
     assert rc == 2 and len(err) == 1 and "1536" in err[0] and "not larger" in err[0]
+    # a saving level outside (0, 1]
+    rc, err = _cli(base + ["--budget-rollouts", "99999", "--saving-level", "1.5"], capsys)
+    assert rc == 2 and len(err) == 1 and "--saving-level" in err[0] and "(0, 1]" in err[0]
     assert not out.exists()                              # nothing written on any bad input
 
 
@@ -885,3 +888,124 @@ def test_a_draw_whose_uniform_run_gains_nothing_has_ratio_one(tmp_path):
     dump = pr.policies[0]
     assert dump.policy == "dump" and dump.ratios.tolist() == [1.0], dump.ratios
     assert (dump.ratio, dump.low, dump.high) == (1.0, 1.0, 1.0) and pr.oracle.ratio == 1.0
+
+
+def test_hits_scores_a_prompt_greedy_or_sampled_by_hand():
+    """`_hits`: greedy 1 where skill − difficulty > 0 (0 at exactly 0), sampled σ(x); and
+    `eval_accuracy` is its mean over the held-out prompts, the numbers of the inline rules
+    it replaced (greedy `(x > 0).mean()`, sampled `σ(x).mean()`)."""
+    from rlpace.advise._fit import _hits, eval_accuracy
+    x = np.array([-0.1, 0.0, 0.3, np.log(3.0)])
+    assert _hits(x, "greedy").tolist() == [0.0, 0.0, 1.0, 1.0]
+    np.testing.assert_allclose(_hits(x, "sampled"), [1 / (1 + np.exp(0.1)), 0.5, 1 / (1 + np.exp(-0.3)), 0.75],
+                               rtol=0, atol=1e-15)
+    assert float(_hits(0.2, "greedy")) == 1.0 and float(_hits(-2.0, "sampled")) == pytest.approx(1 / (1 + np.e ** 2))
+    rng = np.random.default_rng(3)
+    skill, held = rng.normal(size=(5, 3)), rng.normal(size=(3, 40))
+    d = skill[..., :, None] - held
+    assert np.array_equal(eval_accuracy(skill, held, "greedy"), (d > 0).mean(axis=-1))
+    assert np.array_equal(eval_accuracy(skill, held, "sampled"), (1.0 / (1.0 + np.exp(-d))).mean(axis=-1))
+
+
+def test_choose_policy_least_expected_regret_by_hand():
+    """Four equally weighted draws: a = [0.5, 0.6, 1.2, 0.7], b = 0.8 on every draw. Per draw
+    the best log ratio is log 0.5, log 0.6, log 0.8, log 0.7; the expected regret is
+    a: log(1.2/0.8)/4 = 0.10137, b: (log 1.6 + log(4/3) + log(8/7))/4 = 0.22280, uniform:
+    −(log 0.5 + log 0.6 + log 0.8 + log 0.7)/4 = 0.44595. a is chosen; it saves > 10 % on 3
+    of 4 draws (P = 0.75 ≥ 0.5). b's median (0.8) is above a's (0.65) here too, but with
+    a = [0.5, 0.6, 2.0, 2.0] the median rule still picks a (1.3 vs b's 0.8) while the
+    regret rule picks b."""
+    from math import log
+
+    from rlpace.advise._advice import choose_policy
+    w = np.full(4, 0.25)
+    a, b, o = np.array([0.5, 0.6, 1.2, 0.7]), np.full(4, 0.8), np.array([0.4, 0.5, 0.6, 0.5])
+    c = choose_policy({"a": a, "b": b}, o, w)
+    assert c.policy == "a" and c.reason == "" and c.p_saving == 0.75 and c.oracle_p_saving == 1.0
+    assert c.regret["a"] == pytest.approx(log(1.5) / 4, abs=1e-12)
+    assert c.regret["b"] == pytest.approx((log(1.6) + log(4 / 3) + log(8 / 7)) / 4, abs=1e-12)
+    assert c.regret["uniform"] == pytest.approx(-(log(0.5) + log(0.6) + log(0.8) + log(0.7)) / 4, abs=1e-12)
+    # a heavy right tail: regret a = (log 2.5 + log 2.5)/4 = 0.458, b = (log 1.6 + log(4/3))/4 = 0.189
+    c = choose_policy({"a": np.array([0.5, 0.6, 2.0, 2.0]), "b": b}, o, w)
+    assert c.policy == "b" and c.regret["b"] == pytest.approx((log(1.6) + log(4 / 3)) / 4, abs=1e-12)
+
+
+def test_choose_policy_keeps_uniform_below_the_level():
+    """"No expected saving" when the oracle saves > 10 % on fewer than `level` of the weighted
+    draws (reason "headroom"), or the least-regret candidate does (reason "candidates"); a
+    candidate dropped after screening (fewer ratios than draws) is never chosen; weights
+    from `draw_weights` move the probability."""
+    from rlpace.advise._advice import choose_policy, draw_weights
+    w = np.full(4, 0.25)
+    a = np.array([0.5, 0.95, 0.95, 0.95])                     # saves > 10 % on 1 of 4 draws
+    c = choose_policy({"a": a}, np.array([0.5, 0.7, 0.95, 0.95]), w, level=0.5)
+    assert (c.policy, c.reason, c.p_saving, c.oracle_p_saving) == (None, "candidates", 0.25, 0.5)
+    c = choose_policy({"a": a}, np.array([0.5, 0.7, 0.95, 0.95]), w, level=0.25)
+    assert (c.policy, c.p_saving) == ("a", 0.25)
+    c = choose_policy({"a": a}, np.array([0.5, 0.95, 0.95, 0.95]), w, level=0.5)
+    assert (c.policy, c.reason, c.oracle_p_saving) == (None, "headroom", 0.25)
+    c = choose_policy({"a": a, "dropped": np.array([0.1, 0.1])}, np.full(4, 0.5), w, level=0.25)
+    assert c.policy == "a" and "dropped" not in c.regret
+    # the last draw is the alternative law's, weight 0.7: a saves on it only
+    wd = draw_weights(4, 1, 0.7)
+    np.testing.assert_allclose(wd, [0.1, 0.1, 0.1, 0.7], rtol=0, atol=1e-15)
+    c = choose_policy({"a": np.array([0.95, 0.95, 0.95, 0.5])}, np.full(4, 0.5), wd, level=0.5)
+    assert c.policy == "a" and c.p_saving == pytest.approx(0.7, abs=1e-15)
+    # a draw that never reaches the target (inf) weighs as a ratio of RATIO_CLIP: against b's 0.85 there
+    c = choose_policy({"a": np.array([0.5, 0.5, 0.5, np.inf]), "b": np.full(4, 0.85)}, np.full(4, 0.5), w)
+    assert c.policy == "b" and c.regret["a"] == pytest.approx((np.log(1e3) - np.log(0.85)) / 4, abs=1e-12)
+
+
+def test_choose_policy_equals_a_reference_loop_on_random_draws():
+    """The vectorised rule against the obvious loop over draws and policies, 200 random cases."""
+    from rlpace.advise._advice import choose_policy
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        d, k = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+        ratios = {f"p{i}": np.exp(rng.normal(-0.1, 0.4, d)) for i in range(k)}
+        oracle = np.exp(rng.normal(-0.3, 0.4, d))
+        w = rng.dirichlet(np.ones(d))
+        level = float(rng.uniform(0.1, 0.9))
+        names = ["uniform", *ratios]
+        r = {"uniform": [1.0] * d, **{p: list(v) for p, v in ratios.items()}}
+        regret = {}
+        for p in names:
+            tot = 0.0
+            for j in range(d):
+                tot += w[j] * (np.log(r[p][j]) - min(np.log(r[q][j]) for q in names))
+            regret[p] = tot
+        pick = min(names, key=lambda p: (regret[p], p != "uniform"))
+        po = sum(w[j] for j in range(d) if oracle[j] < 0.9)
+        ps = 0.0 if pick == "uniform" else sum(w[j] for j in range(d) if r[pick][j] < 0.9)
+        want = None if po < level or pick == "uniform" or ps < level else pick
+        c = choose_policy(ratios, oracle, w, level=level)
+        assert c.policy == want
+        for p in names:
+            assert c.regret[p] == pytest.approx(regret[p], abs=1e-12)
+
+
+def test_advise_takes_the_least_regret_policy_of_its_own_draws(tmp_path):
+    """On the 6-rung ladder (a learner of the fitted family, large headroom), `advise`'s
+    recommendation is `choose_policy` on its own prediction's draws, advice.json records the
+    decision, and at a level of 1.0 (a saving on every draw) the same draws give
+    `choose_policy`'s stricter answer."""
+    from rlpace.advise import advise
+    from rlpace.advise._advice import choose_policy, draw_weights
+    pilot, _, w = _sc_fit(tmp_path)
+    kw = dict(budget_rollouts=120 * 64 * 8, policies=["dump", "mopps"], draws=3, from_start=True,
+              step_norm="batch", model_error=False)
+    adv = advise(pilot, w.pool, **kw)
+    pr = adv.prediction
+    want = choose_policy({p.policy: p.ratios for p in pr.policies}, pr.oracle.ratios, draw_weights(3))
+    assert adv.recommended == want.policy and adv.recommended in ("dump", "mopps")
+    dec = adv.to_json()["decision"]
+    assert dec["policy"] == adv.recommended and dec["level"] == 0.5
+    assert dec["p_saving_gt_10pct"] == want.p_saving >= 0.5
+    assert "P(saving > 10 %)" in adv.sentence
+    strict = advise(pilot, w.pool, **kw, level=1.0)
+    assert strict.prediction.policies[0].ratios.tolist() == pr.policies[0].ratios.tolist()   # the same draws
+    want = choose_policy({p.policy: p.ratios for p in pr.policies}, pr.oracle.ratios, draw_weights(3), level=1.0)
+    assert strict.recommended == want.policy
+    assert (strict.recommended is None) == (want.p_saving < 1.0 or want.oracle_p_saving < 1.0 or want.reason != "")
+    with pytest.raises(InputError, match="level"):
+        advise(pilot, w.pool, **kw, level=0.0)

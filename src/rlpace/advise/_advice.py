@@ -27,12 +27,85 @@ from ._record import Pilot, load_pilot
 #: advise's step laws: fit_learner's, or "mixture" (both, weighed by `_laws.law_weight`)
 STEP_NORMS = ("mixture", "batch", "signal", "auto")
 
-__all__ = ["Advice", "advise", "MIN_PILOT_STEPS", "SAVING_BAR", "usage_lines", "load_pool"]
+__all__ = ["Advice", "advise", "MIN_PILOT_STEPS", "SAVING_BAR", "SAVING_LEVEL", "Choice", "choose_policy",
+           "draw_weights", "usage_lines", "load_pool"]
 
 #: a training pilot needs this many steps: lr and transfer are read from how pass rates move
 MIN_PILOT_STEPS = 10
 #: a saving below this share is "no expected saving"
 SAVING_BAR = 0.10
+#: advise recommends a switch only when the chosen policy saves more than SAVING_BAR on at
+#: least this (weighted) share of the fit's draws (`choose_policy`); read from the simulator's
+#: scenarios, where the truth is measured directly (docs/advise.md, section 4)
+SAVING_LEVEL = 0.5
+#: ratios are clipped to [1/RATIO_CLIP, RATIO_CLIP] before their log: a draw where a policy
+#: never reaches the target (or uniform reaches it at no cost) weighs as a large, finite loss
+RATIO_CLIP = 1e3
+
+
+class Choice(NamedTuple):
+    policy: str | None      # None: keep uniform
+    regret: dict            # name -> expected regret Σ_j w_j (log r_pj − min_q log r_qj), "uniform" included
+    p_saving: float         # Σ_j w_j [r_pj < 1 − SAVING_BAR] of the chosen policy (of the oracle when none)
+    oracle_p_saving: float  # the same for the oracle
+    reason: str             # "" (a switch), "headroom" (the oracle itself is unlikely to save), "candidates"
+
+
+def draw_weights(draws: int, alternative_draws: int = 0, weight_alt: float | None = None) -> np.ndarray:
+    """float64[D] each draw's weight (summing to 1): alike, or with a second step law the last
+    `alternative_draws` share `weight_alt` and the others 1 − weight_alt (`_laws.mixture_summary`'s).
+
+    >>> draw_weights(4, 1, 0.25).tolist()
+    [0.25, 0.25, 0.25, 0.25]
+    >>> draw_weights(4, 2, 0.2).tolist()
+    [0.4, 0.4, 0.1, 0.1]
+    """
+    d, n = int(draws), int(alternative_draws)
+    if not n or weight_alt is None or n >= d:
+        return np.full(d, 1.0 / d)
+    return np.where(np.arange(d) >= d - n, weight_alt / n, (1.0 - weight_alt) / (d - n))
+
+
+def choose_policy(ratios: dict, oracle: np.ndarray, weights: np.ndarray, *, level: float = SAVING_LEVEL,
+                  bar: float = SAVING_BAR) -> Choice:
+    """The advice as a decision under the fit's uncertainty, not from the point estimates.
+
+    `ratios`: name -> float64[D] each candidate's ratio on the D draws (paired: draw j is the
+    same learner for every policy; a candidate with fewer than D — dropped after screening —
+    is not eligible); `oracle` float64[D]; `weights` float64[D] (`draw_weights`).
+    Rule: with L_pj = log r_pj (uniform's 0; r clipped to [1/RATIO_CLIP, RATIO_CLIP]) and
+    L*_j = min over the eligible candidates and uniform, the expected regret of p is
+    Σ_j w_j (L_pj − L*_j) (relative extra cost against the best choice had the draw been
+    known); the choice minimises it (uniform wins ties). The choice is kept only when it
+    saves more than `bar` with probability ≥ `level` over the draws, and nothing is
+    recommended when even the oracle does not; otherwise keep uniform.
+
+    >>> w = np.full(4, 0.25)
+    >>> c = choose_policy({"a": np.array([0.5, 0.6, 1.2, 0.7]), "b": np.array([0.8, 0.8, 0.8, 0.8])},
+    ...                   np.array([0.4, 0.5, 0.6, 0.5]), w)
+    >>> c.policy, round(c.p_saving, 2), round(c.regret["uniform"], 4)
+    ('a', 0.75, 0.4459)
+    """
+    w = np.asarray(weights, np.float64)
+    d = w.size
+    logs = {"uniform": np.zeros(d)}
+    for p, r in ratios.items():
+        r = np.asarray(r, np.float64)
+        if r.size == d:
+            logs[p] = np.log(np.clip(np.nan_to_num(r, nan=RATIO_CLIP), 1.0 / RATIO_CLIP, RATIO_CLIP))
+    best = np.min(np.stack(list(logs.values())), axis=0)                             # [D]
+    regret = {p: float(w @ (v - best)) for p, v in logs.items()}
+    pick = min(logs, key=lambda p: (regret[p], p != "uniform"))                      # dict order breaks other ties
+
+    def p_save(r):
+        return float(w @ (np.asarray(r, np.float64) < 1.0 - bar))
+    po = p_save(oracle)
+    if po < level:
+        return Choice(None, regret, po, po, "headroom")
+    ps = 0.0 if pick == "uniform" else p_save(ratios[pick])
+    if pick == "uniform" or ps < level:
+        return Choice(None, regret, ps, po, "candidates")
+    return Choice(pick, regret, ps, po, "")
 
 
 class Advice(NamedTuple):
@@ -44,6 +117,8 @@ class Advice(NamedTuple):
     discrepancy: Discrepancy | None = None   # the model's error read from the pilot (None: not used)
     alternative: dict | None = None   # the second family's step_norm, posterior weight and draws (mixture)
     evals: dict | None = None    # the pilot's held-out evaluations vs the fit's, and the eval mode used
+    choice: Choice | None = None  # the decision behind `recommended` (`choose_policy`)
+    choice_level: float = SAVING_LEVEL   # the level it was taken at
 
     def table(self) -> str:
         pr = self.prediction
@@ -90,6 +165,11 @@ class Advice(NamedTuple):
                 "model_error": None if self.discrepancy is None else self.discrepancy.to_json(),
                 "heldout_eval": pr.heldout_eval, "heldout_eval_check": self.evals,
                 "alternative_family": self.alternative,
+                "decision": None if self.choice is None else {
+                    "rule": "least expected regret over the draws, kept when P(saving > 10 %) >= level",
+                    "level": self.choice_level, "policy": self.choice.policy, "reason": self.choice.reason,
+                    "p_saving_gt_10pct": self.choice.p_saving, "oracle_p_saving_gt_10pct": self.choice.oracle_p_saving,
+                    "expected_regret_log": self.choice.regret},
                 "curves": {p: {"rollouts": x.tolist(), "accuracy_median": np.median(a, axis=0).tolist(),
                                "accuracy_05": np.quantile(a, 0.05, axis=0).tolist(),
                                "accuracy_95": np.quantile(a, 0.95, axis=0).tolist()}
@@ -166,8 +246,17 @@ def check_pilot(pilot: Pilot, pool: Pool, budget_rollouts: int) -> None:
                          f"rollouts; give the whole run's budget, pilot included.")
 
 
+def check_level(level) -> None:
+    """InputError unless 0 < level ≤ 1 (`choose_policy`'s level; the CLI's --saving-level)."""
+    if (isinstance(level, bool) or not isinstance(level, (int, float, np.number)) or not math.isfinite(level)
+            or not 0.0 < level <= 1.0):
+        raise InputError(f"level (--saving-level: the probability of a saving > 10 % the advice needs) must lie "
+                         f"in (0, 1]; got {level!r}.")
+
+
 def check_advise_args(*, budget_rollouts, policies=None, draws=8, seeds=1, jobs=1, step_norm="mixture",
-                      heldout_eval="auto", screen=None, law_replicates=8, measurement_seeds=None) -> None:
+                      heldout_eval="auto", screen=None, law_replicates=8, measurement_seeds=None,
+                      level=SAVING_LEVEL) -> None:
     """InputError naming the field for a bad argument of `advise`, before any work (the pilot's
     load, the fits, a trainer pilot: the CLI calls it first). The prediction's own arguments
     are `check_prediction_args`'s, the one place they are checked."""
@@ -176,6 +265,7 @@ def check_advise_args(*, budget_rollouts, policies=None, draws=8, seeds=1, jobs=
         raise InputError(f"budget_rollouts (--budget-rollouts) must be a positive integer; got {budget_rollouts!r}.")
     if step_norm not in STEP_NORMS:
         raise InputError(f"step_norm must be one of {STEP_NORMS}; got {step_norm!r}.")
+    check_level(level)
     if step_norm == "mixture" and (isinstance(law_replicates, bool) or not isinstance(law_replicates, (int, np.integer))
                                    or law_replicates < 2):
         raise InputError(f"law_replicates must be an integer ≥ 2 (a spread needs two); got {law_replicates!r}.")
@@ -188,7 +278,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
            from_start: bool = False, step_norm: str = "mixture", jobs: int = 1, oracle: dict | None = None,
            progress=None, heldout_eval: str = "auto", model_error: bool = True, screen: int | None = None,
            law_replicates: int = 8, measurement_seeds: int | None = None, saturation: str = "auto",
-           heldout_solved: bool = True) -> Advice:
+           heldout_solved: bool = True, level: float = SAVING_LEVEL) -> Advice:
     """Fit the learner to the pilot and predict every candidate's saving.
 
     `heldout_eval`: "sampled", "greedy" or "auto" (the mode that predicts the pilot's own
@@ -205,6 +295,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     `heldout_solved`: fit each domain's held-out solved share to the pilot's per-domain held-out
     evaluations (`fit_heldout_solved`: kept only where it beats the training prompts' share by
     a likelihood-ratio test; a pilot without them keeps the family as it was); False: never.
+    `level`: the advice (`choose_policy`) is the policy of least expected regret over the
+    draws, kept when it saves more than 10 % with probability ≥ `level`; else keep uniform.
 
     Example:
         >>> adv = advise("pilot.jsonl", "train.parquet", budget_rollouts=400_000)   # doctest: +SKIP
@@ -213,7 +305,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
     """
     check_advise_args(budget_rollouts=budget_rollouts, policies=policies, draws=draws, seeds=seeds, jobs=jobs,
                       step_norm=step_norm, heldout_eval=heldout_eval, screen=screen, law_replicates=law_replicates,
-                      measurement_seeds=measurement_seeds)
+                      measurement_seeds=measurement_seeds, level=level)
     pilot = load_pilot(pilot) if not isinstance(pilot, Pilot) else pilot
     pool = load_pool(pool) if not isinstance(pool, Pool) else pool
     check_pilot(pilot, pool, int(budget_rollouts))
@@ -249,18 +341,22 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
                  heldout_eval=mode, alternative=None if alt is None else alt[:3], measurement_seeds=measurement_seeds,
                  **(oracle or {}))
     ranked = [p for p in pr.policies if not p.not_modelled]
-    best = ranked[0] if ranked else None
     o = pr.oracle
-    if 1 - o.ratio <= SAVING_BAR:
-        rec, sentence = None, f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×); keep uniform"
-    elif best is None or 1 - best.ratio <= SAVING_BAR:
-        which = "no candidate" if best is not None else "no candidate the simulator can model"
-        rec, sentence = None, (f"no expected saving: {which} saves more than 10 % (the oracle's "
-                               f"{1 - o.ratio:.0%}); keep uniform")
+    choice = choose_policy({p.policy: p.ratios for p in ranked if not p.screened_out}, o.ratios,
+                           draw_weights(pr.draws, pr.alternative_draws, None if alt is None else alt[2]),
+                           level=level)
+    if choice.reason == "headroom":
+        rec, sentence = None, (f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×, P(saving > 10 %) "
+                               f"{choice.oracle_p_saving:.0%} < {level:.0%}); keep uniform")
+    elif choice.reason:
+        which = "no candidate" if ranked else "no candidate the simulator can model"
+        rec, sentence = None, (f"no expected saving: {which} saves more than 10 % with probability ≥ {level:.0%} "
+                               f"(the oracle's {1 - o.ratio:.0%}); keep uniform")
     else:
-        rec = best.policy
+        rec = choice.policy
+        best = next(p for p in ranked if p.policy == rec)
         sentence = (f"expected saving {1 - best.ratio:.0%} [{1 - best.high:.0%}, {1 - best.low:.0%}] with "
-                    f"`{rec}`; the oracle's {1 - o.ratio:.0%}")
+                    f"`{rec}` (P(saving > 10 %) {choice.p_saving:.0%}); the oracle's {1 - o.ratio:.0%}")
     if not fit.identifiable_dynamics:
         sentence += " (zero-training profile: learning rate and transfer from the prior; a training pilot is sharper)"
     info = {"kind": pilot.kind, "steps": int(len(pilot.steps)), "groups": int(pilot.rewards.shape[0]),
@@ -271,7 +367,8 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
                                          "separable": pr.alternative_draws == 0, "log_lik": alt[0].log_lik,
                                          "calibration": {"law_a": "signal", "law_b": "batch", **alt[3].to_json()},
                                          "fit": alt[0].to_json()}
-    return Advice(fit, pr, rec, sentence, info, discrepancy=disc, evals=evals, alternative=alt_info)
+    return Advice(fit, pr, rec, sentence, info, discrepancy=disc, evals=evals, alternative=alt_info, choice=choice,
+                  choice_level=float(level))
 
 
 def write_advice(adv: Advice, out) -> tuple[Path, Path]:

@@ -520,8 +520,14 @@ def eval_accuracy(skill: np.ndarray, held: np.ndarray, mode: str) -> np.ndarray:
     mean pass rate σ(s − d) (what a sampled evaluation measures, the simulator's), "greedy" =
     the share of prompts whose most likely answer is right, σ(s − d) > ½ ⇔ s > d (what a
     greedy evaluation measures: the built-in trainer's)."""
-    x = skill[..., :, None] - held                                                 # [..., K, H]
-    return (x > 0).mean(axis=-1) if mode == "greedy" else _sigmoid(x).mean(axis=-1)
+    return _hits(skill[..., :, None] - held, mode).mean(axis=-1)                  # [..., K, H] → [..., K]
+
+
+def _hits(x, mode: str):
+    """Each held-out prompt's expected score at skill − difficulty `x` (float64[...] or a
+    float): "greedy" 1.0 where x > 0 else 0.0 (the most likely answer is right), "sampled"
+    the pass rate σ(x). `eval_accuracy` and `fit_heldout_solved` score prompts with it."""
+    return (np.asarray(x) > 0).astype(np.float64) if mode == "greedy" else _sigmoid(x)
 
 
 def greedy_from_sampled(acc: np.ndarray, held: np.ndarray) -> np.ndarray:
@@ -632,8 +638,8 @@ def fit_heldout_solved(pilot: Pilot, fit: LearnerFit, mode: str) -> LearnerFit:
             held = normal[j]                                                  # [H] the quantiles, no atom
             # a held-out set of share h: its first round(h·H) prompts solved, the rest at the normal's quantiles
             x = s[j] - held                                                   # [H]
-            hit = (x > 0).astype(np.float64) if mode == "greedy" else _sigmoid(x)
-            hit_solved = float((s[j] - SOLVED_D > 0) if mode == "greedy" else _sigmoid(s[j] - SOLVED_D))
+            hit = _hits(x, mode)
+            hit_solved = float(_hits(s[j] - SOLVED_D, mode))
             n_at = np.rint(grid * hn).astype(np.int64)                          # [S + K] atoms
             csum = np.concatenate([[0.0], np.cumsum(hit)])                       # prefix sums over the quantiles
             p = (n_at * hit_solved + (csum[-1] - csum[n_at])) / hn              # [S + K]

@@ -47,17 +47,22 @@ def add_arguments(p) -> None:
                    help="what your held-out accuracy measures: the mean pass rate (sampled), the share of prompts "
                         "answered right by greedy decoding (greedy), or auto: the one that predicts the pilot's own "
                         "evaluations better (sampled without two of them). The built-in trainer's is greedy.")
+    p.add_argument("--saving-level", type=float, default=None, metavar="P",
+                   help="recommend a switch only when the least-regret policy saves more than 10 %% on at least "
+                        "this share of the fit's draws (default 0.5; docs/advise.md, section 3)")
     p.add_argument("--out", default=".", help="folder for advice.json and advice.html")
 
 
 def run(args) -> int:
-    from ..advise._advice import advise, load_pool, usage_lines, write_advice
+    from ..advise._advice import SAVING_LEVEL, advise, check_level, load_pool, usage_lines, write_advice
     from ..advise._predict import check_prediction_args
     from ..errors import InputError
     pols = [p.strip() for p in args.policies.split(",") if p.strip()] or None
     # every prediction argument, before a trainer pilot runs (advise() checks them again, in the same place)
     check_prediction_args(draws=args.draws, seeds=args.seeds, jobs=args.jobs, heldout_eval=args.heldout_eval,
                           measurement_seeds=args.measurement_seeds or None, policies=pols)
+    level = SAVING_LEVEL if args.saving_level is None else args.saving_level
+    check_level(level)
     if args.budget_rollouts < 0:
         raise InputError(f"--budget-rollouts must be a positive integer; got {args.budget_rollouts}.")
     modes = [m for m, on in (("--pilot", bool(args.pilot or args.pool)), ("key=value", bool(args.overrides)),
@@ -68,7 +73,7 @@ def run(args) -> int:
                          + (f"; got {' and '.join(modes)}." if modes else "."))
     say = lambda s: print(f"rlpace advise: {s}", file=sys.stderr, flush=True)     # noqa: E731
     kw = dict(policies=pols, draws=args.draws, seeds=args.seeds, seed=args.seed, jobs=args.jobs, progress=say,
-              heldout_eval=args.heldout_eval, measurement_seeds=args.measurement_seeds or None)
+              heldout_eval=args.heldout_eval, measurement_seeds=args.measurement_seeds or None, level=level)
     if args.heldout_eval == "auto" and (args.overrides or args.from_run):
         kw["heldout_eval"] = "greedy"                # the built-in trainer evaluates greedily
     state = None
