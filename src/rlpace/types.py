@@ -623,11 +623,13 @@ def _feedback_lengths(values: Any, shape: tuple) -> np.ndarray:
         raise InputError("Feedback.lengths must be whole numbers of tokens; got non-integer values.")
     if arr.dtype.kind == "b":
         raise InputError("Feedback.lengths must be integers (tokens per response); got booleans.")
-    bad = (arr < 0) | (arr >= 2.0**62)
-    if bad.any():
+    # a min and a max decide what the elementwise test would (no [B, G] temporaries); the mask
+    # is built only to name the first bad value
+    if arr.size and (arr.min() < 0 or arr.max() >= 2.0**62):
+        bad = (arr < 0) | (arr >= 2.0**62)
         raise InputError(f"Feedback.lengths must be non-negative integers (tokens per response) below "
                          f"2**62; got {arr[bad][0]!r}.")
-    return arr.astype(np.int64).reshape(shape)
+    return arr.astype(np.int64, copy=False).reshape(shape)      # arr is this record's own copy
 
 
 def _feedback_group_sizes(values: Any, shape: tuple) -> np.ndarray | None:
