@@ -290,3 +290,30 @@ def test_olr_in_place_append_equals_its_walk():
         for a, b in zip(s_fast, s_walk):
             np.testing.assert_array_equal(a, b)
     assert relabels > 5 and (s_fast.visits > 3).all()          # decisions made, histories shifted
+
+
+@pytest.mark.parametrize("limit", [None, 100])
+def test_answer_codes_positions_as_bytes_equal_a_plain_loop(limit, monkeypatch):
+    """`answer_codes` reads each answer's first position from 4-byte strings joined into one
+    buffer (`_position_bytes`); against the one-answer-at-a-time factorisation on batches of
+    up to 300 × 260 answers (first positions past 255 and 65,535, so every byte of a position
+    is used), with many distinct answers, None and blanks; with `limit` the calls above 100
+    answers take the Python-int count instead, with the same codes."""
+    if limit is not None:
+        monkeypatch.setattr(_votes, "_MAX_POSITION_BYTES", limit)
+    assert _votes._position_bytes(70_000)[65_793] == bytes([1, 1, 1, 0])   # 65,793 = 0x010101
+    rng = np.random.default_rng(1)
+    for b, g, distinct in [(3, 4, 5), (40, 16, 2000), (300, 260, 70_000), (1, 1, 1)]:
+        words = [None, "", " "] + [f" v{k}" if k % 3 else f"v{k}" for k in range(distinct)]
+        rows = [[words[k] for k in rng.integers(0, len(words), size=g)] for _ in range(b)]
+        rows[-1][-1] = f"v{distinct + 7}"                   # first seen at the very last position
+        codes, values = _votes.answer_codes(rows)
+        index: dict = {}                                    # stripped answer -> code, first seen
+        want_codes = []
+        for row in rows:
+            out = []
+            for a in row:
+                c = None if a is None else (a.strip() or None)
+                out.append(-1 if c is None else index.setdefault(c, len(index)))
+            want_codes.append(out)
+        assert codes.dtype == np.int64 and codes.tolist() == want_codes and values == list(index)
