@@ -317,3 +317,75 @@ def test_answer_codes_positions_as_bytes_equal_a_plain_loop(limit, monkeypatch):
                 out.append(-1 if c is None else index.setdefault(c, len(index)))
             want_codes.append(out)
         assert codes.dtype == np.int64 and codes.tolist() == want_codes and values == list(index)
+
+
+def _plain_olr_targets(state, ids, rows, start_step, slope_threshold, cap, min_pass_rate, margin):
+    """OLR's decision for each row of a batch of distinct prompts, one row at a time: the
+    visit's majority and pass rate appended to the prompt's last `cap` visits, then the rule."""
+    labels = []
+    for q, row in zip(ids.tolist(), rows):
+        m, n = _plain_majority(row, "abstain")
+        p = n / len(row) if m is not None else 0.0
+        v = int(state.visits[q])
+        hist_r = list(state.rate[q, :min(v, cap)]) + [p]
+        hist_m = list(state.majority[q, :min(v, cap)]) + [_vote.answer_hash(m)]
+        hist_r, hist_m = hist_r[-cap:], hist_m[-cap:]
+        lr = float(state.label_rate[q])
+        ok = m is not None and v > start_step
+        ok = ok and (min_pass_rate is None or p >= min_pass_rate)
+        ok = ok and (margin is None or (np.isfinite(lr) and p - lr >= margin))
+        ok = ok and _vote.ols_slope(hist_r) >= slope_threshold
+        if ok:
+            counts = Counter(hist_m).most_common(2)
+            ok = counts[0][0] == _vote.answer_hash(m) and (len(counts) == 1 or counts[1][1] < counts[0][1])
+        labels.append(m if ok else None)
+    return labels
+
+
+@pytest.mark.parametrize("options", [{}, {"min_pass_rate": 0.5}, {"margin": 0.1}])
+def test_olr_decision_of_distinct_prompts_equals_a_plain_loop(options):
+    """OLR's target place on a batch of distinct prompts gathers the histories of the rows
+    that pass the cheap conditions only (a majority, past start_step, the options); its
+    labels against a loop over rows on random states — histories empty, partial and full
+    (capacity 4, visits up to 9, so some have shifted), majorities drawn from the answers the
+    batch votes, label pass rates unknown or known — and the rows it gathers are exactly those."""
+    from rlpace.policies import make_policy
+    from rlpace.types import Batch
+    cap, start_step = 4, 2
+    pool = Pool(["a"] * 50)
+    p = make_policy("olr", start_step=start_step, slope_threshold=0.0, capacity=cap, **options)
+    rng = np.random.default_rng(3)
+    hashes = [_vote.NO_MAJORITY] + [_vote.answer_hash(str(k)) for k in range(3)]
+    relabels = 0
+    for _ in range(60):
+        s = p.init(pool)
+        s.visits[:] = rng.integers(0, 10, size=50)
+        s.rate[:] = rng.random((50, cap)).round(2)
+        s.majority[:] = np.array(hashes)[rng.integers(0, 4, size=(50, cap))]
+        s.label_rate[:] = np.where(rng.random(50) < 0.3, np.nan, rng.random(50))
+        ids = rng.choice(50, size=20, replace=False)
+        rows = [[str(v) if v < 3 else None for v in rng.integers(0, 4, size=6)] for _ in ids]
+        fb = Feedback(ids, np.zeros((20, 6)), step=0, answers=rows)
+        batch = Batch.from_feedback(fb, pool, 0.5)
+        reads = []
+        rate = s.rate
+
+        class Recorded(np.ndarray):
+            def __getitem__(self, key):
+                if isinstance(key, np.ndarray):
+                    reads.append(key.copy())
+                return np.ndarray.__getitem__(self.view(np.ndarray), key)
+
+        s = s._replace(rate=rate.view(Recorded))
+        got = p.apply(s, pool, batch).labels
+        want = _plain_olr_targets(s, ids, rows, start_step, 0.0, cap, options.get("min_pass_rate"),
+                                  options.get("margin"))
+        assert got == want
+        relabels += sum(x is not None for x in got)
+        visits, maj = s.visits[ids], [_plain_majority(r, "abstain")[0] for r in rows]
+        cheap = [m is not None and v > start_step for m, v in zip(maj, visits.tolist())]
+        gathered = np.concatenate(reads) if reads else np.zeros(0, np.int64)
+        assert sorted(gathered.tolist()) == sorted(q for q, c in zip(ids.tolist(), cheap) if c) \
+            or options       # with an option the gathered rows are fewer still
+        assert set(gathered.tolist()) <= {q for q, c in zip(ids.tolist(), cheap) if c}
+    assert relabels > 10

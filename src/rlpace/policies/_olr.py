@@ -189,8 +189,50 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         state.visits[ids] = v + 1
         state.label_rate[ids[~relabel]] = batch.pass_rate[~relabel]
 
+    def decide_distinct(state, batch, votes):
+        """`walk(state, batch, votes, record_label_rate=False)`'s decision and evidence (no
+        histories) for a batch of distinct prompts: only the rows that pass the cheap conditions
+        (a majority, past `start_step`, the options' thresholds) gather their histories and
+        append this visit to copies of them; every other row keeps its label whatever its
+        history, so its copy would be read for nothing (at N = 10⁶ nearly every row of a step
+        is a first visit)."""
+        b, g = votes.answers.shape
+        win, count, mh = votes.majorities("abstain")
+        has_m = win >= 0
+        p = np.where(has_m, count / g, 0.0)
+        ids = batch.prompt_ids
+        visits, lr = state.visits[ids], state.label_rate[ids]
+        pre = has_m & (visits > start_step)
+        if min_pass_rate is not None:
+            pre &= p >= min_pass_rate
+        if margin is not None:
+            pre &= np.isfinite(lr) & (p - lr >= margin)
+        ok = np.zeros(b, bool)
+        ev = {"visit": visits, "slope": np.zeros(b), "share": np.zeros(b), "label_rate": lr}
+        rows = np.flatnonzero(pre)
+        if rows.size:
+            q = ids[rows]
+            k = np.minimum(visits[rows], cap)
+            full = k == cap
+            r_new, m_new = state.rate[q], state.majority[q]               # copies [R, C]
+            if full.any():
+                r_new[full] = np.roll(r_new[full], -1, axis=1)
+                m_new[full] = np.roll(m_new[full], -1, axis=1)
+            at = np.where(full, cap - 1, k)
+            r_new[np.arange(rows.size), at] = p[rows]
+            m_new[np.arange(rows.size), at] = mh[rows]
+            slope, share = np.zeros(rows.size), np.zeros(rows.size)
+            ok[rows] = decide(rows, rows, visits, lr[rows], r_new, m_new, np.minimum(k + 1, cap),
+                              has_m, p, mh, slope, share)
+            ev["slope"][rows], ev["share"][rows] = slope, share
+        return ok, win, votes.values, p, ev
+
     def apply(state, pool, batch):
-        ok, win, values, p, ev, _ = walk(state, batch, votes_of(batch, "olr"), record_label_rate=False)
+        votes = votes_of(batch, "olr")
+        if _distinct(batch.prompt_ids):
+            ok, win, values, p, ev = decide_distinct(state, batch, votes)
+        else:
+            ok, win, values, p, ev, _ = walk(state, batch, votes, record_label_rate=False)
         labels: list = [None] * batch.prompt_ids.shape[0]
         decisions = []
         for i in np.flatnonzero(ok).tolist():
