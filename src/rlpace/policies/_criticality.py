@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..predict._logistic import PredictorState, check_predictor_state, last_result, logits, predictor
-from ..types import _success_counts
+from ..types import group_wins
 from ._base import REWEIGHTING, SELECTION, DataPolicy
 from ._compose import compose
 from ._checks import check_choice, check_real
@@ -322,7 +322,7 @@ def _core(alpha, epsilon, threshold, weight_threshold, weight_floor, weight_clam
             return state
         exact, shaped = weights(state, pool, ids, batch.step)
         g = batch.rewards.shape[1]
-        wins = _success_counts(batch.success).astype(np.float64)
+        wins = group_wins(batch)                  # successes per group, float64[B]
         stage_before = int(state.predictor.stage)
         old_theta = state.predictor.stage_theta.copy()
         ps = pr.update(state.predictor, pool, ids, wins, np.full(ids.shape[0], float(g)), exact)
