@@ -436,7 +436,8 @@ def test_float32_frames_keep_the_spectrum_to_float32_rounding(base, kw):
 def test_batched_step_equals_a_per_matrix_numpy_sgd_step_with_some_gradients_missing():
     """Stacked frames and one retraction for all frames of one q: a model whose managed
     matrices come in three shapes (two of them twice) and share q = 4 or 3, one matrix without
-    a gradient. Each matrix with a gradient moves exactly as the per-matrix numpy SGD step
+    a gradient; the 4 × 6 matrices are stepped as their 6 × 4 transposes, in the 6 × 4 ones'
+    stack. Each matrix with a gradient moves exactly as the per-matrix numpy SGD step
     (projection, SVD polar factor); the one without keeps its weight and frames bit for bit."""
     torch.manual_seed(3)
     net = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 4, bias=False),
@@ -444,7 +445,7 @@ def test_batched_step_equals_a_per_matrix_numpy_sgd_step_with_some_gradients_mis
                               torch.nn.Linear(4, 3, bias=False)).double()
     lr = 0.05
     opt = IsoSpectral(net, lambda groups: torch.optim.SGD(groups, lr=lr))
-    assert [len(idx) for idx in opt._by_shape] == [2, 2, 1]
+    assert [len(idx) for idx in opt._by_shape] == [4, 1]
     w0 = [m.weight.detach().numpy().copy() for m in net]
     frozen = {n: tuple(x.clone() for x in f) for n, f in opt.frames().items() if n == "2.weight"}
     net(torch.randn(8, 4, dtype=torch.float64)).square().sum().backward()
@@ -620,11 +621,12 @@ def test_iso_adamw_on_stacked_frames_equals_a_per_frame_adamw(dtype, fused):
         assert float((u - ru).abs().max()) < tol and float((v - rv).abs().max()) < tol, n
     for a, b in zip(nets[0].parameters(), nets[1].parameters()):
         assert float((a - b).abs().max()) < tol
-    # both paths ran: the shape whose frames' step counts differ went frame by frame, the
-    # others as stacks, whose moments are rows of one tensor
-    assert [len(idx) for idx in fast._by_shape] == [3, 3, 1]
-    assert (0, 0) not in fast._adam_stacks and {(1, 0), (1, 1), (2, 0), (2, 1)} <= set(fast._adam_stacks)
-    rows = [fast.base.state[fast._v[i]]["exp_avg"] for i in fast._by_shape[1]]
+    # both paths ran: the shape whose frames' step counts differ (the 10 × 6 matrices and the
+    # 6 × 10 ones, stepped as their transposes) went frame by frame, the 4 × 6 one (as 6 × 4)
+    # as a stack, whose moments are rows of one tensor
+    assert [len(idx) for idx in fast._by_shape] == [6, 1]
+    assert (0, 0) not in fast._adam_stacks and {(1, 0), (1, 1)} <= set(fast._adam_stacks)
+    rows = [fast.base.state[fast._u[i]]["exp_avg"] for i in fast._by_shape[1]]     # flipped: U is side 1
     assert all(r._base is fast._adam_stacks[(1, 1)]["moments"][0] for r in rows)
 
 
