@@ -175,3 +175,27 @@ def test_generation_runs_in_inference_mode_with_the_bits_of_no_grad(greedy, monk
     emb = torch.nn.Embedding(23, 3)
     emb(ids).sum().backward()                     # an ordinary tensor: autograd may save it
     assert emb.weight.grad is not None
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_lean_decode_writes_its_cache_in_place_with_the_bits_of_a_dynamic_cache(padded, monkeypatch):
+    """The lean decode keeps keys and values in `_KVBuffers` (P + max_new_tokens positions,
+    filled in place); its rollout equals the one `model(...)` decodes with a `DynamicCache`."""
+    made = []
+
+    class Recorded(rollout._KVBuffers):
+        def __init__(self, capacity):
+            super().__init__(capacity)
+            made.append(self)
+
+    monkeypatch.setattr(rollout, "_KVBuffers", Recorded)
+    model, prompts = _model(5), _prompts(5, padded)
+    fast = _generate(model, prompts, generator=torch.Generator().manual_seed(5), repeats=3)
+    p, t = max(map(len, prompts)), fast.completion_ids.shape[1]
+    assert len(made) == 1 and made[0].capacity == p + 9 and t > 1
+    assert sorted(made[0].length.values()) == [p + t - 1, p + t - 1]      # both layers, every token but the last
+    assert made[0].keys[0].shape == (15, 4, p + 9, 8)                      # 5 prompts × 3 rows, 4 heads of 8
+    monkeypatch.setattr(rollout, "_lean_decoder", lambda m: None)
+    plain = _generate(model, prompts, generator=torch.Generator().manual_seed(5), repeats=3)
+    for name, a, b in zip(fast._fields, fast, plain):
+        assert torch.equal(a, b), name

@@ -92,15 +92,46 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.float32))
 
 
-def _prefill(model, ids, mask, repeats: int, lean=None):
+class _KVBuffers:
+    """The lean decode's KV cache: per layer, keys and values in buffers of `capacity`
+    positions allocated at the prompt forward, each new token's written in place; `update`
+    returns views of the filled part. `DynamicCache` concatenates the whole cache at every
+    token instead (a copy of it per layer and step, ~3 % of a tiny-policy run). The attention
+    reads the same values through a strided view, the same bits (tested)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.keys, self.values, self.length = capacity, {}, {}, {}
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, idx: int):
+        """Append k, v [N, H, L, D] to layer `idx`; its keys and values [N, H, S, D] so far."""
+        if idx not in self.keys:
+            n, h, _, d = k.shape
+            self.keys[idx], self.values[idx], self.length[idx] = k.new_empty(n, h, self.capacity, d), \
+                v.new_empty(n, h, self.capacity, v.shape[-1]), 0
+        kb, vb, start = self.keys[idx], self.values[idx], self.length[idx]
+        end = start + k.shape[2]
+        kb[:, :, start:end] = k
+        vb[:, :, start:end] = v
+        self.length[idx] = end
+        return kb[:, :, :end], vb[:, :, :end]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times (the G rollouts of a prompt share its cache)."""
+        for idx in self.keys:
+            self.keys[idx] = self.keys[idx].repeat_interleave(repeats, dim=0)
+            self.values[idx] = self.values[idx].repeat_interleave(repeats, dim=0)
+
+
+def _prefill(model, ids, mask, repeats: int, lean=None, capacity: int = 0):
     """Forward the (unique) prompts once, then repeat logits, cache and masks `repeats`
     times row-wise: the G rollouts of a group share one prompt forward. `lean`: the forward
-    `_lean_decoder(model)` returned (no gradients), else `model(...)`."""
+    `_lean_decoder(model)` returned (no gradients), with a `_KVBuffers` cache of `capacity`
+    positions, else `model(...)` with a `DynamicCache`."""
     from transformers import DynamicCache
 
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     if lean is not None:
-        cache = DynamicCache()
+        cache = _KVBuffers(capacity)
         last = lean(ids, _prompt_mask4(mask), pos, cache)[:, -1:, :]
     else:
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
@@ -289,7 +320,7 @@ def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, temperature, gr
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     lean = _lean_decoder(model)
-    last, cache, attn, pos = _prefill(model, ids, mask, repeats, lean)
+    last, cache, attn, pos = _prefill(model, ids, mask, repeats, lean, capacity=ids.shape[1] + max_new_tokens)
     ids = ids.repeat_interleave(repeats, dim=0)
     prompt_mask = attn
     n = ids.shape[0]
