@@ -389,3 +389,55 @@ def test_olr_decision_of_distinct_prompts_equals_a_plain_loop(options):
             or options       # with an option the gathered rows are fewer still
         assert set(gathered.tolist()) <= {q for q, c in zip(ids.tolist(), cheap) if c}
     assert relabels > 10
+
+
+def test_trapo_decision_log_equals_a_plain_loop():
+    """TraPO's target decisions and keep / drop decisions, built from whole-batch gathers
+    (Python values, not a numpy scalar per row), against a loop over rows reading the states
+    one prompt at a time: 30 steps of 12 prompts from a pool of 40, half unlabelled, warm-up 3,
+    repeated prompts in a batch, ties (no majority) and groups without answers."""
+    from rlpace.policies import make_policy
+    from rlpace.types import Batch
+    pool = Pool(["a"] * 40, labeled=[k % 2 == 0 for k in range(40)])
+    m = make_policy("trapo", warm_up=3, topk=0.3, thres=0.2)
+    t_state, a_state = m.target.init(pool), m.admission.init(pool)
+    rng = np.random.default_rng(4)
+    seen = {"trapo_majority": 0, "trapo_trajectory": 0, "trapo_warm_up": 0}
+    for t in range(30):
+        ids = rng.integers(0, 40, size=12)
+        rows = [[str(v) if v < 3 else None for v in rng.integers(0, 5, size=4)] for _ in ids]
+        fb = Feedback(ids, (rng.random((12, 4)) < 0.5).astype(float), step=t, answers=rows)
+        batch = Batch.from_feedback(fb, pool, 0.5)
+        got = m.target.apply(t_state, pool, batch)
+        want_labels, want_dec = [], []
+        for i, (q, row) in enumerate(zip(ids.tolist(), rows)):
+            maj, n = _plain_majority(row, "abstain")
+            label = None if pool.labeled[q] else maj
+            want_labels.append(label)
+            if label is not None:
+                want_dec.append({"row": i, "rule": "trapo_majority", "decision": "pseudo_label",
+                                 "target": maj, "evidence": {"votes": n, "voters": 4}})
+        assert got.labels == want_labels and list(got.decisions) == want_dec
+        a_state = m.admission.update(a_state, pool, batch)
+        step = t
+        want_dec, first = [], set()
+        for i, q in enumerate(ids.tolist()):
+            if pool.labeled[q] or q in first:
+                continue
+            first.add(q)
+            if step < 3:
+                want_dec.append({"row": i, "rule": "trapo_warm_up", "decision": "drop",
+                                 "evidence": {"step": step, "warm_up": 3}})
+            elif int(a_state.scored_at[q]) == step:
+                sc = float(a_state.score[q])
+                want_dec.append({"row": i, "rule": "trapo_trajectory",
+                                 "decision": "keep" if int(a_state.selected_at[q]) == step else "drop",
+                                 "evidence": {"score": None if np.isnan(sc) else sc, "thres": 0.2,
+                                              "topk": 0.3, "length": int(a_state.compared[0]),
+                                              "database": int(a_state.compared[1])}})
+        got_dec = m.admission.decisions(a_state, pool, batch)
+        assert got_dec == want_dec
+        for d in list(got.decisions) + got_dec:
+            seen[d["rule"]] += 1
+            assert all(type(v) in (int, float, str, type(None)) for v in d["evidence"].values())
+    assert min(seen.values()) > 5

@@ -193,13 +193,12 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
             prom[rows] = yes
             evidence = {i: {"pass_rate": float(p[j]), "visit": int(v[j]), "slope": float(slope[j])}
                         for j, i in enumerate(rows.tolist()) if yes[j]}
-        for i in np.flatnonzero(~kept).tolist():
-            if win[i] >= 0:
-                labels[i] = values[win[i]]
-        for i in rows.tolist():
-            m = labels[i]
+        # Python ints and lists from here (one conversion each, not a numpy scalar per row)
+        win_l, count_l = win.tolist(), count.tolist()
+        for i in rows.tolist():             # the unlabelled rows with a unique majority
+            m = labels[i] = values[win_l[i]]
             decisions.append({"row": i, "rule": "trapo_majority", "decision": "pseudo_label",
-                              "target": m, "evidence": {"votes": int(count[i]), "voters": g}})
+                              "target": m, "evidence": {"votes": count_l[i], "voters": g}})
             if prom[i]:
                 decisions.append({"row": i, "rule": "trapo_v2_promotion", "decision": "promote",
                                   "target": m, "evidence": evidence[i]})
@@ -282,19 +281,19 @@ def trapo(warm_up: int = 8, topk: float = 0.1, thres: float = 0.4, update_db: bo
         ids = batch.prompt_ids
         rows = np.flatnonzero(~labelled(state, pool, ids))
         rows = rows[_first_seen(ids[rows], index=True)]                   # first row of each prompt
+        if step < warm_up:
+            return [{"row": i, "rule": "trapo_warm_up", "decision": "drop",
+                     "evidence": {"step": step, "warm_up": warm_up}} for i in rows.tolist()]
+        pos = ids[rows]         # gathered once as Python values, not a numpy scalar per row
+        scored, kept = (state.scored_at[pos] == step).tolist(), (state.selected_at[pos] == step).tolist()
+        score = state.score[pos].tolist()
+        length, database = int(state.compared[0]), int(state.compared[1])
         out = []
-        for i in rows.tolist():
-            pos = ids[i]
-            if step < warm_up:
-                out.append({"row": i, "rule": "trapo_warm_up", "decision": "drop",
-                            "evidence": {"step": step, "warm_up": warm_up}})
-            elif state.scored_at[pos] == step:
-                sc = float(state.score[pos])
-                out.append({"row": i, "rule": "trapo_trajectory", "decision":
-                            "keep" if state.selected_at[pos] == step else "drop",
+        for i, sc, was_scored, keep in zip(rows.tolist(), score, scored, kept):
+            if was_scored:
+                out.append({"row": i, "rule": "trapo_trajectory", "decision": "keep" if keep else "drop",
                             "evidence": {"score": None if np.isnan(sc) else sc, "thres": thres, "topk": topk,
-                                         "length": int(state.compared[0]),
-                                         "database": int(state.compared[1])}})
+                                         "length": length, "database": database}})
         return out
 
     # ---- the admission place -----------------------------------------------------------------
