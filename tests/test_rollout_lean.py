@@ -5,7 +5,10 @@ the same weights, without Hugging Face's wrappers). Every field of the rollout �
 masks, per-token entropy, self-certainty and log-probability — must equal the rollout of
 the plain `model(...)` call bit for bit, with and without left padding, sampled and greedy;
 any other model (eager attention, a forward hook, training mode) keeps the plain call; and
-a trainer run writes the same metrics and ends at the same weights either way.
+a trainer run writes the same metrics and ends at the same weights either way. The packed
+loss forward takes the same path in training mode (log-probs and gradients equal bit for
+bit), generation runs in inference mode, and the decode's KV cache is written in place —
+each checked against the plain call the same way.
 """
 
 from __future__ import annotations

@@ -299,8 +299,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eo
 
     It runs under `torch.inference_mode()`: the same kernels on the same tensors as under
     `no_grad` (the same bits, tested), without autograd's per-op bookkeeping (version counters,
-    view tracking), which cost about a fifth of a tiny-policy generation. The returned
-    tensors are copied out of inference mode, so a loss may read them.
+    view tracking): a `ladder` generation of 16 prompts × 8 rollouts on the tiny policy took
+    8.1–9.7 ms of CPU against 10.0–13.6 under `no_grad` (3 × 20 calls each, alternating, load
+    ~10). The returned tensors are copied out of inference mode, so a loss may read them.
 
     Example:
         >>> # rollout = generate(model, [[1, 5, 6]], repeats=8, max_new_tokens=6, eos_id=2, pad_id=0)
