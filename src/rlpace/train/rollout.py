@@ -96,7 +96,8 @@ class _KVBuffers:
     """The lean decode's KV cache: per layer, keys and values in buffers of `capacity`
     positions allocated at the prompt forward, each new token's written in place; `update`
     returns views of the filled part. `DynamicCache` concatenates the whole cache at every
-    token instead (a copy of it per layer and step, ~3 % of a tiny-policy run). The attention
+    token instead (keys and values of every layer copied each step: ~70 µs a copy for 128
+    rows of the tiny policy, ~0.3 s of a 11–15 s `ladder` run by that count). The attention
     reads the same values through a strided view, the same bits (tested)."""
 
     def __init__(self, capacity: int):
