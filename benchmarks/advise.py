@@ -362,10 +362,23 @@ def rejudge(args) -> None:
     """The criteria again from a finished run's saved predictions (`--out`), the advice taken
     by `choose_policy` at each of `--levels`: Spearman and the intervals are the run's own."""
     out = Path(args.out)
-    saved = json.loads((out / f"{args.part}.json").read_text())
-    rows = saved["rows"]
     files = (sorted((out / "trainer").glob("*/advice.json")) if args.part == "trainer"
              else sorted((out / "sim").glob("*.advice.json")))
+    if (out / f"{args.part}.json").exists():
+        rows = json.loads((out / f"{args.part}.json").read_text())["rows"]
+    else:                                   # a run stopped early: the rows of the suites it finished
+        rows = []
+        for f in files:
+            a = json.loads(f.read_text())
+            suite = a.get("suite") or f.parent.name
+            meas = a["measured"] if "measured" in a else MEASURED.get(suite, {})
+            o = a["oracles"]["oracle_boundary"] if args.part == "trainer" else a["oracle"]
+            rows.append({"suite": suite, "policy": "oracle", "pred": o["ratio"], "low": o["ratio_90"][0],
+                         "high": o["ratio_90"][1], "p_saving": o["p_saving_gt_10pct"], "measured": meas.get("oracle")})
+            for p in a["policies"]:
+                rows.append({"suite": suite, "policy": p["policy"], "pred": p["ratio"], "low": p["ratio_90"][0],
+                             "high": p["ratio_90"][1], "p_saving": p["p_saving_gt_10pct"],
+                             "measured": meas.get(p["policy"]), "not_modelled": p.get("not_modelled") or ""})
     for level in [float(v) for v in args.levels.split(",")]:
         verdicts = {}
         for f in files:

@@ -990,7 +990,7 @@ def test_advise_takes_the_least_regret_policy_of_its_own_draws(tmp_path):
     decision, and at a level of 1.0 (a saving on every draw) the same draws give
     `choose_policy`'s stricter answer."""
     from rlpace.advise import advise
-    from rlpace.advise._advice import choose_policy, draw_weights
+    from rlpace.advise._advice import SAVING_LEVEL, choose_policy, draw_weights
     pilot, _, w = _sc_fit(tmp_path)
     kw = dict(budget_rollouts=120 * 64 * 8, policies=["dump", "mopps"], draws=3, from_start=True,
               step_norm="batch", model_error=False)
@@ -999,8 +999,8 @@ def test_advise_takes_the_least_regret_policy_of_its_own_draws(tmp_path):
     want = choose_policy({p.policy: p.ratios for p in pr.policies}, pr.oracle.ratios, draw_weights(3))
     assert adv.recommended == want.policy and adv.recommended in ("dump", "mopps")
     dec = adv.to_json()["decision"]
-    assert dec["policy"] == adv.recommended and dec["level"] == 0.5
-    assert dec["p_saving_gt_10pct"] == want.p_saving >= 0.5
+    assert dec["policy"] == adv.recommended and dec["level"] == SAVING_LEVEL == 0.4
+    assert dec["p_saving_gt_10pct"] == want.p_saving >= SAVING_LEVEL
     assert "P(saving > 10 %)" in adv.sentence
     strict = advise(pilot, w.pool, **kw, level=1.0)
     assert strict.prediction.policies[0].ratios.tolist() == pr.policies[0].ratios.tolist()   # the same draws

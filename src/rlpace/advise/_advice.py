@@ -37,7 +37,7 @@ SAVING_BAR = 0.10
 #: advise recommends a switch only when the chosen policy saves more than SAVING_BAR on at
 #: least this (weighted) share of the fit's draws (`choose_policy`); read from the simulator's
 #: scenarios, where the truth is measured directly (docs/advise.md, section 4)
-SAVING_LEVEL = 0.5
+SAVING_LEVEL = 0.4
 #: ratios are clipped to [1/RATIO_CLIP, RATIO_CLIP] before their log: a draw where a policy
 #: never reaches the target (or uniform reaches it at no cost) weighs as a large, finite loss
 RATIO_CLIP = 1e3
@@ -347,7 +347,7 @@ def advise(pilot: Pilot | str | Path, pool: Pool | str | Path, *, budget_rollout
                            level=level)
     if choice.reason == "headroom":
         rec, sentence = None, (f"no expected saving: headroom ≤ 10 % (oracle {o.ratio:.2f}×, P(saving > 10 %) "
-                               f"{choice.oracle_p_saving:.0%} < {level:.0%}); keep uniform")
+                               f"{choice.oracle_p_saving:.1%} < {level:.0%}); keep uniform")
     elif choice.reason:
         which = "no candidate" if ranked else "no candidate the simulator can model"
         rec, sentence = None, (f"no expected saving: {which} saves more than 10 % with probability ≥ {level:.0%} "
