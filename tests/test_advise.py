@@ -999,7 +999,7 @@ def test_advise_takes_the_least_regret_policy_of_its_own_draws(tmp_path):
     want = choose_policy({p.policy: p.ratios for p in pr.policies}, pr.oracle.ratios, draw_weights(3))
     assert adv.recommended == want.policy and adv.recommended in ("dump", "mopps")
     dec = adv.to_json()["decision"]
-    assert dec["policy"] == adv.recommended and dec["level"] == SAVING_LEVEL == 0.4
+    assert dec["policy"] == adv.recommended and dec["level"] == SAVING_LEVEL == 0.3
     assert dec["p_saving_gt_10pct"] == want.p_saving >= SAVING_LEVEL
     assert "P(saving > 10 %)" in adv.sentence
     strict = advise(pilot, w.pool, **kw, level=1.0)

@@ -37,7 +37,7 @@ SAVING_BAR = 0.10
 #: advise recommends a switch only when the chosen policy saves more than SAVING_BAR on at
 #: least this (weighted) share of the fit's draws (`choose_policy`); read from the simulator's
 #: scenarios, where the truth is measured directly (docs/advise.md, section 4)
-SAVING_LEVEL = 0.4
+SAVING_LEVEL = 0.3
 #: ratios are clipped to [1/RATIO_CLIP, RATIO_CLIP] before their log: a draw where a policy
 #: never reaches the target (or uniform reaches it at no cost) weighs as a large, finite loss
 RATIO_CLIP = 1e3

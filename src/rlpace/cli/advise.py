@@ -49,7 +49,7 @@ def add_arguments(p) -> None:
                         "evaluations better (sampled without two of them). The built-in trainer's is greedy.")
     p.add_argument("--saving-level", type=float, default=None, metavar="P",
                    help="recommend a switch only when the least-regret policy saves more than 10 %% on at least "
-                        "this share of the fit's draws (default 0.4; docs/advise.md, section 3)")
+                        "this share of the fit's draws (default 0.3; docs/advise.md, section 3)")
     p.add_argument("--out", default=".", help="folder for advice.json and advice.html")
 
 
