@@ -90,6 +90,18 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
                         np.full(n, np.nan), np.array(0, np.int64), np.array(0, np.int64),
                         np.array(0, np.int64))
 
+    def append_visit(r_new, m_new, k, p, mh):
+        """Append one visit (pass rate p float64[R], majority hash mh [R]) to R histories
+        r_new, m_new [R, C] holding k int64[R] visits each, in place: at column k, or shifting
+        the oldest out of a full history (k == C)."""
+        full = k == cap
+        if full.any():
+            r_new[full] = np.roll(r_new[full], -1, axis=1)
+            m_new[full] = np.roll(m_new[full], -1, axis=1)
+        at = np.where(full, cap - 1, k)
+        r_new[np.arange(k.shape[0]), at] = p
+        m_new[np.arange(k.shape[0]), at] = mh
+
     def walk(state, batch, votes, record_label_rate: bool, relabel=None):
         """Every row's visit appended to its prompt's history and the decision, for all rows at
         once: (relabel bool[B], majority winner int64[B], values, pass rate float64[B],
@@ -117,15 +129,8 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         for rows in _rounds(inv, distinct=uniq.size == b):
             u = inv[rows]
             k = np.minimum(visits[u], cap)
-            full = k == cap
             r_new, m_new = rate[u], maj[u]
-            # append: at column k, or shift the oldest out of a full history
-            if full.any():
-                r_new[full] = np.roll(r_new[full], -1, axis=1)
-                m_new[full] = np.roll(m_new[full], -1, axis=1)
-            at = np.where(full, cap - 1, k)
-            r_new[np.arange(rows.size), at] = p[rows]
-            m_new[np.arange(rows.size), at] = mh[rows]
+            append_visit(r_new, m_new, k, p[rows], mh[rows])
             length = np.minimum(k + 1, cap)
             lr = label_rate[u]
             slope, share = np.zeros(rows.size), np.zeros(rows.size)
@@ -213,14 +218,8 @@ def olr(slope_threshold: float = 0.05, start_step: int = 4, capacity: int = 16,
         if rows.size:
             q = ids[rows]
             k = np.minimum(visits[rows], cap)
-            full = k == cap
             r_new, m_new = state.rate[q], state.majority[q]               # copies [R, C]
-            if full.any():
-                r_new[full] = np.roll(r_new[full], -1, axis=1)
-                m_new[full] = np.roll(m_new[full], -1, axis=1)
-            at = np.where(full, cap - 1, k)
-            r_new[np.arange(rows.size), at] = p[rows]
-            m_new[np.arange(rows.size), at] = mh[rows]
+            append_visit(r_new, m_new, k, p[rows], mh[rows])
             slope, share = np.zeros(rows.size), np.zeros(rows.size)
             ok[rows] = decide(rows, rows, visits, lr[rows], r_new, m_new, np.minimum(k + 1, cap),
                               has_m, p, mh, slope, share)
