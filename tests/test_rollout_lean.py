@@ -136,6 +136,41 @@ def test_lean_loss_forward_gives_the_log_probs_and_gradients_of_the_model_call(s
         assert torch.equal(a, b)
 
 
+def test_a_hooked_lm_head_is_called_as_a_module_with_the_tensors_of_the_model_call(monkeypatch):
+    """The exact gradient features hook lm_head: the lean loss forward then calls lm_head as a
+    module, so its forward hook sees the input and output `model(...)` gives it, and the
+    log-probs and gradients stay the plain call's bits; a hook on any other module, or a
+    backward hook anywhere, keeps `model(...)`."""
+    model, ro = _model(1).train(), _packed_rollout(1)
+    seen = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: seen.append((args[0].detach().clone(),
+                                                                             out.detach().clone())))
+    assert rollout._lean_forward(model, training=True) is not None
+
+    def run():
+        seen.clear()
+        model.zero_grad(set_to_none=True)
+        logp = rollout.completion_logprobs(model, ro, 0.7, 4, packed=True)
+        logp.sum().backward()
+        return list(seen), logp.detach(), [p.grad for p in model.parameters()]
+
+    lean = run()
+    monkeypatch.setattr(rollout, "_lean_forward", lambda m, training=False: None)
+    plain = run()
+    assert len(lean[0]) == len(plain[0]) == 1                      # one lm_head call each
+    for (xa, ya), (xb, yb) in zip(lean[0], plain[0]):
+        assert xa.shape[-1] == 32 and torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert torch.equal(lean[1], plain[1])
+    assert all(torch.equal(a, b) for a, b in zip(lean[2], plain[2]))
+    monkeypatch.undo()
+    other = _model(1).train()
+    other.model.norm.register_forward_hook(lambda *a: None)
+    assert rollout._lean_forward(other, training=True) is None
+    backward = _model(1).train()
+    backward.lm_head.register_full_backward_hook(lambda *a: None)
+    assert rollout._lean_forward(backward, training=True) is None
+
+
 def test_the_lean_loss_forward_keeps_the_model_call_where_training_mode_matters():
     assert rollout._lean_forward(_model(0).train()) is None              # decoding: eval mode only
     dropout = _model(0).train()

@@ -185,8 +185,9 @@ def _lean_forward(model, training: bool = False):
     (`tests/test_rollout_lean.py`); on the tiny policy a `ladder` generation (16 prompts × 8,
     ≤ 10 tokens) takes 15.7–17.4 ms of CPU against 19.9 (medians of 7 × 20, load ~3).
     Taken only where every module is exactly the stock Qwen2 class, attention is sdpa over
-    full (not sliding) layers with one key/value head per query head, no kernels, hooks or
-    training mode; anything else runs `model(...)`.
+    full (not sliding) layers with one key/value head per query head, no kernels, no hooks
+    (but forward hooks on lm_head, which is then called as a module: the exact gradient
+    features hook it) and no training mode; anything else runs `model(...)`.
 
     `training=True` (the loss forward, `_packed_logprobs`): also in training mode — where it
     changes nothing: attention dropout 0 and no gradient checkpointing — with `cache` None (no
@@ -219,8 +220,17 @@ def _lean_forward(model, training: bool = False):
                            and type(layer.input_layernorm) is q2.Qwen2RMSNorm
                            and type(layer.post_attention_layernorm) is q2.Qwen2RMSNorm
                            and a.num_key_value_groups == 1 and a.sliding_window is None)
-    plain = plain and not any(x._forward_hooks or x._forward_pre_hooks for x in model.modules())
-    if not plain or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+    # hooks run only where a module is called: a module with hooks takes `model(...)`, but for
+    # lm_head alone (what the exact gradient features hook), which is then called as a module
+    # (`nn.Linear.forward` is the same `linear`), so its hooks see the tensors `model(...)` gives
+    head = model.lm_head
+    hooked = head._forward_hooks or head._forward_pre_hooks
+    plain = plain and not any(x._forward_hooks or x._forward_pre_hooks for x in model.modules() if x is not head)
+    plain = plain and not any(x._backward_hooks or x._backward_pre_hooks for x in model.modules())
+    plain = plain and not (hooked and type(head) is not torch.nn.Linear)
+    module = torch.nn.modules.module
+    if not plain or module._global_forward_hooks or module._global_forward_pre_hooks or \
+            module._global_backward_hooks or module._global_backward_pre_hooks:
         return None
     f = torch.nn.functional
 
@@ -276,7 +286,8 @@ def _lean_forward(model, training: bool = False):
             res = h
             x = rms(h, norm2)
             h = res + f.linear(f.silu(f.linear(x, wg, bg)) * f.linear(x, wu, bu), wd, bd)
-        return f.linear(rms(h, m.norm), lm_head)                                    # [N, L, V]
+        h = rms(h, m.norm)
+        return head(h) if hooked else f.linear(h, lm_head)                         # [N, L, V]
 
     return step
 
