@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..types import Pool
 from ._fit import Discrepancy, LearnerFit, fit_heldout_solved, fit_learner, predicted_evals, rate_discrepancy
-from ._laws import law_weight, stratified_draws
+from ._laws import draw_law_weights, law_weight, stratified_draws
 from ._predict import Prediction, check_prediction_args, predict
 from ._record import Pilot, load_pilot
 
@@ -61,9 +61,8 @@ def draw_weights(draws: int, alternative_draws: int = 0, weight_alt: float | Non
     [0.4, 0.4, 0.1, 0.1]
     """
     d, n = int(draws), int(alternative_draws)
-    if not n or weight_alt is None or n >= d:
-        return np.full(d, 1.0 / d)
-    return np.where(np.arange(d) >= d - n, weight_alt / n, (1.0 - weight_alt) / (d - n))
+    return draw_law_weights(np.arange(d) >= d - n if n and weight_alt is not None else np.zeros(d, bool),
+                            0.0 if weight_alt is None else weight_alt)
 
 
 def choose_policy(ratios: dict, oracle: np.ndarray, weights: np.ndarray, *, level: float = SAVING_LEVEL,

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["TAIL", "LawWeight", "calibrated_weight", "law_weight", "simulate_pilot", "mixture_summary",
+__all__ = ["TAIL", "LawWeight", "calibrated_weight", "law_weight", "simulate_pilot", "mixture_summary", "draw_law_weights",
            "stratified_draws", "draw_interval", "seed_terms", "pooled_seed_var"]
 
 #: one tail of the 90 % interval: a law with less weight than this cannot move its ends
@@ -200,6 +200,21 @@ def draw_interval(ratios: np.ndarray, level: float = 0.9, *, seed_var: float = 0
     return float(np.exp(x.mean() - h)), float(np.exp(x.mean() + h))
 
 
+def draw_law_weights(law: np.ndarray, weight_alt: float) -> np.ndarray:
+    """float64[D] each draw's weight, summing to 1, for draws of which `law` bool[D] marks the
+    alternative step law's: `weight_alt` shared by those, 1 − `weight_alt` by the others; alike
+    when the draws are of one law only. `mixture_summary` and the advice (`choose_policy`)
+    weigh the draws with it.
+
+    >>> draw_law_weights(np.arange(4) >= 2, 0.2).tolist()
+    [0.4, 0.4, 0.1, 0.1]
+    """
+    alt = np.asarray(law, bool)
+    if not alt.any() or alt.all():
+        return np.full(alt.size, 1.0 / alt.size)
+    return np.where(alt, weight_alt / alt.sum(), (1.0 - weight_alt) / (~alt).sum())
+
+
 def mixture_summary(ratios: np.ndarray, law: np.ndarray, weight_alt: float, *, seed_terms: np.ndarray | None = None,
                     measurement_seeds: int | None = None) -> tuple[float, float, float, float]:
     """(point, low, high, P(ratio < 0.9)) over draws `ratios` float64[D] of which `law`
@@ -227,7 +242,7 @@ def mixture_summary(ratios: np.ndarray, law: np.ndarray, weight_alt: float, *, s
     if not alt.any() or alt.all():
         lo, hi = interval(np.ones(r.size, bool))
         return float(np.median(r)), lo, hi, float(np.mean(r < 0.9))
-    w = np.where(alt, weight_alt / alt.sum(), (1.0 - weight_alt) / (~alt).sum())
+    w = draw_law_weights(alt, weight_alt)
     (la, ha), (lm, hm) = interval(alt), interval(~alt)
     return _weighted_quantile(r, w, 0.5), min(la, lm), max(ha, hm), float(w[r < 0.9].sum() / w.sum())
 
