@@ -324,9 +324,8 @@ class IsoSpectral(torch.optim.Optimizer):
         # with no stacking and no copying back
         self._stacks = []
         for idx in self._by_shape:
-            stack = tuple(torch.stack([xs[i] for i in idx]) for xs in (
-                [(self._v if self._flip[i] else self._u)[i] for i in range(len(self._u))],
-                [(self._u if self._flip[i] else self._v)[i] for i in range(len(self._u))], self._sigma))
+            rows = [(*self._side_frames(i), self._sigma[i]) for i in idx]   # (U, V, σ); (V, U, σ) flipped
+            stack = tuple(torch.stack(xs) for xs in zip(*rows))
             for j, i in enumerate(idx):
                 a, b, self._sigma[i] = (x[j] for x in stack)
                 self._u[i], self._v[i] = (b, a) if self._flip[i] else (a, b)
