@@ -167,13 +167,16 @@ def _rows(suite, adv, measured: dict, oracle: str | None = None) -> list[dict]:
     """Rows of one suite; `oracle` names the one oracle its table ran (None: the better per draw)."""
     pr = adv.prediction
     o = pr.oracle if oracle is None else pr.oracles[oracle]
-    rows = [{"suite": suite, "policy": "oracle", "pred": o.ratio, "low": o.low,
-             "high": o.high, "p_saving": o.p_saving, "measured": measured.get("oracle")}]
-    for p in pr.policies:
-        rows.append({"suite": suite, "policy": p.policy, "pred": p.ratio, "low": p.low, "high": p.high,
-                     "p_saving": p.p_saving, "measured": measured.get(p.policy),
-                     "not_modelled": getattr(p, "not_modelled", "")})
-    return rows
+    return [_row(suite, "oracle", o.ratio, o.low, o.high, o.p_saving, measured)] + [
+        _row(suite, p.policy, p.ratio, p.low, p.high, p.p_saving, measured, getattr(p, "not_modelled", ""))
+        for p in pr.policies]
+
+
+def _row(suite, policy, pred, low, high, p_saving, measured: dict, not_modelled=None) -> dict:
+    """One (suite, policy) row of the criteria: the prediction and the measured ratio."""
+    row = {"suite": suite, "policy": policy, "pred": pred, "low": low, "high": high, "p_saving": p_saving,
+           "measured": measured.get(policy)}
+    return row if not_modelled is None else {**row, "not_modelled": not_modelled}
 
 
 # ---- trainer ------------------------------------------------------------------------------
@@ -373,12 +376,9 @@ def rejudge(args) -> None:
             suite = a.get("suite") or f.parent.name
             meas = a["measured"] if "measured" in a else MEASURED.get(suite, {})
             o = a["oracles"]["oracle_boundary"] if args.part == "trainer" else a["oracle"]
-            rows.append({"suite": suite, "policy": "oracle", "pred": o["ratio"], "low": o["ratio_90"][0],
-                         "high": o["ratio_90"][1], "p_saving": o["p_saving_gt_10pct"], "measured": meas.get("oracle")})
-            for p in a["policies"]:
-                rows.append({"suite": suite, "policy": p["policy"], "pred": p["ratio"], "low": p["ratio_90"][0],
-                             "high": p["ratio_90"][1], "p_saving": p["p_saving_gt_10pct"],
-                             "measured": meas.get(p["policy"]), "not_modelled": p.get("not_modelled") or ""})
+            rows.append(_row(suite, "oracle", o["ratio"], *o["ratio_90"], o["p_saving_gt_10pct"], meas))
+            rows += [_row(suite, p["policy"], p["ratio"], *p["ratio_90"], p["p_saving_gt_10pct"], meas,
+                          p.get("not_modelled") or "") for p in a["policies"]]
     for level in [float(v) for v in args.levels.split(",")]:
         verdicts = {}
         for f in files:
